@@ -1,0 +1,1 @@
+"""Move weights between Hugging Face safetensors and Megatron-core torch_dist checkpoints."""

@@ -1,0 +1,1 @@
+"""Data preparation, formats and synthetic task generators."""

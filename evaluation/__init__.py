@@ -1,0 +1,1 @@
+"""Math evaluation of a served checkpoint, and the answer grader."""

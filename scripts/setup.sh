@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Create or refresh .venv for this repository.
+#   - no GPU: CPU torch==2.13.0;  GPU with a CUDA torch already installed: reuse that torch
+#   - megatron-core==0.16.1 and the packages of pyproject.toml + sglang-kvc (editable)
+#   - torch is pinned through a constraints file so no dependency can pull another build
+# Re-running is cheap: it reinstalls only when a pyproject.toml changed.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+CPU_TORCH="torch==2.13.0"
+
+log() { echo "[setup] $*" >&2; }
+
+system_cuda_torch() {
+  "$PYTHON" - <<'PY' 2>/dev/null
+import torch, sys
+sys.exit(0 if torch.cuda.is_available() else 1)
+PY
+}
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  if system_cuda_torch; then
+    log "CUDA torch found in $PYTHON: creating $VENV on top of the system site-packages"
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+  else
+    log "creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+  fi
+fi
+PY="$VENV/bin/python"
+
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  log "installing $CPU_TORCH (CPU build)"
+  "$PY" -m pip install -q --upgrade pip
+  "$PY" -m pip install -q "$CPU_TORCH"
+fi
+TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')"
+
+STAMP="$VENV/.sparse-rl-setup"
+WANT="$(cat "$ROOT/pyproject.toml" "$ROOT/sglang-kvc/pyproject.toml" | sha256sum | cut -c1-16) torch=$TORCH_VERSION"
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+  exit 0
+fi
+
+CONSTRAINTS="$VENV/constraints.txt"
+echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
+log "installing project packages (torch pinned to $TORCH_VERSION)"
+"$PY" -m pip install -q -c "$CONSTRAINTS" -e "$ROOT[test]" -e "$ROOT/sglang-kvc" 2>&1 \
+  | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+"$PY" -c "import torch, megatron.core, transformers, sglang_kvc, trainer, checkpoint_tools, evaluation" \
+  || { log "import check failed"; exit 1; }
+[[ "$("$PY" -c 'import torch; print(torch.__version__)')" == "$TORCH_VERSION" ]] \
+  || { log "torch changed during install: refusing"; exit 1; }
+echo "$WANT" > "$STAMP"
+log "ready: $VENV (torch $TORCH_VERSION)"

@@ -1,0 +1,1 @@
+"""Sparse-RL trainer: Megatron-core GRPO on KV-compressed rollouts."""

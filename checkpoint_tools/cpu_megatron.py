@@ -1,0 +1,127 @@
+"""Run Megatron-core on CPU (gloo): the whole compatibility layer, in one place.
+
+Megatron-core 0.16 assumes CUDA in three spots that matter for tests and laptop debugging:
+  1. its RNG tracker (``model_parallel_cuda_manual_seed``, ``get_cuda_rng_tracker().fork()``)
+     saves and restores ``torch.cuda`` RNG state;
+  2. a few paths call ``torch.cuda.synchronize``, and ``dist_checkpointing`` puts status tensors
+     on ``torch.cuda.current_device()``;
+  3. with ``attention_mask=None`` the local-spec attention builds its causal mask on ``cuda``.
+We stand in the CPU generator for (1) and no-ops for (2) only when CUDA is absent, and callers
+pass an explicit mask for (3) (``causal_attention_mask``). Nothing here changes behaviour on a
+machine with a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+_PATCHED = False
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def install_cpu_stand_ins() -> None:
+    """Route Megatron's ``torch.cuda`` RNG/sync calls to CPU equivalents when there is no GPU."""
+    global _PATCHED
+    if _PATCHED or cuda_available():
+        return
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    def get_state(device="cuda", clone=False, graph_safe=False):
+        state = torch.get_rng_state()
+        return state.clone() if clone else state
+
+    def set_state(new_state, device=-1, graph_safe=False):
+        torch.set_rng_state(new_state)
+
+    mcore_random._get_cuda_rng_state = get_state
+    mcore_random._set_cuda_rng_state = set_state
+    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    torch.cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
+    torch.cuda.manual_seed = lambda seed: None  # the CPU generator is seeded by the caller
+    torch.cuda.manual_seed_all = lambda seed: None
+    torch.cuda.synchronize = lambda device=None: None
+    # dist_checkpointing builds small status tensors on ``torch.cuda.current_device()``
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    _PATCHED = True
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if cuda_available() else torch.device("cpu")
+
+
+def causal_attention_mask(seq_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Megatron's mask convention: ``True`` marks a position that may NOT be attended."""
+    return torch.triu(torch.ones(1, 1, seq_len, seq_len, dtype=torch.bool, device=device), 1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(
+    rank: int = 0,
+    world_size: int = 1,
+    *,
+    master_port: int | None = None,
+    backend: str | None = None,
+) -> None:
+    """Initialise the default process group (gloo on CPU, NCCL on GPU) if it is not up yet."""
+    install_cpu_stand_ins()
+    if dist.is_initialized():
+        return
+    if master_port is None and world_size == 1:
+        master_port = free_port()  # a private store: never collide with an earlier group's port
+    address = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = master_port if master_port is not None else int(os.environ["MASTER_PORT"])
+    backend = backend or ("nccl" if cuda_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(minutes=10))
+
+
+def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234) -> None:
+    """Set up Megatron's parallel state and seeded RNG tracker on the current process group."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    install_cpu_stand_ins()
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+        )
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def teardown() -> None:
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def single_process_group():
+    """A one-rank process group for tools that need ``torch.distributed`` but run alone."""
+    owned = not dist.is_initialized()
+    if owned:
+        init_distributed(0, 1, backend="gloo")
+    try:
+        yield
+    finally:
+        if owned:
+            teardown()

@@ -1,14 +1,15 @@
 """Run Megatron-core on CPU (gloo): the whole compatibility layer, in one place.
 
-Megatron-core 0.16 assumes CUDA in three spots that matter for tests and laptop debugging:
+Megatron-core 0.16 assumes CUDA in four spots that matter for tests and laptop debugging:
   1. its RNG tracker (``model_parallel_cuda_manual_seed``, ``get_cuda_rng_tracker().fork()``)
      saves and restores ``torch.cuda`` RNG state;
   2. a few paths call ``torch.cuda.synchronize``, and ``dist_checkpointing`` puts status tensors
      on ``torch.cuda.current_device()``;
-  3. with ``attention_mask=None`` the local-spec attention builds its causal mask on ``cuda``.
-We stand in the CPU generator for (1) and no-ops for (2) only when CUDA is absent, and callers
-pass an explicit mask for (3) (``causal_attention_mask``). Nothing here changes behaviour on a
-machine with a GPU.
+  3. tied embeddings under pipeline parallelism move the shared weight with ``.cuda()``;
+  4. with ``attention_mask=None`` the local-spec attention builds its causal mask on ``cuda``.
+We stand in the CPU generator for (1) and no-ops for (2) and (3) only when CUDA is absent, and
+callers pass an explicit mask for (4) (``causal_attention_mask``). Nothing here changes behaviour
+on a machine with a GPU.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def install_cpu_stand_ins() -> None:
     torch.cuda.manual_seed = lambda seed: None  # the CPU generator is seeded by the caller
     torch.cuda.manual_seed_all = lambda seed: None
     torch.cuda.synchronize = lambda device=None: None
+    # Tied embeddings under PP all-reduce ``weight.data.cuda()``; without CUDA that call could
+    # only raise, so keep the tensor where it is.
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
     # dist_checkpointing builds small status tensors on ``torch.cuda.current_device()``
     torch.cuda.current_device = lambda: torch.device("cpu")
     _PATCHED = True

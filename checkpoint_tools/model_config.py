@@ -232,6 +232,7 @@ def transformer_config(arch: ModelArch, *, tp: int = 1, pp: int = 1,
         fp16=dtype == torch.float16,
         use_cpu_initialization=not torch.cuda.is_available(),
         sequence_parallel=False,
+        pipeline_dtype=dtype if pp > 1 else None,
     )
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)

@@ -34,13 +34,16 @@ EXTRA_STATE_MODULES = ("self_attention.linear_qkv", "self_attention.linear_proj"
                        "self_attention.core_attention", "mlp.linear_fc1", "mlp.linear_fc2")
 
 
-def _sharded(key: str, tensor: torch.Tensor, layer: int | None = None, num_layers: int = 0):
+def _sharded(key: str, tensor: torch.Tensor, layer: int | None = None, num_layers: int = 0,
+             block: tuple[int, int] | None = None):
+    """ShardedTensor for a whole tensor, or layer ``layer`` of a stack (optionally row block
+    ``block = (index, count)`` of that layer, as Megatron's own SwiGLU fc1 shards are stored)."""
     from megatron.core.dist_checkpointing import ShardedTensor
 
     if layer is None:
         return ShardedTensor.from_rank_offsets(key, tensor, replica_id=0)
-    return ShardedTensor.from_rank_offsets(key, tensor, (0, layer, num_layers), replica_id=0,
-                                           prepend_axis_num=1)
+    offsets = [(0, layer, num_layers)] + ([(1, *block)] if block else [])
+    return ShardedTensor.from_rank_offsets(key, tensor, *offsets, replica_id=0, prepend_axis_num=1)
 
 
 def build_sharded_state_dict(reader: HFCheckpointReader, arch, padded_vocab: int,
@@ -58,8 +61,13 @@ def build_sharded_state_dict(reader: HFCheckpointReader, arch, padded_vocab: int
         state[OUTPUT_LAYER] = _sharded(OUTPUT_LAYER, pad_vocab(get(HF_LM_HEAD), padded_vocab))
     for i in range(arch.num_layers):
         for suffix, tensor in hf_to_megatron_layer(arch, get, i).items():
-            state[f"{LAYER_PREFIX}{i}.{suffix}"] = _sharded(LAYER_PREFIX + suffix, tensor, i,
-                                                            arch.num_layers)
+            name, key = f"{LAYER_PREFIX}{i}.{suffix}", LAYER_PREFIX + suffix
+            if isinstance(tensor, tuple):  # fc1 (gate, up): written in place, never concatenated
+                for b, part in enumerate(tensor):
+                    state[f"{name}.block{b}"] = _sharded(key, part, i, arch.num_layers,
+                                                         (b, len(tensor)))
+            else:
+                state[name] = _sharded(key, tensor, i, arch.num_layers)
         for module in EXTRA_STATE_MODULES:
             key = f"{LAYER_PREFIX}{module}._extra_state"
             state[f"{LAYER_PREFIX}{i}.{module}._extra_state"] = ShardedObject(

@@ -91,9 +91,16 @@ def split_qkv(qkv: torch.Tensor, arch: ModelArch) -> tuple[torch.Tensor, torch.T
 
 # --- one layer at a time ---------------------------------------------------------------------
 
+RowBlocks = tuple  # equal-sized row blocks of one Megatron tensor, top to bottom
+
+
 def hf_to_megatron_layer(arch: ModelArch, get: Callable[[str], torch.Tensor], layer: int
-                         ) -> dict[str, torch.Tensor]:
-    """Megatron tensors (by suffix) of decoder layer ``layer``; ``get`` fetches HF tensors by name."""
+                         ) -> dict[str, torch.Tensor | RowBlocks]:
+    """Megatron tensors (by suffix) of decoder layer ``layer``; ``get`` fetches HF tensors by name.
+
+    fc1 comes back as the row blocks ``(gate, up)`` rather than their concatenation, so a writer
+    can store the two halves without copying them (``torch.cat`` gives the Megatron tensor).
+    """
     p = f"model.layers.{layer}."
     out = {}
     for suffix in layer_suffixes(arch):
@@ -102,7 +109,7 @@ def hf_to_megatron_layer(arch: ModelArch, get: Callable[[str], torch.Tensor], la
     out[QKV_WEIGHT] = merge_qkv(*(get(p + f"self_attn.{x}_proj.weight") for x in "qkv"), arch)
     if arch.qkv_bias:
         out[QKV_BIAS] = merge_qkv(*(get(p + f"self_attn.{x}_proj.bias") for x in "qkv"), arch)
-    out[FC1_WEIGHT] = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
+    out[FC1_WEIGHT] = (get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight"))
     return {s: out[s] for s in layer_suffixes(arch)}
 
 

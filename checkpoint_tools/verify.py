@@ -76,23 +76,52 @@ def _pipeline_logits(model, input_ids: torch.Tensor) -> torch.Tensor | None:
     return gather_from_tensor_model_parallel_region(out)
 
 
-def _rank_main(rank: int, world: int, port: int, hf_dir: str, load: str, tp: int, pp: int,
-               input_ids: torch.Tensor, results) -> None:
+def _load_on_rank(rank, world, port, hf_dir, load, tp, pp):
     from .megatron_model import build_gpt_model, load_torch_dist
     from .model_config import load_arch
 
-    try:
-        cpu_megatron.init_distributed(rank, world, master_port=port, backend="gloo")
-        cpu_megatron.init_model_parallel(tp=tp, pp=pp)
-        arch = load_arch(hf_dir)
-        model = build_gpt_model(arch, dtype=torch.float32).eval()
-        load_torch_dist(model, load)
-        logits = _pipeline_logits(model, input_ids)
-        if logits is not None:
-            from megatron.core import parallel_state as ps
+    cpu_megatron.init_distributed(rank, world, master_port=port, backend="gloo")
+    cpu_megatron.init_model_parallel(tp=tp, pp=pp)
+    arch = load_arch(hf_dir)
+    model = build_gpt_model(arch, dtype=torch.float32).eval()
+    load_torch_dist(model, load)
+    return arch, model
 
-            if ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
-                results.put((rank, logits[..., : arch.vocab_size].clone()))
+
+def _logits_task(rank, world, port, hf_dir, load, tp, pp, input_ids):
+    from megatron.core import parallel_state as ps
+
+    arch, model = _load_on_rank(rank, world, port, hf_dir, load, tp, pp)
+    logits = _pipeline_logits(model, input_ids)
+    if logits is not None and ps.get_tensor_model_parallel_rank() == 0:
+        return logits[..., : arch.vocab_size].clone()
+    return None
+
+
+def _resave_task(rank, world, port, hf_dir, load, tp, pp, save_dir):
+    """Load at TP x PP and save again with Megatron's own sharded state dict (as training does)."""
+    from megatron.core import dist_checkpointing
+
+    from .torch_dist import read_common, resolve_checkpoint_dir, write_tracker
+
+    _, model = _load_on_rank(rank, world, port, hf_dir, load, tp, pp)
+    common = read_common(resolve_checkpoint_dir(load))
+    out = Path(save_dir) / "iter_0000001"
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    torch.distributed.barrier()
+    dist_checkpointing.save({"model": model.sharded_state_dict(), "args": common["args"],
+                             "checkpoint_version": 3.0, "iteration": 1}, str(out))
+    if rank == 0:
+        write_tracker(save_dir, 1)
+    return str(out) if rank == 0 else None
+
+
+def _rank_main(task, rank, world, port, args, results) -> None:
+    try:
+        value = task(rank, world, port, *args)
+        if value is not None:
+            results.put((rank, value))
         torch.distributed.barrier()
     except BaseException as e:  # report to the parent instead of leaving it waiting
         results.put((rank, RuntimeError(f"rank {rank}: {type(e).__name__}: {e}")))
@@ -101,14 +130,14 @@ def _rank_main(rank: int, world: int, port: int, hf_dir: str, load: str, tp: int
         cpu_megatron.teardown()
 
 
-def megatron_logits(hf_dir: str | Path, load: str | Path, input_ids: torch.Tensor,
-                    tp: int = 1, pp: int = 1, timeout: float = 600) -> torch.Tensor:
-    """Logits of the Megatron model at TP x PP (one spawned gloo process per rank)."""
+def run_on_ranks(task, world: int, *args, timeout: float = 600):
+    """Run ``task(rank, world, port, *args)`` on ``world`` spawned gloo ranks; return the first
+    non-None value a rank produced (errors on any rank are raised here)."""
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    world, port = tp * pp, cpu_megatron.free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, str(hf_dir), str(load), tp, pp,
-                                                  input_ids, results)) for r in range(world)]
+    port = cpu_megatron.free_port()
+    procs = [ctx.Process(target=_rank_main, args=(task, r, world, port, args, results))
+             for r in range(world)]
     for p in procs:
         p.start()
     try:
@@ -121,6 +150,18 @@ def megatron_logits(hf_dir: str | Path, load: str | Path, input_ids: torch.Tenso
     if isinstance(value, BaseException):
         raise value
     return value
+
+
+def megatron_logits(hf_dir: str | Path, load: str | Path, input_ids: torch.Tensor,
+                    tp: int = 1, pp: int = 1) -> torch.Tensor:
+    """Logits of the Megatron model at TP x PP (one spawned gloo process per rank)."""
+    return run_on_ranks(_logits_task, tp * pp, str(hf_dir), str(load), tp, pp, input_ids)
+
+
+def resave_with_megatron(hf_dir: str | Path, load: str | Path, save_dir: str | Path,
+                         tp: int = 1, pp: int = 1) -> Path:
+    """Round-trip a checkpoint through a Megatron model at TP x PP; return the new iteration dir."""
+    return Path(run_on_ranks(_resave_task, tp * pp, str(hf_dir), str(load), tp, pp, str(save_dir)))
 
 
 def compare_with_hf(hf_dir: str | Path, load: str | Path, tp: int = 1, pp: int = 1,

@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from checkpoint_tools.hf2megatron import convert_hf_to_torch_dist
 from checkpoint_tools.megatron2hf import convert_torch_dist_to_hf
@@ -12,25 +11,8 @@ from checkpoint_tools.tiny_models import FAMILIES
 from checkpoint_tools.torch_dist import read_common, read_tracker, tensor_metadata
 
 
-def _load_all(hf_dir):
-    """Every tensor of an HF dir, whether single-file or sharded (read independently of our code)."""
-    tensors = {}
-    for file in sorted(hf_dir.glob("*.safetensors")):
-        with safe_open(file, "pt") as f:
-            tensors.update({k: f.get_tensor(k) for k in f.keys()})
-    return tensors
-
-
-def _assert_identical(a: dict, b: dict):
-    assert sorted(a) == sorted(b)
-    for name in a:
-        assert a[name].dtype == b[name].dtype, name
-        assert a[name].shape == b[name].shape, name
-        assert torch.equal(a[name], b[name]), name
-
-
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_roundtrip_is_bit_exact(family, tiny_model_factory, tmp_path):
+def test_roundtrip_is_bit_exact(family, tiny_model_factory, tmp_path, same_weights):
     hf = tiny_model_factory(family)
     ckpt = convert_hf_to_torch_dist(hf, tmp_path / "mcore")
     assert read_tracker(tmp_path / "mcore") == "release" and ckpt.name == "release"
@@ -39,7 +21,7 @@ def test_roundtrip_is_bit_exact(family, tiny_model_factory, tmp_path):
     assert list(ckpt.glob("__0_*.distcp"))
     out = convert_torch_dist_to_hf(tmp_path / "mcore", tmp_path / "hf", origin_hf_dir=hf,
                                    progress=False)
-    _assert_identical(_load_all(hf), _load_all(out))
+    same_weights(hf, out)
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (out / name).read_bytes() == (hf / name).read_bytes(), name
     original, exported = json.loads((hf / "config.json").read_text()), json.loads(
@@ -69,7 +51,8 @@ def test_checkpoint_uses_megatron_names_stacked_layers_and_padded_vocab(tiny_mod
 
 
 @pytest.mark.parametrize("family", ["qwen2.5", "llama3"])
-def test_bf16_roundtrip_without_origin_dir_and_sharded_output(family, tiny_model_factory, tmp_path):
+def test_bf16_roundtrip_without_origin_dir_and_sharded_output(family, tiny_model_factory, tmp_path,
+                                                             hf_tensors, same_weights):
     hf = tiny_model_factory(family, dtype=torch.bfloat16, max_shard_size="60KB")
     assert (hf / "model.safetensors.index.json").is_file()  # sharded input is read too
     convert_hf_to_torch_dist(hf, tmp_path / "mcore", iteration=7)
@@ -82,18 +65,17 @@ def test_bf16_roundtrip_without_origin_dir_and_sharded_output(family, tiny_model
     files = sorted(set(index["weight_map"].values()))
     assert len(files) > 1 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
     assert {p.name for p in out.glob("*.safetensors")} == set(files)
-    tensors = _load_all(out)
-    assert set(index["weight_map"]) == set(tensors)
-    _assert_identical(_load_all(hf), tensors)
+    assert set(index["weight_map"]) == set(hf_tensors(out))
+    same_weights(hf, out)
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
 
 
-def test_vocab_size_flag_trims_padding(tiny_model_factory, tmp_path):
+def test_vocab_size_flag_trims_padding(tiny_model_factory, tmp_path, hf_tensors):
     hf = tiny_model_factory("qwen2.5")
     convert_hf_to_torch_dist(hf, tmp_path / "mcore")
     out = convert_torch_dist_to_hf(tmp_path / "mcore", tmp_path / "hf", vocab_size=400,
                                    progress=False)
-    original, exported = _load_all(hf), _load_all(out)
+    original, exported = hf_tensors(hf), hf_tensors(out)
     assert exported["model.embed_tokens.weight"].shape[0] == 400
     assert torch.equal(exported["model.embed_tokens.weight"], original["model.embed_tokens.weight"][:400])
     assert json.loads((out / "config.json").read_text())["vocab_size"] == 400

@@ -46,9 +46,13 @@ fi
 CONSTRAINTS="$VENV/constraints.txt"
 echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
 log "installing project packages (torch pinned to $TORCH_VERSION)"
-"$PY" -m pip install -q -c "$CONSTRAINTS" -e "$ROOT[test]" -e "$ROOT/sglang-kvc" 2>&1 \
-  | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
-"$PY" -c "import torch, megatron.core, transformers, sglang_kvc, trainer, checkpoint_tools, evaluation" \
+LOG="$VENV/setup.log"
+if ! "$PY" -m pip install -q -c "$CONSTRAINTS" -e "$ROOT[test]" -e "$ROOT/sglang-kvc" >"$LOG" 2>&1; then
+  tail -n 30 "$LOG" >&2
+  log "pip install failed (full log: $LOG)"
+  exit 1
+fi
+"$PY" -W ignore -c "import torch, megatron.core, transformers, sglang_kvc, trainer, checkpoint_tools, evaluation" \
   || { log "import check failed"; exit 1; }
 [[ "$("$PY" -c 'import torch; print(torch.__version__)')" == "$TORCH_VERSION" ]] \
   || { log "torch changed during install: refusing"; exit 1; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create or refresh .venv for this repository.
 #   - no GPU: CPU torch==2.13.0;  GPU with a CUDA torch already installed: reuse that torch
+#     (venv over the system site-packages);  GPU without torch: PyPI's CUDA build
 #   - megatron-core==0.16.1 and the packages of pyproject.toml + sglang-kvc (editable)
 #   - torch is pinned through a constraints file so no dependency can pull another build
 # Re-running is cheap: it reinstalls only when a pyproject.toml changed.
@@ -31,9 +32,14 @@ fi
 PY="$VENV/bin/python"
 
 if ! "$PY" -c "import torch" 2>/dev/null; then
-  log "installing $CPU_TORCH (CPU build)"
   "$PY" -m pip install -q --upgrade pip
-  "$PY" -m pip install -q "$CPU_TORCH"
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    log "GPU present but no CUDA torch: installing PyPI's default (CUDA) torch build"
+    "$PY" -m pip install -q torch
+  else
+    log "installing $CPU_TORCH (CPU build)"
+    "$PY" -m pip install -q "$CPU_TORCH"
+  fi
 fi
 TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')"
 

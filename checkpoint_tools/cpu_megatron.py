@@ -1,15 +1,18 @@
 """Run Megatron-core on CPU (gloo): the whole compatibility layer, in one place.
 
-Megatron-core 0.16 assumes CUDA in four spots that matter for tests and laptop debugging:
+Megatron-core 0.16 assumes CUDA in a few ways that matter for tests and laptop debugging:
   1. its RNG tracker (``model_parallel_cuda_manual_seed``, ``get_cuda_rng_tracker().fork()``)
      saves and restores ``torch.cuda`` RNG state;
-  2. a few paths call ``torch.cuda.synchronize``, and ``dist_checkpointing`` puts status tensors
-     on ``torch.cuda.current_device()``;
-  3. tied embeddings under pipeline parallelism move the shared weight with ``.cuda()``;
+  2. it calls ``torch.cuda.synchronize`` / ``torch.cuda.current_device()``;
+  3. it creates small tensors with ``device="cuda"`` (optimizer scales, grad-norm buffers,
+     checkpoint status flags), moves tensors with ``.cuda()`` (tied embeddings under PP) and
+     asserts ``tensor.type() == 'torch.cuda.FloatTensor'`` (grad clipping);
   4. with ``attention_mask=None`` the local-spec attention builds its causal mask on ``cuda``.
-We stand in the CPU generator for (1) and no-ops for (2) and (3) only when CUDA is absent, and
-callers pass an explicit mask for (4) (``causal_attention_mask``). Nothing here changes behaviour
-on a machine with a GPU.
+Only when CUDA is absent, we stand in the CPU generator for (1), no-ops for (2), and for (3) a
+``TorchFunctionMode`` that turns every request for a CUDA tensor into a CPU tensor (and reports
+CPU tensors' type names as CUDA ones); callers pass
+an explicit mask for (4) (``causal_attention_mask``). Nothing here changes behaviour on a machine
+with a GPU.
 """
 
 from __future__ import annotations
@@ -23,6 +26,31 @@ import torch
 import torch.distributed as dist
 
 _PATCHED = False
+
+
+def _is_cuda_device(device) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, int)  # a bare index means a CUDA ordinal
+
+
+class _CudaRequestsToCpu(torch.overrides.TorchFunctionMode):
+    """Serve ``device="cuda"`` factories, ``.cuda()`` and ``.to("cuda")`` on the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            # grad clipping asserts ``grad.type() == 'torch.cuda.FloatTensor'``
+            return func(*args).replace("torch.", "torch.cuda.", 1)
+        if _is_cuda_device(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda_device(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)
 
 
 def cuda_available() -> bool:
@@ -50,10 +78,8 @@ def install_cpu_stand_ins() -> None:
     torch.cuda.manual_seed = lambda seed: None  # the CPU generator is seeded by the caller
     torch.cuda.manual_seed_all = lambda seed: None
     torch.cuda.synchronize = lambda device=None: None
-    # Tied embeddings under PP all-reduce ``weight.data.cuda()``; without CUDA that call could
-    # only raise, so keep the tensor where it is.
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self
-    # dist_checkpointing builds small status tensors on ``torch.cuda.current_device()``
+    # The mode stack is per thread; Megatron creates its CUDA tensors on the calling thread.
+    _CudaRequestsToCpu().__enter__()
     torch.cuda.current_device = lambda: torch.device("cpu")
     _PATCHED = True
 

@@ -1,0 +1,208 @@
+"""PPO-style policy loss for GRPO: clipped surrogate (clip-higher, dual clip), KL loss to a
+reference policy, entropy bonus, and loss aggregation that survives micro-batching.
+
+Per response token t (mask m_t = 1), with r_t = exp(log π_θ − log π_old) and advantage A_t:
+
+    pg_t  = max(−A_t·r_t, −A_t·clip(r_t, 1 − eps_clip, 1 + eps_clip_high))
+    pg_t  = min(pg_t, −A_t·eps_clip_c)            if A_t < 0 and eps_clip_c is set (dual clip)
+    pg_t *= w_t                                    sparse-rollout correction weight (detached)
+    loss  = agg(pg) + kl_loss_coef·agg(kl(π_θ, π_ref)) − entropy_coef·agg(entropy)
+
+(slime's total loss; the reference's §2.1 objective.) The correction weight multiplies the policy
+term only; rejection acts through the mask, which applies to all three terms, as in the reference.
+
+Aggregation modes (verl's ``loss_agg_mode``; slime's default reducer is ``seq_mean_token_mean``):
+
+- ``token_mean``: Σ_{i,t} m·x / N_tokens
+- ``seq_mean_token_mean``: Σ_i (Σ_t m·x / max(Σ_t m, 1)) / N_sequences
+- ``seq_mean_token_sum_norm`` (Dr.GRPO): Σ_i (Σ_t m·x / L) / N_sequences, L a constant length
+
+Micro-batching: N_tokens and N_sequences default to this call's own counts. When a global batch
+is split into micro-batches whose gradients are accumulated, pass ``LossScale.for_batch(mask of
+the whole global batch)`` to every micro-batch call: each call then returns its share, and the sum
+over micro-batches equals the loss (and gradient) of the whole batch in one call. Sequences must
+not be split across micro-batches (the per-sequence means need all of a sequence's tokens).
+With data parallelism, count over all DP ranks' sequences and multiply by the DP size if the DDP
+wrapper averages gradients over ranks (Megatron does unless ``calculate_per_token_loss``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainer.algorithms.kl import KL_TYPES, kl_estimate
+
+AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+# exp() of a log ratio beyond ±20 is numerically meaningless (and can overflow in the product with
+# the advantage); verl clamps the PPO log ratio to the same band.
+_LOG_RATIO_BOUND = 20.0
+
+
+@dataclass
+class PolicyLossConfig:
+    """Defaults are the reference run's (Sparse-RL run-qwen2.5-3b-rkv.sh)."""
+
+    eps_clip: float = 0.2  # slime --eps-clip / verl actor.clip_ratio_low: lower clip 1 - eps_clip
+    eps_clip_high: float | None = None  # slime --eps-clip-high / verl clip_ratio_high; None = eps_clip (DAPO: 0.28)
+    eps_clip_c: float | None = None  # slime --eps-clip-c / verl clip_ratio_c (dual clip, > 1, e.g. 3.0); None = off
+    kl_loss_coef: float = 1e-4  # slime --kl-loss-coef / verl kl_loss_coef; 0 = no KL term (no ref model needed)
+    kl_loss_type: str = "low_var_kl"  # slime --kl-loss-type / verl kl_loss_type: k1|k2|k3|low_var_kl
+    entropy_coef: float = 0.0  # slime --entropy-coef / verl entropy_coeff
+    loss_agg_mode: str = "seq_mean_token_mean"  # verl loss_agg_mode; slime default = per-sample token mean
+    loss_agg_norm_length: int | None = None  # seq_mean_token_sum_norm's constant L (the max response length)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.eps_clip < 1.0:
+            raise ValueError(f"eps_clip must be in [0, 1), got {self.eps_clip}")
+        if self.eps_clip_high is not None and self.eps_clip_high < 0.0:
+            raise ValueError(f"eps_clip_high must be >= 0, got {self.eps_clip_high}")
+        if self.eps_clip_c is not None and self.eps_clip_c <= 1.0:
+            raise ValueError(f"eps_clip_c (dual clip) must be > 1, got {self.eps_clip_c}")
+        if self.kl_loss_type not in KL_TYPES:
+            raise ValueError(f"unknown kl_loss_type {self.kl_loss_type!r}; expected one of {KL_TYPES}")
+        if self.loss_agg_mode not in AGG_MODES:
+            raise ValueError(f"unknown loss_agg_mode {self.loss_agg_mode!r}; expected one of {AGG_MODES}")
+        if self.loss_agg_mode == "seq_mean_token_sum_norm" and not self.loss_agg_norm_length:
+            raise ValueError("seq_mean_token_sum_norm needs loss_agg_norm_length (e.g. the max response length)")
+
+    @property
+    def clip_high(self) -> float:
+        return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
+
+    @property
+    def needs_ref_logp(self) -> bool:
+        return self.kl_loss_coef != 0.0
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.entropy_coef != 0.0
+
+
+@dataclass(frozen=True)
+class LossScale:
+    """Global denominators of the aggregation (None = use the current call's own counts).
+
+    ``num_tokens``: loss-mask tokens in the global batch (``token_mean``); count the mask *after*
+    rejection, i.e. the mask the loss is called with. ``num_sequences``: sequences in the global
+    batch (``seq_mean_*``), including fully rejected ones (they contribute 0 but still count, as in
+    slime's per-sample mean over the global batch).
+    """
+
+    num_tokens: float | None = None
+    num_sequences: float | None = None
+
+    @classmethod
+    def for_batch(cls, loss_mask: torch.Tensor, num_sequences: int | None = None) -> "LossScale":
+        """Denominators of a whole global batch given its [B, T] loss mask (rows = sequences)."""
+        return cls(num_tokens=float(loss_mask.bool().sum().item()),
+                   num_sequences=float(loss_mask.shape[0] if num_sequences is None else num_sequences))
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, *, scale: LossScale | None = None,
+              norm_length: int | None = None) -> torch.Tensor:
+    """Reduce per-token ``values`` [B, T] to a scalar (fp32); masked entries are ignored, even NaN."""
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {AGG_MODES}")
+    scale = scale or LossScale()
+    mask = mask.bool()
+    # where() rather than multiplication: padding may hold inf/NaN, and NaN·0 = NaN.
+    v = torch.where(mask, values.float(), torch.zeros((), dtype=torch.float32, device=values.device))
+    if mode == "token_mean":
+        denom = scale.num_tokens if scale.num_tokens is not None else mask.sum().clamp_min(1)
+        return v.sum() / denom
+    seq_sums = v.sum(dim=-1)
+    if mode == "seq_mean_token_mean":
+        per_seq = seq_sums / mask.sum(dim=-1).clamp_min(1)
+    else:
+        if not norm_length:
+            raise ValueError("seq_mean_token_sum_norm needs norm_length")
+        per_seq = seq_sums / float(norm_length)
+    num_seqs = scale.num_sequences if scale.num_sequences is not None else max(mask.shape[0], 1)
+    return per_seq.sum() / num_seqs
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                response_mask: torch.Tensor, cfg: PolicyLossConfig, *,
+                mis_weights: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
+                entropy: torch.Tensor | None = None, loss_scale: LossScale | None = None,
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Total loss (0-d fp32, differentiable w.r.t. ``logp`` and ``entropy``) and metrics.
+
+    Shapes are [B, T]; ``advantages`` may also be [B] (broadcast over tokens). ``response_mask``
+    is the loss mask (pass ``MISResult.loss_mask`` when the sparse correction is on, with
+    ``mis_weights=MISResult.weights``). ``old_logp``, ``advantages``, ``mis_weights`` and
+    ``ref_logp`` are treated as constants (detached).
+
+    Metrics are detached 0-d fp32 tensors aggregated exactly like the loss (same mode, same
+    ``loss_scale``), so summing a metric over the micro-batches of a global batch gives its
+    global value: ``loss``, ``pg_loss``, ``kl_loss`` (when ``ref_logp`` is given), ``entropy``
+    (when ``entropy`` is given), ``ppo_kl`` (mean log π_old − log π_θ), ``ratio_mean``,
+    ``clipfrac``, ``clipfrac_high`` (A > 0, r > 1 + eps_high), ``clipfrac_low`` (A < 0,
+    r < 1 − eps_clip), ``dual_clipfrac`` (A < 0 and the dual-clip bound is the active one).
+    """
+    mask = response_mask.bool()
+    zero = torch.zeros((), dtype=torch.float32, device=logp.device)
+
+    def agg(x: torch.Tensor) -> torch.Tensor:
+        return aggregate(x, mask, cfg.loss_agg_mode, scale=loss_scale, norm_length=cfg.loss_agg_norm_length)
+
+    logp32 = logp.float()
+    adv = advantages.detach().float()
+    if adv.dim() == 1:
+        adv = adv[:, None].expand_as(logp32)
+    adv = torch.where(mask, adv, zero)
+    log_ratio = torch.where(mask, logp32 - old_logp.detach().float(), zero)
+    ratio = torch.exp(log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND))
+
+    lo, hi = 1.0 - cfg.eps_clip, 1.0 + cfg.clip_high
+    pg_unclipped = -adv * ratio
+    pg_clipped = -adv * ratio.clamp(lo, hi)
+    pg = torch.maximum(pg_unclipped, pg_clipped)
+    dual_active = torch.zeros_like(mask)
+    if cfg.eps_clip_c is not None:
+        # Dual clip bounds the loss of a negative-advantage token when r explodes (r > eps_clip_c).
+        pg_dual = -adv * cfg.eps_clip_c
+        dual_active = (adv < 0) & (pg > pg_dual)
+        pg = torch.where(adv < 0, torch.minimum(pg, pg_dual), pg)
+    if mis_weights is not None:
+        pg = pg * torch.where(mask, mis_weights.detach().float(), zero)
+
+    pg_loss = agg(pg)
+    loss = pg_loss
+    metrics: dict[str, torch.Tensor] = {}
+
+    if ref_logp is not None:
+        kl = kl_estimate(torch.where(mask, logp32, zero), torch.where(mask, ref_logp.detach().float(), zero),
+                         cfg.kl_loss_type)
+        kl_loss = agg(kl)
+        if cfg.kl_loss_coef != 0.0:
+            loss = loss + cfg.kl_loss_coef * kl_loss
+        metrics["kl_loss"] = kl_loss.detach()
+    elif cfg.kl_loss_coef != 0.0:
+        raise ValueError("kl_loss_coef != 0 needs ref_logp")
+
+    if entropy is not None:
+        ent = agg(entropy)
+        if cfg.entropy_coef != 0.0:
+            loss = loss - cfg.entropy_coef * ent
+        metrics["entropy"] = ent.detach()
+    elif cfg.entropy_coef != 0.0:
+        raise ValueError("entropy_coef != 0 needs entropy")
+
+    with torch.no_grad():
+        high = (adv > 0) & (ratio > hi)
+        low = (adv < 0) & (ratio < lo)
+        metrics.update(
+            loss=loss.detach(),
+            pg_loss=pg_loss.detach(),
+            ppo_kl=agg(-log_ratio),
+            ratio_mean=agg(ratio),
+            clipfrac=agg((high | low).float()),
+            clipfrac_high=agg(high.float()),
+            clipfrac_low=agg(low.float()),
+            dual_clipfrac=agg(dual_active.float()),
+        )
+    return loss, metrics

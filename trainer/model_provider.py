@@ -1,0 +1,95 @@
+"""HF config -> Megatron GPT policy model (the trainer's model provider).
+
+Transformer Engine's spec when TE is installed; otherwise Megatron's local spec with its naive
+core attention swapped for ``SDPACoreAttention``. Weights come from a torch_dist checkpoint or,
+for a Hugging Face directory, from an on-the-fly conversion (``checkpoint_tools.hf2megatron``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from checkpoint_tools.hf2megatron import convert_hf_to_torch_dist
+from checkpoint_tools.megatron_model import build_gpt_model, layer_spec, load_torch_dist
+from checkpoint_tools.model_config import ModelArch, load_arch
+from checkpoint_tools.torch_dist import METADATA, TRACKER
+
+from .attention import SDPACoreAttention
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    hf_checkpoint: str  # HF dir: architecture (config.json) and tokenizer
+    load: str | None = None  # torch_dist root/iteration dir or an HF dir; default: hf_checkpoint
+    dtype: torch.dtype | None = None  # default: bf16 on GPU, fp32 on CPU
+    attention_backend: str = "auto"  # auto | te | sdpa | local
+    recompute_activations: bool = False
+
+
+def transformer_engine_available() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None and torch.cuda.is_available()
+
+
+def policy_layer_spec(arch: ModelArch, backend: str = "auto"):
+    """The GPT layer spec for ``backend`` (``auto`` = TE if installed, else local + SDPA)."""
+    if backend == "auto":
+        backend = "te" if transformer_engine_available() else "sdpa"
+    if backend == "te":
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_layernorm)
+    spec = layer_spec(arch)
+    if backend == "sdpa":
+        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    elif backend != "local":
+        raise ValueError(f"unknown attention backend {backend!r} (auto, te, sdpa, local)")
+    return spec
+
+
+def default_dtype() -> torch.dtype:
+    return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+
+
+def is_torch_dist_checkpoint(path: str | Path) -> bool:
+    path = Path(path)
+    return (path / TRACKER).is_file() or (path / METADATA).is_file()
+
+
+def resolve_weights(load: str | Path, hf_checkpoint: str | Path, cache_dir: str | Path) -> Path:
+    """A torch_dist checkpoint to load: ``load`` itself, or ``load`` (an HF dir) converted once
+    into ``cache_dir`` by rank 0 while the other ranks wait."""
+    load = Path(load)
+    if is_torch_dist_checkpoint(load):
+        return load
+    if not (load / "config.json").is_file():
+        raise FileNotFoundError(f"--load {load}: neither a torch_dist checkpoint "
+                                f"({TRACKER}) nor a Hugging Face model dir (config.json)")
+    target = Path(cache_dir)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0 and not (target / TRACKER).is_file():
+        convert_hf_to_torch_dist(load, target, overwrite=True)
+    if dist.is_initialized():
+        dist.barrier()
+    return target
+
+
+def build_policy_model(cfg: ModelConfig, *, cache_dir: str | Path | None = None, load: bool = True,
+                       **config_overrides):
+    """Build this rank's slice of the policy model and (optionally) load its weights."""
+    arch = load_arch(cfg.hf_checkpoint)
+    overrides = dict(config_overrides)
+    if cfg.recompute_activations:
+        overrides.update(recompute_granularity="full", recompute_method="uniform",
+                         recompute_num_layers=1)
+    model = build_gpt_model(arch, dtype=cfg.dtype or default_dtype(),
+                            spec=policy_layer_spec(arch, cfg.attention_backend), **overrides)
+    if load:
+        source = cfg.load or cfg.hf_checkpoint
+        cache = cache_dir or Path(source).with_name(Path(source).name + "_torch_dist")
+        load_torch_dist(model, resolve_weights(source, cfg.hf_checkpoint, cache))
+    return arch, model

@@ -1,0 +1,103 @@
+"""Packed (``thd``) micro-batches: several sequences in one row, each attending only to itself.
+
+A sample is ``prompt_ids + response_ids``. The logit at position i predicts token i + 1 of the
+same sequence, so the log-prob of response token j (absolute position P + j) is read at position
+P + j - 1; the last position of each sequence predicts nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class Sample:
+    prompt_ids: list[int]
+    response_ids: list[int]
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclasses.dataclass
+class PackedBatch:
+    tokens: torch.Tensor  # [1, T] long: the sequences back to back (plus padding)
+    targets: torch.Tensor  # [T] long: next token of the same sequence (0 where none)
+    response_positions: torch.Tensor  # [T] bool: position whose target is a response token
+    cu_seqlens: torch.Tensor  # [n + 1] int32
+    max_seqlen: int
+    response_lengths: list[int]
+    sample_indices: list[int]  # which samples of the global batch, in pack order
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.cu_seqlens[-1])
+
+    def packed_seq_params(self):
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=self.cu_seqlens,
+                               cu_seqlens_kv=self.cu_seqlens, max_seqlen_q=self.max_seqlen,
+                               max_seqlen_kv=self.max_seqlen)
+
+    def to(self, device) -> "PackedBatch":
+        return dataclasses.replace(self, tokens=self.tokens.to(device),
+                                   targets=self.targets.to(device),
+                                   response_positions=self.response_positions.to(device),
+                                   cu_seqlens=self.cu_seqlens.to(device))
+
+    def split_per_sample(self, values: torch.Tensor) -> list[torch.Tensor]:
+        """Per-position values ``[T]`` -> one ``[response_len]`` tensor per sample (pack order)."""
+        picked = values[self.response_positions]
+        return list(torch.split(picked, self.response_lengths))
+
+
+def pack(samples: list[Sample], indices: list[int] | None = None, pad_to_multiple: int = 1
+         ) -> PackedBatch:
+    indices = list(range(len(samples))) if indices is None else indices
+    tokens, targets, is_response, lengths = [], [], [], []
+    for i in indices:
+        s = samples[i]
+        if not s.response_ids:
+            raise ValueError(f"sample {i} has an empty response")
+        seq = list(s.prompt_ids) + list(s.response_ids)
+        tokens += seq
+        targets += seq[1:] + [0]
+        p = len(s.prompt_ids)
+        is_response += [p - 1 <= j < len(seq) - 1 for j in range(len(seq))]
+        lengths.append(len(seq))
+    total = len(tokens)
+    padded = -(-total // pad_to_multiple) * pad_to_multiple
+    pad = padded - total
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return PackedBatch(
+        tokens=torch.tensor(tokens + [0] * pad).unsqueeze(0),
+        targets=torch.tensor(targets + [0] * pad),
+        response_positions=torch.tensor(is_response + [False] * pad),
+        cu_seqlens=cu,
+        max_seqlen=max(lengths),
+        response_lengths=[len(samples[i].response_ids) for i in indices],
+        sample_indices=indices,
+    )
+
+
+def split_by_token_budget(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Greedy first-fit-decreasing of sequences into micro-batches of at most ``max_tokens``.
+
+    A sequence longer than the budget gets a micro-batch of its own (never dropped).
+    """
+    if max_tokens <= 0:
+        raise ValueError("max_tokens must be positive")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: list[tuple[int, list[int]]] = []
+    for i in order:
+        for b, (used, members) in enumerate(bins):
+            if used + lengths[i] <= max_tokens:
+                bins[b] = (used + lengths[i], members + [i])
+                break
+        else:
+            bins.append((lengths[i], [i]))
+    return [sorted(members) for _, members in bins]

@@ -1,0 +1,205 @@
+"""The Megatron-side learner: DDP-wrapped policy, optimizer, LR schedule, train step, log-prob
+recompute and torch_dist checkpoints.
+
+Micro-batches are packed by a token budget (``max_tokens_per_gpu``) and run through Megatron's
+forward-backward schedule (pipeline parallel when PP > 1). The loss of each micro-batch is
+already normalised by *global* counts (tokens or sequences over the whole global batch, all DP
+ranks included), so gradients simply add up over micro-batches and DP ranks: Megatron is told
+to neither average over micro-batches nor over DP (``calculate_per_token_loss`` with our own
+``finalize_model_grads`` that does not rescale).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from checkpoint_tools import cpu_megatron
+
+from .forward import packed_logits
+from .logprobs import logprobs_and_entropy
+from .model_provider import ModelConfig, build_policy_model
+from .packing import PackedBatch, Sample, pack, split_by_token_budget
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_decay_style: str = "constant"  # constant | linear | cosine
+    lr_warmup_iters: int = 0
+    lr_decay_iters: int | None = None
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    use_distributed_optimizer: bool | None = None  # default: on with NCCL, off with gloo
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    max_tokens_per_gpu: int = 8192
+    log_probs_chunk_size: int = 1024
+    temperature: float = 1.0  # --rollout-temperature: logits are divided by it everywhere
+    seed: int = 1234
+
+
+# loss_fn(logp, entropy, sample_ids) -> (loss, metrics): logp/entropy are per-sample response
+# tensors (pack order), sample_ids index the global batch; loss is globally normalised.
+LossFn = Callable[[list[torch.Tensor], list[torch.Tensor] | None, list[int]],
+                  tuple[torch.Tensor, dict]]
+
+
+def _no_rescale_finalize(model, num_tokens=None, pg_collection=None, force_all_reduce=False):
+    from megatron.core.distributed import finalize_model_grads
+
+    # Losses are pre-normalised by global counts: reduce grads across DP and pipeline embedding
+    # groups, but never divide by a token count.
+    return finalize_model_grads(model, None, pg_collection=pg_collection,
+                                force_all_reduce=force_all_reduce)
+
+
+class PolicyTrainer:
+    """One rank's view of the policy under training (call after ``init_model_parallel``)."""
+
+    def __init__(self, model_cfg: ModelConfig, optim_cfg: OptimConfig, train_cfg: TrainConfig,
+                 *, cache_dir: str | Path | None = None, load_weights: bool = True):
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        self.model_cfg, self.optim_cfg, self.train_cfg = model_cfg, optim_cfg, train_cfg
+        self.arch, module = build_policy_model(model_cfg, cache_dir=cache_dir, load=load_weights,
+                                               calculate_per_token_loss=True)
+        config = module.config
+        distributed_optimizer = optim_cfg.use_distributed_optimizer
+        if distributed_optimizer is None:
+            distributed_optimizer = dist.get_backend() == "nccl"
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+            use_distributed_optimizer=distributed_optimizer)
+        self.model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module)
+        config.no_sync_func = self.model.no_sync
+        config.finalize_model_grads_func = _no_rescale_finalize
+        self.config = config
+        self.optimizer, self.scheduler = self._build_optimizer(distributed_optimizer)
+        self.dp_group = ps.get_data_parallel_group()
+        self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        self.step = 0
+
+    # --- optimizer ---------------------------------------------------------------------------
+    def _build_optimizer(self, distributed: bool):
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        o = self.optim_cfg
+        opt_config = OptimizerConfig(
+            optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay,
+            adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2, adam_eps=o.adam_eps,
+            clip_grad=o.clip_grad, bf16=self.config.bf16, fp16=self.config.fp16,
+            params_dtype=self.config.params_dtype, use_distributed_optimizer=distributed)
+        optimizer = get_megatron_optimizer(opt_config, [self.model])
+        decay_iters = o.lr_decay_iters or 10**9
+        scheduler = OptimizerParamScheduler(
+            optimizer, init_lr=0.0 if o.lr_warmup_iters else o.lr, max_lr=o.lr, min_lr=o.min_lr,
+            lr_warmup_steps=o.lr_warmup_iters, lr_decay_steps=max(decay_iters, o.lr_warmup_iters + 1),
+            lr_decay_style=o.lr_decay_style, start_wd=o.weight_decay, end_wd=o.weight_decay,
+            wd_incr_steps=decay_iters, wd_incr_style="constant")
+        return optimizer, scheduler
+
+    # --- batching ----------------------------------------------------------------------------
+    def _micro_batches(self, samples: list[Sample], ids: list[int]) -> list[PackedBatch]:
+        lengths = [samples[i].length for i in ids]
+        groups = split_by_token_budget(lengths, self.train_cfg.max_tokens_per_gpu)
+        device = cpu_megatron.default_device()
+        return [pack(samples, [ids[j] for j in g]).to(device) for g in groups]
+
+    def local_sample_ids(self, n: int) -> list[int]:
+        """This DP rank's share of a global batch of ``n`` samples (contiguous, balanced)."""
+        per, extra = divmod(n, self.dp_size)
+        start = self.dp_rank * per + min(self.dp_rank, extra)
+        return list(range(start, start + per + (self.dp_rank < extra)))
+
+    # --- forward / backward ------------------------------------------------------------------
+    def _run(self, micro_batches: list[PackedBatch], loss_fn, *, forward_only: bool,
+             with_entropy: bool):
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        results = []
+        it = iter(micro_batches)
+
+        def forward_step(data_iterator, model):
+            batch = next(data_iterator)
+            logits_or_hidden = model(
+                input_ids=batch.tokens,
+                position_ids=torch.arange(batch.tokens.shape[1],
+                                          device=batch.tokens.device).unsqueeze(0),
+                attention_mask=None, packed_seq_params=batch.packed_seq_params())
+            return logits_or_hidden, partial(self._loss_on_logits, batch, loss_fn, results,
+                                             with_entropy)
+
+        max_len = max(mb.tokens.shape[1] for mb in micro_batches)
+        get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=it, model=[self.model],
+            num_microbatches=len(micro_batches), seq_length=max_len, micro_batch_size=1,
+            forward_only=forward_only)
+        return results
+
+    def _loss_on_logits(self, batch: PackedBatch, loss_fn, results, with_entropy, output):
+        logits = output.reshape(batch.tokens.shape[1], -1)
+        logp, ent = logprobs_and_entropy(
+            logits, batch.targets, temperature=self.train_cfg.temperature,
+            vocab_size=self.arch.vocab_size, chunk_size=self.train_cfg.log_probs_chunk_size,
+            with_entropy=with_entropy)
+        per_logp = batch.split_per_sample(logp)
+        per_ent = batch.split_per_sample(ent) if ent is not None else None
+        loss, metrics = loss_fn(per_logp, per_ent, batch.sample_indices)
+        results.append((batch.sample_indices, [x.detach() for x in per_logp], metrics))
+        dummy_tokens = torch.ones((), device=loss.device, dtype=torch.int)
+        return loss, dummy_tokens, {}
+
+    @torch.no_grad()
+    def compute_logprobs(self, samples: list[Sample]) -> list[torch.Tensor | None]:
+        """Response log-probs of this rank's samples under the current weights (π_old / π_ref).
+
+        Returns a list aligned with ``samples``: tensors for this DP rank's samples, on the last
+        pipeline stage; None elsewhere.
+        """
+        ids = self.local_sample_ids(len(samples))
+        self.model.eval()
+        out: list[torch.Tensor | None] = [None] * len(samples)
+        zero = lambda logp, ent, idx: (logp[0].sum() * 0.0, {})  # noqa: E731
+        for sample_ids, logps, _ in self._run(self._micro_batches(samples, ids), zero,
+                                              forward_only=True, with_entropy=False):
+            for i, lp in zip(sample_ids, logps):
+                out[i] = lp.float().cpu()
+        self.model.train()
+        return out
+
+    def train_step(self, samples: list[Sample], loss_fn: LossFn, *, with_entropy: bool = False
+                   ) -> dict:
+        """One optimizer step on this rank's share of a global batch."""
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        ids = self.local_sample_ids(len(samples))
+        results = self._run(self._micro_batches(samples, ids), loss_fn, forward_only=False,
+                            with_entropy=with_entropy)
+        update_ok, grad_norm, _ = self.optimizer.step()
+        if update_ok:
+            self.scheduler.step(increment=1)
+        self.step += 1
+        metrics = defaultdict(float)
+        for _, _, m in results:
+            for k, v in m.items():
+                metrics[k] += float(v)
+        metrics.update(grad_norm=float(grad_norm or 0.0),
+                       lr=float(self.optimizer.param_groups[0]["lr"]),
+                       update_skipped=float(not update_ok))
+        return dict(metrics)

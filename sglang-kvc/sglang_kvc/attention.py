@@ -1,0 +1,89 @@
+"""Attention over the KV pool, for one flat batch of tokens.
+
+Every backend first writes the step's new K/V into their slots (`out_slots`), then:
+- prefill: causal attention among the new tokens of each request (a request is always prefilled
+  whole: fresh, or recomputed after preemption, so its KV is exactly its new tokens);
+- decode: one query per request against the slots in its table row, row[:kv_len].
+
+`TorchAttention` gathers each request's slots into a padded dense tensor (CPU, reference).
+`TritonAttention` reads the pool through the table inside a Triton kernel (CUDA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .kv_cache import KVCache
+
+
+@dataclass
+class AttentionMetadata:
+    is_prefill: bool
+    out_slots: torch.Tensor  # [T] int64, where each new token's K/V goes
+    # prefill: right-padded layout of the flat tokens, one row per request
+    pad_index: torch.Tensor | None = None  # [B, Lmax] flat token index (padding -> 0)
+    pad_valid: torch.Tensor | None = None  # [B, Lmax] bool
+    # decode
+    rows: torch.Tensor | None = None  # [B] int64 table rows
+    kv_lens: torch.Tensor | None = None  # [B] int32 slots held, including the new one
+    max_kv_len: int = 0
+
+
+class TorchAttention:
+    def __init__(self, kv: KVCache, num_heads: int, head_dim: int):
+        self.kv, self.num_heads, self.scale = kv, num_heads, head_dim ** -0.5
+        self.meta: AttentionMetadata | None = None
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        pool = self.kv.pool
+        pool.k[layer].index_copy_(0, self.meta.out_slots, k)
+        pool.v[layer].index_copy_(0, self.meta.out_slots, v)
+
+    def forward(self, layer: int, q, k, v) -> torch.Tensor:
+        self.store(layer, k, v)
+        if self.meta.is_prefill:
+            return self.prefill(q, k, v)
+        return self.decode(layer, q)
+
+    def prefill(self, q, k, v) -> torch.Tensor:
+        m = self.meta
+        # [B, L, H, D] -> [B, H, L, D]; right padding keeps causal attention exact for real rows.
+        qp, kp, vp = (t[m.pad_index].transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=self.scale,
+                                             enable_gqa=True)
+        return out.transpose(1, 2)[m.pad_valid]
+
+    def decode(self, layer: int, q) -> torch.Tensor:
+        m = self.meta
+        pool = self.kv.pool
+        slots = self.kv.req_to_token.table[m.rows, :m.max_kv_len].long()  # [B, L]
+        k, v = pool.k[layer][slots].transpose(1, 2), pool.v[layer][slots].transpose(1, 2)
+        mask = torch.arange(m.max_kv_len, device=q.device)[None, :] < m.kv_lens[:, None]
+        out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :],
+                                             scale=self.scale, enable_gqa=True)
+        return out[:, :, 0, :]
+
+
+class TritonAttention(TorchAttention):
+    """Same prefill; decode attends over the paged pool in place (no per-step gather)."""
+
+    @staticmethod
+    def num_kv_splits(batch_size: int) -> int:
+        # Enough (request, head, split) programs to fill the GPU; depends on the batch size only,
+        # so a captured graph's grid stays valid whatever the sequence lengths.
+        for bs, splits in ((8, 16), (32, 8), (128, 4)):
+            if batch_size <= bs:
+                return splits
+        return 2
+
+    def decode(self, layer: int, q) -> torch.Tensor:
+        from .triton_decode import paged_decode_attention
+
+        m = self.meta
+        pool = self.kv.pool
+        return paged_decode_attention(q, pool.k[layer], pool.v[layer], self.kv.req_to_token.table,
+                                      m.rows, m.kv_lens, self.scale,
+                                      self.num_kv_splits(q.shape[0]))

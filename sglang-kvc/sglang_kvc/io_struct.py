@@ -1,0 +1,120 @@
+"""`/generate` request parsing and response building (SGLang's JSON shapes, engine.md §4).
+
+The HTTP server and the in-process `Engine.generate` go through the same parser, so both reject
+the same bad inputs with the same messages (ValueError -> HTTP 400).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from .sampling_params import SamplingParams
+
+GENERATE_KEYS = {
+    "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
+    "top_logprobs_num", "return_text_in_logprobs", "stream", "token_ids_logprob",
+}
+# SGLang fields accepted for compatibility as long as they carry no value we would ignore.
+_NEUTRAL_KEYS = {
+    "input_embeds": None, "image_data": None, "video_data": None, "audio_data": None,
+    "lora_path": None, "custom_logit_processor": None, "return_hidden_states": False,
+    "return_routed_experts": False, "modalities": None, "session_params": None,
+    "data_parallel_rank": None, "log_metrics": True, "bootstrap_host": None,
+    "bootstrap_port": None, "bootstrap_room": None,
+}
+
+
+@dataclass
+class GenerateItem:
+    """One prompt of a (possibly batched) request, before expansion into n samples."""
+    text: str | None
+    input_ids: list[int] | None
+    params: SamplingParams
+    rid: str
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+
+
+def _pick(value: Any, i: int, batch: bool, name: str, size: int) -> Any:
+    if batch and isinstance(value, list):
+        if len(value) != size:
+            raise ValueError(f"{name} has {len(value)} entries for a batch of {size}")
+        return value[i]
+    return value
+
+
+def parse_generate(body: Any, sampling_defaults: dict | None = None) -> tuple[list[GenerateItem], bool]:
+    """Validate a /generate body. Returns the items and whether the input was a batch."""
+    if not isinstance(body, dict):
+        raise ValueError("request body must be a JSON object")
+    unknown = sorted(set(body) - GENERATE_KEYS - set(_NEUTRAL_KEYS))
+    if unknown:
+        raise ValueError(f"unknown request field(s): {', '.join(unknown)}")
+    for k, neutral in _NEUTRAL_KEYS.items():
+        if k in body and body[k] not in (neutral, None):
+            raise ValueError(f"{k} is not supported by this server")
+    if body.get("token_ids_logprob") is not None:
+        raise ValueError("token_ids_logprob is not supported by this server")
+    text, ids = body.get("text"), body.get("input_ids")
+    if text is not None and ids is not None:
+        raise ValueError("Either text or input_ids should be provided, not both")
+    if text is None and ids is None:
+        raise ValueError("Either text or input_ids should be provided")
+
+    if text is not None:
+        batch = isinstance(text, list)
+        prompts = text if batch else [text]
+        for t in prompts:
+            if not isinstance(t, str):
+                raise ValueError("text must be a string or a list of strings")
+            if not t:
+                raise ValueError("text must not be empty")
+    else:
+        if not isinstance(ids, list) or not ids:
+            raise ValueError("input_ids must be a non-empty list of token ids")
+        batch = isinstance(ids[0], list)
+        prompts = ids if batch else [ids]
+        for p in prompts:
+            if not isinstance(p, list) or not p:
+                raise ValueError("input_ids must not be empty")
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+                raise ValueError("input_ids must contain only integers")
+    if batch and not prompts:
+        raise ValueError("empty batch")
+
+    size = len(prompts)
+    items = []
+    for i, prompt in enumerate(prompts):
+        get = lambda k, d=None: _pick(body.get(k, d), i, batch, k, size)  # noqa: E731
+        params = SamplingParams.from_dict(get("sampling_params"), sampling_defaults)
+        rid = get("rid") or uuid.uuid4().hex
+        item = GenerateItem(
+            text=prompt if text is not None else None,
+            input_ids=None if text is not None else list(prompt),
+            params=params, rid=str(rid),
+            return_logprob=get("return_logprob", False),
+            logprob_start_len=get("logprob_start_len", -1),
+            top_logprobs_num=get("top_logprobs_num", 0) or 0,
+            return_text_in_logprobs=get("return_text_in_logprobs", False),
+            stream=bool(body.get("stream", False)),
+        )
+        if not isinstance(item.return_logprob, bool):
+            raise ValueError("return_logprob must be a boolean")
+        for name in ("logprob_start_len", "top_logprobs_num"):
+            v = getattr(item, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ValueError(f"{name} must be an integer")
+        if item.top_logprobs_num < 0:
+            raise ValueError("top_logprobs_num must be >= 0")
+        if not item.return_logprob:
+            item.top_logprobs_num, item.logprob_start_len = 0, -1
+        items.append(item)
+    rids = [it.rid for it in items]
+    if len(set(rids)) != len(rids):
+        raise ValueError("duplicate rid in batch")
+    return items, batch

@@ -1,0 +1,148 @@
+"""Where a token's KV lives: a pool of token slots, a free-list allocator, and per-request slot tables.
+
+- `KVPool`: K and V buffers of shape [num_layers, num_slots, num_kv_heads, head_dim]. Keys are
+  stored after RoPE, so a slot's content never depends on where it sits in the request's table.
+- `SlotAllocator`: the free slot ids as a device tensor; alloc takes a prefix, free appends.
+- `ReqToToken`: one row per running request, row[i] = slot of the request's i-th held KV entry.
+  A request's attention reads row[:kv_len] and nothing else, which is what lets compaction keep a
+  subset in the first slots and free the tail (same slot table for every layer and KV head).
+
+Slot 0 and table row 0 are reserved as padding targets (padded decode rows write there), so
+they are never handed out.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVPool:
+    def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.num_slots, self.num_layers = num_slots, num_layers
+        self.shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        self.dtype, self.device = dtype, device
+        self.k = self.v = None
+        self.allocate()
+
+    @property
+    def bytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return 2 * n * torch.empty((), dtype=self.dtype).element_size()
+
+    def allocate(self) -> None:
+        self.k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        self.v = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+
+    def release(self) -> None:
+        self.k = self.v = None
+
+    @property
+    def allocated(self) -> bool:
+        return self.k is not None
+
+
+class SlotAllocator:
+    def __init__(self, num_slots: int, device: torch.device):
+        self.num_slots, self.device = num_slots, device
+        self.reset()
+
+    def reset(self) -> None:
+        self.free_slots = torch.arange(1, self.num_slots, dtype=torch.int64, device=self.device)
+        self._num_free = self.num_slots - 1
+
+    @property
+    def capacity(self) -> int:
+        return self.num_slots - 1
+
+    @property
+    def num_free(self) -> int:
+        return self._num_free
+
+    def alloc(self, n: int) -> torch.Tensor:
+        if n > self._num_free:
+            raise RuntimeError(f"KV pool exhausted: want {n} slots, {self._num_free} free")
+        out, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        self._num_free -= n
+        return out
+
+    def free(self, slots: torch.Tensor) -> None:
+        if slots.numel():
+            self.free_slots = torch.cat([self.free_slots, slots.to(torch.int64)])
+            self._num_free += slots.numel()
+
+
+class ReqToToken:
+    def __init__(self, max_requests: int, max_len: int, device: torch.device):
+        # +1: row 0 is the padding row (all zeros -> slot 0).
+        self.table = torch.zeros(max_requests + 1, max_len, dtype=torch.int32, device=device)
+        self.free_rows = list(range(max_requests, 0, -1))
+
+    @property
+    def max_len(self) -> int:
+        return self.table.shape[1]
+
+    def alloc_row(self) -> int:
+        return self.free_rows.pop()
+
+    def free_row(self, row: int) -> None:
+        self.free_rows.append(row)
+
+
+class KVCache:
+    """The three pieces above plus the per-request operations the scheduler and runner need."""
+
+    def __init__(self, pool: KVPool, max_requests: int, max_len: int):
+        self.pool = pool
+        self.allocator = SlotAllocator(pool.num_slots, pool.device)
+        self.req_to_token = ReqToToken(max_requests, max_len, pool.device)
+
+    @property
+    def num_free(self) -> int:
+        return self.allocator.num_free
+
+    @property
+    def capacity(self) -> int:
+        return self.allocator.capacity
+
+    def has_free_row(self) -> bool:
+        return bool(self.req_to_token.free_rows)
+
+    def attach(self, seq) -> None:
+        seq.row = self.req_to_token.alloc_row()
+        seq.kv_len = 0
+
+    def extend(self, seqs: list, counts: list[int]) -> torch.Tensor:
+        """Allocate `counts[i]` new slots at the end of seqs[i]'s table; returns them flat."""
+        slots = self.allocator.alloc(sum(counts))
+        table = self.req_to_token.table
+        start = 0
+        for s, c in zip(seqs, counts):
+            table[s.row, s.kv_len:s.kv_len + c] = slots[start:start + c].to(torch.int32)
+            s.kv_len += c
+            start += c
+        return slots
+
+    def extend_one(self, seqs: list, rows: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
+        """Decode: one new slot per request, written with a single scatter. `rows`/`kv_lens` are
+        the requests' rows and current lengths already on the device."""
+        slots = self.allocator.alloc(len(seqs))
+        self.req_to_token.table[rows, kv_lens] = slots.to(torch.int32)
+        for s in seqs:
+            s.kv_len += 1
+        return slots
+
+    def release(self, seq) -> None:
+        """Return all of a request's slots and its table row."""
+        if seq.row is None:
+            return
+        if seq.kv_len:
+            self.allocator.free(self.req_to_token.table[seq.row, :seq.kv_len].to(torch.int64))
+        self.req_to_token.free_row(seq.row)
+        seq.row, seq.kv_len = None, 0
+
+    def reset(self) -> None:
+        self.allocator.reset()
+        self.req_to_token.free_rows = list(range(self.req_to_token.table.shape[0] - 1, 0, -1))

@@ -1,0 +1,250 @@
+"""Runs one scheduled batch: builds the flat token tensors, runs the model, samples.
+
+Owns the model, the KV cache and the attention backend. Decode steps on CUDA replay captured
+CUDA graphs (cuda_graph.py) when the batch size has one; everything else runs eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from .attention import AttentionMetadata, TorchAttention, TritonAttention
+from .kv_cache import KVCache, KVPool
+from .model import CausalLM
+from .model_config import ModelConfig
+from .sampler import Sampler, SamplingBatch
+from .scheduler import Batch
+from .sequence import Sequence
+from .server_args import ServerArgs
+from .weights import iter_safetensors, load_named_tensors
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class StepOutput:
+    """What one step produced for each request of the batch (Python values, on the host)."""
+    token_ids: list[int]
+    logprobs: list[float] | None
+    top_logprobs: list[list[tuple[float, int]]] | None
+    input_logprobs: dict[int, tuple[list, list | None]]  # batch index -> (logprobs, top)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, cfg: ModelConfig, model_path: str) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if cfg.checkpoint_dtype is not None:
+        return cfg.checkpoint_dtype
+    from .weights import checkpoint_dtype
+
+    return checkpoint_dtype(model_path)
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs, cfg: ModelConfig, eos_ids: set[int]):
+        self.args, self.cfg, self.eos_ids = args, cfg, eos_ids
+        self.device = resolve_device(args.device)
+        self.dtype = resolve_dtype(args.dtype, cfg, args.model_path)
+        self.context_length = args.context_length or cfg.max_position_embeddings
+        torch.manual_seed(args.random_seed)
+
+        with torch.device(self.device):
+            self.model = CausalLM(cfg, self.context_length).to(self.dtype)
+        self.model.eval().requires_grad_(False)
+        load_named_tensors(self.model, iter_safetensors(args.model_path))
+
+        kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
+        pool = KVPool(self._num_slots(kv_dtype), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                      kv_dtype, self.device)
+        self.kv = KVCache(pool, args.max_running_requests, self.context_length)
+        backend = args.attention_backend
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" else "torch"
+        if backend == "triton" and self.device.type != "cuda":
+            raise ValueError("--attention-backend triton needs a CUDA device")
+        self.backend_name = backend
+        cls = TritonAttention if backend == "triton" else TorchAttention
+        self.attn = cls(self.kv, cfg.num_heads, cfg.head_dim)
+        self.sampler = Sampler()
+        self.graphs = None
+        if self.device.type == "cuda" and backend == "triton" and args.cuda_graph:
+            from .cuda_graph import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self, args.cuda_graph_max_bs)
+        log.info("KV pool: %d slots (%.2f GB, %s), device %s, dtype %s, attention %s",
+                 pool.num_slots - 1, pool.bytes / 1e9, kv_dtype, self.device, self.dtype, backend)
+
+    def _num_slots(self, kv_dtype: torch.dtype) -> int:
+        per_token = self.cfg.kv_bytes_per_token_per_elem * torch.empty((), dtype=kv_dtype).element_size()
+        if self.device.type == "cuda":
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            budget = total * self.args.mem_fraction_static - torch.cuda.memory_allocated(self.device)
+            slots = int(budget // per_token)
+            if self.args.max_total_tokens:
+                slots = min(slots, self.args.max_total_tokens)
+            if slots < 16:
+                raise RuntimeError("not enough GPU memory for the KV pool; raise --mem-fraction-static")
+        else:
+            slots = self.args.max_total_tokens or 16384
+        return slots + 1  # slot 0 is the padding slot
+
+    # ------------------------------------------------------------------ forward
+
+    @torch.inference_mode()
+    def run(self, batch: Batch) -> StepOutput:
+        seqs = batch.seqs
+        if batch.is_prefill:
+            logits, input_lp = self._prefill(seqs)
+        else:
+            logits, input_lp = self._decode(seqs), {}
+        sb = self._sampling_batch(seqs)
+        out = self.sampler(logits, sb)
+        ids = out.ids.tolist()
+        lps = out.logprobs.tolist() if out.logprobs is not None else None
+        tops = None
+        if out.top_values is not None:
+            tv, ti = out.top_values.tolist(), out.top_ids.tolist()
+            tops = [list(zip(v, i)) for v, i in zip(tv, ti)]
+        return StepOutput(ids, lps, tops, input_lp)
+
+    def _prefill(self, seqs: list[Sequence]):
+        dev = self.device
+        chunks = [s.pending_ids() for s in seqs]
+        counts = [len(c) for c in chunks]
+        positions = [p for s, n in zip(seqs, counts) for p in range(s.num_computed, s.num_computed + n)]
+        flat = [t for c in chunks for t in c]
+        out_slots = self.kv.extend(seqs, counts)
+        lmax = max(counts)
+        starts, pad_index, valid = [], [], []
+        offset = 0
+        for n in counts:
+            starts.append(offset)
+            pad_index.append([offset + i if i < n else 0 for i in range(lmax)])
+            valid.append([i < n for i in range(lmax)])
+            offset += n
+        self.attn.meta = AttentionMetadata(
+            is_prefill=True, out_slots=out_slots,
+            pad_index=torch.tensor(pad_index, device=dev), pad_valid=torch.tensor(valid, device=dev))
+        hidden = self.model(torch.tensor(flat, device=dev), torch.tensor(positions, device=dev), self.attn)
+        last = torch.tensor([st + n - 1 for st, n in zip(starts, counts)], device=dev)
+        logits = self.model.logits(hidden[last])
+        input_lp = {}
+        for i, s in enumerate(seqs):
+            if s.return_logprob and s.logprob_start_len >= 0 and s.input_logprobs is None:
+                input_lp[i] = self._input_logprobs(s, hidden[starts[i]:starts[i] + counts[i]])
+        for s, n in zip(seqs, counts):
+            s.num_computed += n
+        return logits, input_lp
+
+    def _input_logprobs(self, seq: Sequence, hidden: torch.Tensor):
+        """Logprob of each prompt token from `logprob_start_len` on (position 0 has none)."""
+        prompt = seq.prompt_ids
+        start = min(seq.logprob_start_len, len(prompt) - 1)
+        first = max(start, 1)
+        lps: list = [None] if start == 0 else []
+        tops: list | None = ([None] if start == 0 else []) if seq.top_logprobs_num else None
+        if first < len(prompt):
+            t = seq.params.temperature if seq.params.temperature > 0 else 1.0
+            lp = torch.log_softmax(self.model.logits(hidden[first - 1:len(prompt) - 1]) / t, dim=-1)
+            target = torch.tensor(prompt[first:], device=lp.device)
+            lps += lp.gather(1, target[:, None])[:, 0].tolist()
+            if tops is not None:
+                v, i = lp.topk(seq.top_logprobs_num, dim=-1)
+                tops += [list(zip(a, b)) for a, b in zip(v.tolist(), i.tolist())]
+        return lps, tops
+
+    def prepare_decode(self, seqs: list[Sequence]):
+        """Host->device inputs of a decode step (one copy): input_ids, positions, rows,
+        kv_lens (including the new token) and the new tokens' slots."""
+        packed = torch.tensor([[s.output_ids[-1] for s in seqs],
+                               [s.num_computed for s in seqs],
+                               [s.row for s in seqs],
+                               [s.kv_len for s in seqs]], dtype=torch.int64)
+        packed = packed.to(self.device, non_blocking=True)
+        input_ids, positions, rows, old_lens = packed
+        out_slots = self.kv.extend_one(seqs, rows, old_lens)
+        return input_ids, positions, rows, (old_lens + 1).to(torch.int32), out_slots
+
+    def _decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        input_ids, positions, rows, kv_lens, out_slots = self.prepare_decode(seqs)
+        max_kv = max(s.kv_len for s in seqs)
+        for s in seqs:
+            s.num_computed += 1
+        if self.graphs is not None and self.graphs.can_run(len(seqs)):
+            return self.graphs.replay(input_ids, positions, rows, kv_lens, out_slots)
+        self.attn.meta = AttentionMetadata(False, out_slots, rows=rows, kv_lens=kv_lens, max_kv_len=max_kv)
+        hidden = self.model(input_ids, positions, self.attn)
+        return self.model.logits(hidden)
+
+    def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+        dev, V = self.device, self.cfg.vocab_size
+        ps = [s.params for s in seqs]
+        all_greedy = all(p.greedy for p in ps)
+        need_filter = not all_greedy and any(
+            p.top_p < 1.0 or p.top_k > 0 or p.min_p > 0.0 for p in ps if not p.greedy)
+        ban_rows, ban_ids = [], []
+        for i, s in enumerate(seqs):
+            if len(s.output_ids) < s.params.min_new_tokens:
+                banned = set(s.params.stop_token_ids) | (set() if s.params.ignore_eos else self.eos_ids)
+                banned = [t for t in banned if 0 <= t < V]
+                ban_rows += [i] * len(banned)
+                ban_ids += banned
+        fl = torch.tensor([[p.temperature for p in ps], [p.top_p for p in ps], [p.min_p for p in ps]],
+                          dtype=torch.float32).to(dev, non_blocking=True)
+        it = torch.tensor([[p.top_k if p.top_k > 0 else V for p in ps], [s.seed for s in seqs],
+                           [len(s.output_ids) for s in seqs]], dtype=torch.int64).to(dev, non_blocking=True)
+        return SamplingBatch(
+            temperatures=fl[0], top_p=fl[1], min_p=fl[2], top_k=it[0], seeds=it[1], steps=it[2],
+            all_greedy=all_greedy, need_filter=need_filter,
+            need_logprobs=any(s.return_logprob for s in seqs),
+            top_logprobs_num=max(s.top_logprobs_num for s in seqs),
+            ban_rows=torch.tensor(ban_rows, device=dev) if ban_rows else None,
+            ban_ids=torch.tensor(ban_ids, device=dev) if ban_ids else None)
+
+    # ------------------------------------------------------------------ weights & memory
+
+    @torch.inference_mode()
+    def load_weights(self, named) -> int:
+        n = load_named_tensors(self.model, named)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return n
+
+    def release(self, tags: set[str]) -> None:
+        if "kv_cache" in tags and self.kv.pool.allocated:
+            self.kv.pool.release()
+        if "weights" in tags and self.device.type == "cuda":
+            self.model.to("cpu")
+        if self.graphs is not None:
+            self.graphs.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def resume(self, tags: set[str]) -> None:
+        if "weights" in tags and self.device.type == "cuda":
+            self.model.to(self.device)
+        if "kv_cache" in tags and not self.kv.pool.allocated:
+            self.kv.pool.allocate()
+            self.kv.reset()
+        if self.graphs is not None and self.kv.pool.allocated:
+            self.graphs.clear()
+
+    def shutdown(self) -> None:
+        """Drop device memory now rather than at garbage collection (engines may be recreated
+        in one process, and the pool is sized from what is allocated)."""
+        self.kv.pool.release()
+        self.graphs = None
+        self.model = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,100 @@
+"""Token sampling and the logprobs reported with each sampled token.
+
+Which logprob is returned (the behaviour policy a trainer corrects against):
+    logprob = log_softmax(logits / T)[token]          (T = 1 when temperature == 0)
+over the FULL vocabulary, i.e. after temperature but BEFORE top-k / top-p / min-p truncation.
+The one exception is `min_new_tokens`: until it is reached, stop/EOS tokens are set to -inf
+before everything, so the reported distribution is the one actually sampled from in that respect.
+
+Randomness is counter-based: a request's draw at output position i is a hash of
+(seed, i), turned into one uniform u in (0, 1) and inverted through the CDF of the (filtered)
+distribution. A seeded request therefore samples the same tokens whatever else is in the batch,
+whatever the batch order, and after preemption and recompute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """32-bit avalanche hash on int64 tensors holding values < 2**32 (products stay < 2**63)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x5BD1E995) & _M32
+    return x ^ (x >> 16)
+
+
+def uniform_from_counter(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """One float64 in (0, 1) per (seed, step) pair; identical on CPU and CUDA."""
+    h = _mix32(_mix32(seeds & _M32) ^ ((steps * 0x9E3779B9) & _M32))
+    return (h.double() + 0.5) / 2.0 ** 32
+
+
+@dataclass
+class SamplingBatch:
+    temperatures: torch.Tensor  # [B] float32, 0 = greedy
+    top_p: torch.Tensor  # [B] float32
+    top_k: torch.Tensor  # [B] int64, vocab size when off
+    min_p: torch.Tensor  # [B] float32
+    seeds: torch.Tensor  # [B] int64
+    steps: torch.Tensor  # [B] int64, index of the output token being drawn
+    all_greedy: bool
+    need_filter: bool
+    need_logprobs: bool
+    top_logprobs_num: int  # max over the batch
+    ban_rows: torch.Tensor | None = None  # (row, token) pairs forced to -inf (min_new_tokens)
+    ban_ids: torch.Tensor | None = None
+
+
+@dataclass
+class SampleOutput:
+    ids: torch.Tensor  # [B]
+    logprobs: torch.Tensor | None  # [B]
+    top_values: torch.Tensor | None  # [B, k]
+    top_ids: torch.Tensor | None
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, sb: SamplingBatch) -> SampleOutput:
+        if sb.ban_rows is not None:
+            logits[sb.ban_rows, sb.ban_ids] = float("-inf")
+        greedy_ids = logits.argmax(dim=-1)
+        if sb.all_greedy:
+            ids, scaled = greedy_ids, logits
+        else:
+            temps = torch.where(sb.temperatures > 0, sb.temperatures, torch.ones_like(sb.temperatures))
+            scaled = logits / temps[:, None]
+            ids = self._draw(scaled, sb)
+            ids = torch.where(sb.temperatures > 0, ids, greedy_ids)
+        logprobs = top_v = top_i = None
+        if sb.need_logprobs:
+            lp = torch.log_softmax(scaled, dim=-1)
+            logprobs = lp.gather(1, ids[:, None])[:, 0]
+            if sb.top_logprobs_num > 0:
+                top_v, top_i = lp.topk(sb.top_logprobs_num, dim=-1)
+        return SampleOutput(ids, logprobs, top_v, top_i)
+
+    @staticmethod
+    def _draw(scaled: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+        probs = torch.softmax(scaled, dim=-1)
+        order = None
+        if sb.need_filter:
+            probs, order = probs.sort(dim=-1, descending=True)
+            rank = torch.arange(probs.shape[1], device=probs.device)[None, :]
+            drop = rank >= sb.top_k[:, None]
+            drop |= (probs.cumsum(dim=-1) - probs) > sb.top_p[:, None]
+            drop |= probs < sb.min_p[:, None] * probs[:, :1]
+            probs = probs.masked_fill(drop, 0.0)
+        cdf = probs.cumsum(dim=-1)
+        u = uniform_from_counter(sb.seeds, sb.steps).to(cdf.dtype)
+        target = (u * cdf[:, -1])[:, None]
+        ids = torch.searchsorted(cdf, target).clamp_(max=probs.shape[1] - 1)
+        if order is not None:
+            ids = order.gather(1, ids)
+        return ids[:, 0]

@@ -1,0 +1,117 @@
+"""Continuous batching: admit waiting requests by free KV, decode the running ones, preempt on OOM.
+
+A step is either a prefill of newly admitted requests or one decode token for every running
+request (prefill first, as nano-vllm does). Admission is FIFO and keeps a reserve of free slots
+for the next few decode steps of everything running; when a decode step still lacks slots, the
+most recently admitted requests are preempted: their slots are freed and they go back to the
+front of the queue to be recomputed from prompt + generated tokens, keeping what they sampled.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .kv_cache import KVCache
+from .sequence import Sequence, Status
+
+
+@dataclass
+class Batch:
+    is_prefill: bool
+    seqs: list[Sequence]
+
+
+@dataclass
+class SchedulerConfig:
+    max_running_requests: int
+    max_prefill_tokens: int
+    # Free slots kept per running request at admission, so fresh admissions do not force an
+    # immediate preemption on the next decode steps.
+    reserve_steps: int = 8
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, kv: KVCache):
+        self.cfg, self.kv = cfg, kv
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.paused = False
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return not self.paused and bool(self.waiting or self.running)
+
+    def schedule(self) -> Batch | None:
+        if self.paused:
+            return None
+        admitted = self._admit()
+        if admitted:
+            return Batch(True, admitted)
+        if not self.running:
+            return None
+        self._make_room_for_decode()
+        return Batch(False, list(self.running)) if self.running else None
+
+    def _reserve(self, seqs) -> int:
+        r = self.cfg.reserve_steps
+        return sum(min(r, s.params.max_new_tokens - len(s.output_ids)) for s in seqs)
+
+    def _admit(self) -> list[Sequence]:
+        admitted: list[Sequence] = []
+        if not self.waiting:
+            return admitted
+        budget = self.cfg.max_prefill_tokens
+        reserve = self._reserve(self.running)
+        free = self.kv.num_free
+        while self.waiting:
+            seq = self.waiting[0]
+            need = seq.num_tokens - seq.num_computed
+            if len(self.running) + len(admitted) >= self.cfg.max_running_requests:
+                break
+            if not self.kv.has_free_row():
+                break
+            if admitted and need > budget:
+                break
+            seq_reserve = min(self.cfg.reserve_steps, seq.params.max_new_tokens - len(seq.output_ids))
+            if need + reserve + seq_reserve > free:
+                # Alone and idle, a request that fits the pool must run even without a reserve.
+                if self.running or admitted or need > free:
+                    break
+            self.waiting.popleft()
+            self.kv.attach(seq)
+            seq.status = Status.RUNNING
+            admitted.append(seq)
+            budget -= need
+            free -= need
+            reserve += seq_reserve
+        self.running.extend(admitted)
+        return admitted
+
+    def _make_room_for_decode(self) -> None:
+        while self.running and self.kv.num_free < len(self.running):
+            self.preempt(self.running[-1])
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.kv.release(seq)
+        seq.num_computed = 0
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Drop a request (finished or aborted) and free its KV."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.kv.release(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def retract_all(self) -> None:
+        for seq in reversed(list(self.running)):
+            self.preempt(seq)

@@ -1,0 +1,71 @@
+"""Per-request state: tokens, KV bookkeeping, sampled logprobs, finish reason."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)  # identity: a request is itself, whatever its contents
+class Sequence:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int  # 32-bit key of this request's sampling noise (sampling_seed or drawn by the server)
+    group_rid: str | None = None  # the request id the client gave, for abort of n>1 / batches
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    stream: bool = False
+    return_text_in_logprobs: bool = False
+    on_update: Callable[["Sequence"], Any] | None = None
+
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[float | None] | None = None
+    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+
+    status: Status = Status.WAITING
+    # KV bookkeeping. `row` is the request's slot-table row; `kv_len` the slots it holds;
+    # `num_computed` the logical position of the next token to feed. Dense decoding keeps
+    # kv_len == num_computed; compression will make kv_len smaller while positions keep counting.
+    row: int | None = None
+    kv_len: int = 0
+    num_computed: int = 0
+
+    finish_reason: dict | None = None
+    num_preemptions: int = 0
+    created: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    # Text state (filled by the detokenizer only when text is needed).
+    text: str = ""
+    detok_offset: int = 0
+    detok_read: int = 0
+    stop_pos: int = 0  # where a matched stop string starts in `text`
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def pending_ids(self) -> list[int]:
+        """Tokens whose KV is not computed yet: the whole sequence after (re)admission."""
+        return self.all_ids[self.num_computed:]

@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import queue
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -155,3 +157,67 @@ def single_process_group():
     finally:
         if owned:
             teardown()
+
+
+def _resolve_task(task):
+    """A callable, or ``(path_to_file.py, function_name)`` for functions of modules that a
+    spawned child cannot import by name (e.g. test files)."""
+    if callable(task):
+        return task
+    import importlib.util
+
+    path, name = task
+    spec = importlib.util.spec_from_file_location(f"_rank_task_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def _rank_main(task, rank, world, port, args, results) -> None:
+    try:
+        value = _resolve_task(task)(rank, world, port, *args)
+        results.put((rank, value))
+        if dist.is_initialized():
+            dist.barrier()
+    except BaseException as e:  # report to the parent instead of leaving it waiting
+        results.put((rank, RuntimeError(f"rank {rank}: {type(e).__name__}: {e}")))
+        raise
+    finally:
+        teardown()
+
+
+def run_on_ranks(task, world: int, *args, timeout: float = 600) -> list:
+    """Run ``task(rank, world, port, *args)`` in ``world`` spawned processes (the task calls
+    ``init_distributed(rank, world, master_port=port)``); return the per-rank results in rank
+    order. An error on any rank is raised here."""
+    ctx = torch.multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(task, r, world, port, args, results))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    values: dict[int, object] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(values) < world:
+            try:
+                rank, value = results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)
+                        and r not in values]
+                if dead:  # e.g. the task could not even be unpickled in the child
+                    raise RuntimeError(f"rank {dead[0]} exited with code "
+                                       f"{procs[dead[0]].exitcode} before reporting a result")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ranks did not finish within {timeout:.0f}s")
+                continue
+            if isinstance(value, BaseException):
+                raise value
+            values[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return [values[r] for r in range(world)]

@@ -117,51 +117,20 @@ def _resave_task(rank, world, port, hf_dir, load, tp, pp, save_dir):
     return str(out) if rank == 0 else None
 
 
-def _rank_main(task, rank, world, port, args, results) -> None:
-    try:
-        value = task(rank, world, port, *args)
-        if value is not None:
-            results.put((rank, value))
-        torch.distributed.barrier()
-    except BaseException as e:  # report to the parent instead of leaving it waiting
-        results.put((rank, RuntimeError(f"rank {rank}: {type(e).__name__}: {e}")))
-        raise
-    finally:
-        cpu_megatron.teardown()
-
-
-def run_on_ranks(task, world: int, *args, timeout: float = 600):
-    """Run ``task(rank, world, port, *args)`` on ``world`` spawned gloo ranks; return the first
-    non-None value a rank produced (errors on any rank are raised here)."""
-    ctx = torch.multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = cpu_megatron.free_port()
-    procs = [ctx.Process(target=_rank_main, args=(task, r, world, port, args, results))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        _, value = results.get(timeout=timeout)
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-    if isinstance(value, BaseException):
-        raise value
-    return value
-
-
 def megatron_logits(hf_dir: str | Path, load: str | Path, input_ids: torch.Tensor,
                     tp: int = 1, pp: int = 1) -> torch.Tensor:
     """Logits of the Megatron model at TP x PP (one spawned gloo process per rank)."""
-    return run_on_ranks(_logits_task, tp * pp, str(hf_dir), str(load), tp, pp, input_ids)
+    results = cpu_megatron.run_on_ranks(_logits_task, tp * pp, str(hf_dir), str(load), tp, pp,
+                                        input_ids)
+    return next(r for r in results if r is not None)
 
 
 def resave_with_megatron(hf_dir: str | Path, load: str | Path, save_dir: str | Path,
                          tp: int = 1, pp: int = 1) -> Path:
     """Round-trip a checkpoint through a Megatron model at TP x PP; return the new iteration dir."""
-    return Path(run_on_ranks(_resave_task, tp * pp, str(hf_dir), str(load), tp, pp, str(save_dir)))
+    results = cpu_megatron.run_on_ranks(_resave_task, tp * pp, str(hf_dir), str(load), tp, pp,
+                                        str(save_dir))
+    return Path(results[0])
 
 
 def compare_with_hf(hf_dir: str | Path, load: str | Path, tp: int = 1, pp: int = 1,

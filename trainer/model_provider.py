@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from checkpoint_tools.hf2megatron import convert_hf_to_torch_dist
 from checkpoint_tools.megatron_model import build_gpt_model, layer_spec, load_torch_dist
 from checkpoint_tools.model_config import ModelArch, load_arch
 from checkpoint_tools.torch_dist import METADATA, TRACKER
@@ -72,7 +74,11 @@ def resolve_weights(load: str | Path, hf_checkpoint: str | Path, cache_dir: str 
     target = Path(cache_dir)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0 and not (target / TRACKER).is_file():
-        convert_hf_to_torch_dist(load, target, overwrite=True)
+        # A process of its own: the converter saves through torch.distributed, which must not
+        # involve the other ranks of this job's process group.
+        subprocess.run([sys.executable, "-m", "checkpoint_tools.hf2megatron", "--hf-checkpoint",
+                        str(load), "--save", str(target), "--overwrite"], check=True,
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
     if dist.is_initialized():
         dist.barrier()
     return target

@@ -30,12 +30,18 @@ class AttentionMetadata:
     rows: torch.Tensor | None = None  # [B] int64 table rows
     kv_lens: torch.Tensor | None = None  # [B] int32 slots held, including the new one
     max_kv_len: int = 0
+    # Query ring (compression): record q of tokens `rec_index` (None = every token) for table
+    # rows `rec_rows` at logical positions `rec_pos`.
+    rec_index: torch.Tensor | None = None
+    rec_rows: torch.Tensor | None = None
+    rec_pos: torch.Tensor | None = None
 
 
 class TorchAttention:
     def __init__(self, kv: KVCache, num_heads: int, head_dim: int):
         self.kv, self.num_heads, self.scale = kv, num_heads, head_dim ** -0.5
         self.meta: AttentionMetadata | None = None
+        self.ring = None  # QueryRing when a compression policy scores with queries
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         pool = self.kv.pool
@@ -44,6 +50,9 @@ class TorchAttention:
 
     def forward(self, layer: int, q, k, v) -> torch.Tensor:
         self.store(layer, k, v)
+        m = self.meta
+        if self.ring is not None and m.rec_rows is not None:
+            self.ring.record(layer, q if m.rec_index is None else q[m.rec_index], m.rec_rows, m.rec_pos)
         if self.meta.is_prefill:
             return self.prefill(q, k, v)
         return self.decode(layer, q)

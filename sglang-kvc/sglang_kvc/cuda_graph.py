@@ -39,7 +39,8 @@ class DecodeGraphs:
     def _forward(self, bs: int) -> torch.Tensor:
         r = self.runner
         r.attn.meta = AttentionMetadata(False, self.out_slots[:bs], rows=self.rows[:bs],
-                                        kv_lens=self.kv_lens[:bs], max_kv_len=0)
+                                        kv_lens=self.kv_lens[:bs], max_kv_len=0,
+                                        rec_rows=self.rows[:bs], rec_pos=self.positions[:bs])
         return r.model(self.input_ids[:bs], self.positions[:bs], r.attn)
 
     def _capture(self, bs: int) -> None:

@@ -75,10 +75,14 @@ class Engine:
             if self.sampling_defaults.get("top_k") == 0:
                 self.sampling_defaults["top_k"] = -1
 
-        self.runner = ModelRunner(args, self.model_config, self.eos_ids)
+        newline_ids, think_end_id = self._compression_token_ids()
+        self.runner = ModelRunner(args, self.model_config, self.eos_ids, newline_ids, think_end_id)
         self.kv = self.runner.kv
+        self.compressor = self.runner.compressor
         self.scheduler = Scheduler(
-            SchedulerConfig(args.max_running_requests, args.max_prefill_tokens), self.kv)
+            SchedulerConfig(args.max_running_requests, args.max_prefill_tokens), self.kv,
+            bound=self.compressor.bound if self.compressor is not None else None)
+
         self.detok = Detokenizer(self.tokenizer)
         self.context_length = self.runner.context_length
         # A request never grows past what the pool can hold alone, so it can always run.
@@ -92,6 +96,19 @@ class Engine:
         self.num_steps = 0
         self._thread = threading.Thread(target=self._loop, name="sglang-kvc-engine", daemon=True)
         self._thread.start()
+
+    # Tokens after which the reference's newline trigger fires (the last sub-token of each).
+    _NEWLINE_STRINGS = ("\n", ".\n", ")\n", "\n\n", ".\n\n", ")\n\n")
+
+    def _compression_token_ids(self) -> tuple[set[int] | None, int | None]:
+        if self.args.compress_algorithm is None or self.tokenizer is None:
+            return None, None
+        enc = lambda t: self.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
+        newline_ids = {enc(t)[-1] for t in self._NEWLINE_STRINGS if enc(t)}
+        think = enc("</think>")
+        # Only a single-token </think> is a reliable marker; a split one would match its last piece.
+        think_end_id = think[0] if len(think) == 1 else None
+        return newline_ids, think_end_id
 
     # ================================================================ public API
 
@@ -241,7 +258,8 @@ class Engine:
             "context_length": self.context_length,
             "kv_pool": {"capacity": kv.capacity, "used": used, "free": kv.num_free,
                         "usage": used / kv.capacity, "allocated": kv.pool.allocated,
-                        "bytes": kv.pool.bytes},
+                        "bytes": kv.pool.bytes, "peak_used": kv.allocator.peak_used,
+                        "bytes_per_slot": kv.pool.bytes // kv.pool.num_slots},
             "num_running_reqs": len(self.scheduler.running),
             "num_waiting_reqs": len(self.scheduler.waiting),
             "num_preemptions": self.scheduler.num_preemptions,
@@ -250,7 +268,15 @@ class Engine:
             "resolved_device": str(self.runner.device),
             "resolved_dtype": str(self.runner.dtype).removeprefix("torch."),
             "resolved_attention_backend": self.runner.backend_name,
+            "max_running_reqs_seen": self.scheduler.max_running,
         })
+        c = self.compressor
+        if c is not None:
+            info["compression"] = {
+                "algorithm": c.cfg.algorithm, "budget": c.cfg.budget,
+                "divide_length": c.cfg.divide_length, "selection": c.cfg.mode,
+                "num_compressions": c.num_compressions, "tokens_evicted": c.tokens_evicted,
+                "query_ring_bytes": c.ring.bytes if c.ring is not None else 0}
         info["internal_states"] = [{k: info[k] for k in (
             "num_running_reqs", "num_waiting_reqs", "num_preemptions", "max_total_num_tokens")}]
         return info
@@ -446,6 +472,11 @@ class Engine:
             "e2e_latency": (seq.finished_at or time.time()) - seq.created,
             "num_preemptions": seq.num_preemptions,
         }
+        if self.compressor is not None:
+            meta["compression"] = {
+                "num_compressions": seq.num_compressions, "tokens_evicted": seq.tokens_evicted,
+                "peak_kv_slots": max(seq.peak_kv, seq.kv_len),
+                "stopped_after_think": seq.compress_stopped}
         if seq.return_logprob:
             tt = lambda t: self._token_text(seq, t)  # noqa: E731
             meta["output_token_logprobs"] = [

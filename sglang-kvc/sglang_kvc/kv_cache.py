@@ -5,7 +5,8 @@
 - `SlotAllocator`: the free slot ids as a device tensor; alloc takes a prefix, free appends.
 - `ReqToToken`: one row per running request, row[i] = slot of the request's i-th held KV entry.
   A request's attention reads row[:kv_len] and nothing else, which is what lets compaction keep a
-  subset in the first slots and free the tail (same slot table for every layer and KV head).
+  subset in the first slots and free the tail (same slot table for every layer and KV head;
+  `KVCache.compact` may put different tokens of different layers/heads in one slot).
 
 Slot 0 and table row 0 are reserved as padding targets (padded decode rows write there), so
 they are never handed out.
@@ -52,6 +53,7 @@ class SlotAllocator:
     def reset(self) -> None:
         self.free_slots = torch.arange(1, self.num_slots, dtype=torch.int64, device=self.device)
         self._num_free = self.num_slots - 1
+        self.peak_used = 0  # most slots ever held at once (allocations happen before compaction)
 
     @property
     def capacity(self) -> int:
@@ -66,6 +68,7 @@ class SlotAllocator:
             raise RuntimeError(f"KV pool exhausted: want {n} slots, {self._num_free} free")
         out, self.free_slots = self.free_slots[:n], self.free_slots[n:]
         self._num_free -= n
+        self.peak_used = max(self.peak_used, self.capacity - self._num_free)
         return out
 
     def free(self, slots: torch.Tensor) -> None:
@@ -134,10 +137,34 @@ class KVCache:
             s.kv_len += 1
         return slots
 
+    def compact(self, seqs: list, slots: torch.Tensor, keep_idx: torch.Tensor) -> None:
+        """Keep, per layer and KV head, the entries at positions `keep_idx` [R, L, Hkv, k] of
+        each request's row[:n] (`slots` [R, n], the rows' current slots), moved into the
+        request's first k slots; free the other n - k slots.
+
+        Layers and heads may keep different tokens: slot row[j] then holds, for each (layer,
+        head), that head's j-th kept entry. Keys carry their RoPE, so moving them is exact.
+        """
+        pool = self.pool
+        L, _, hkv, _ = pool.shape
+        k = keep_idx.shape[-1]
+        src = slots.gather(1, keep_idx.flatten(1)).view_as(keep_idx)  # [R, L, Hkv, k]
+        dst = slots[:, None, None, :k]
+        li = torch.arange(L, device=slots.device)[None, :, None, None]
+        hi = torch.arange(hkv, device=slots.device)[None, None, :, None]
+        for buf in (pool.k, pool.v):
+            # The gather materialises every kept entry before any write, so overlapping
+            # source and destination slots of the same request are safe.
+            buf[li, dst, hi] = buf[li, src, hi]
+        self.allocator.free(slots[:, k:].flatten())
+        for s in seqs:
+            s.kv_len = k
+
     def release(self, seq) -> None:
         """Return all of a request's slots and its table row."""
         if seq.row is None:
             return
+        seq.peak_kv = max(seq.peak_kv, seq.kv_len)  # a compression stat (meta_info)
         if seq.kv_len:
             self.allocator.free(self.req_to_token.table[seq.row, :seq.kv_len].to(torch.int64))
         self.req_to_token.free_row(seq.row)

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from .attention import AttentionMetadata, TorchAttention, TritonAttention
+from .compression import CompressionConfig
+from .compression.compressor import Compressor
+from .compression.query_ring import QueryRing
+from .compression.trigger import Trigger
 from .kv_cache import KVCache, KVPool
 from .model import CausalLM
 from .model_config import ModelConfig
@@ -52,7 +56,8 @@ def resolve_dtype(name: str, cfg: ModelConfig, model_path: str) -> torch.dtype:
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs, cfg: ModelConfig, eos_ids: set[int]):
+    def __init__(self, args: ServerArgs, cfg: ModelConfig, eos_ids: set[int],
+                 newline_ids: set[int] | None = None, think_end_id: int | None = None):
         self.args, self.cfg, self.eos_ids = args, cfg, eos_ids
         self.device = resolve_device(args.device)
         self.dtype = resolve_dtype(args.dtype, cfg, args.model_path)
@@ -64,6 +69,17 @@ class ModelRunner:
         self.model.eval().requires_grad_(False)
         load_named_tensors(self.model, iter_safetensors(args.model_path))
 
+        # Compression state is allocated before the pool, which is sized from what is left.
+        self.compression = CompressionConfig.from_server_args(args)
+        ring = None
+        if self.compression is not None:
+            trigger = Trigger(self.compression, newline_ids, think_end_id)
+            from .compression import make_policy
+
+            if make_policy(self.compression).needs_queries:
+                ring = QueryRing(cfg.num_layers, args.max_running_requests + 1,
+                                 self.compression.window, cfg.num_heads, cfg.head_dim,
+                                 self.dtype, self.device)
         kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
         pool = KVPool(self._num_slots(kv_dtype), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
                       kv_dtype, self.device)
@@ -76,6 +92,10 @@ class ModelRunner:
         self.backend_name = backend
         cls = TritonAttention if backend == "triton" else TorchAttention
         self.attn = cls(self.kv, cfg.num_heads, cfg.head_dim)
+        self.attn.ring = ring
+        self.compressor = None
+        if self.compression is not None:
+            self.compressor = Compressor(self.compression, self.kv, ring, trigger)
         self.sampler = Sampler()
         self.graphs = None
         if self.device.type == "cuda" and backend == "triton" and args.cuda_graph:
@@ -108,6 +128,9 @@ class ModelRunner:
             logits, input_lp = self._prefill(seqs)
         else:
             logits, input_lp = self._decode(seqs), {}
+        if self.compressor is not None:
+            # Eager, between steps: the logits above came from the KV held before this.
+            self.compressor.after_step(seqs, batch.is_prefill)
         sb = self._sampling_batch(seqs)
         out = self.sampler(logits, sb)
         ids = out.ids.tolist()
@@ -133,9 +156,17 @@ class ModelRunner:
             pad_index.append([offset + i if i < n else 0 for i in range(lmax)])
             valid.append([i < n for i in range(lmax)])
             offset += n
-        self.attn.meta = AttentionMetadata(
+        meta = AttentionMetadata(
             is_prefill=True, out_slots=out_slots,
             pad_index=torch.tensor(pad_index, device=dev), pad_valid=torch.tensor(valid, device=dev))
+        if self.attn.ring is not None:
+            # The last w tokens of each request fill its query ring.
+            w = self.attn.ring.window
+            rec = [(st + i, s.row, s.num_computed + i) for s, st, n in zip(seqs, starts, counts)
+                   for i in range(max(0, n - w), n)]
+            idx, rows, pos = torch.tensor(rec, device=dev).unbind(1)
+            meta.rec_index, meta.rec_rows, meta.rec_pos = idx, rows, pos
+        self.attn.meta = meta
         hidden = self.model(torch.tensor(flat, device=dev), torch.tensor(positions, device=dev), self.attn)
         last = torch.tensor([st + n - 1 for st, n in zip(starts, counts)], device=dev)
         logits = self.model.logits(hidden[last])
@@ -183,7 +214,8 @@ class ModelRunner:
             s.num_computed += 1
         if self.graphs is not None and self.graphs.can_run(len(seqs)):
             return self.graphs.replay(input_ids, positions, rows, kv_lens, out_slots)
-        self.attn.meta = AttentionMetadata(False, out_slots, rows=rows, kv_lens=kv_lens, max_kv_len=max_kv)
+        self.attn.meta = AttentionMetadata(False, out_slots, rows=rows, kv_lens=kv_lens, max_kv_len=max_kv,
+                                           rec_rows=rows, rec_pos=positions)
         hidden = self.model(input_ids, positions, self.attn)
         return self.model.logits(hidden)
 

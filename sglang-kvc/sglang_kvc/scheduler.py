@@ -5,6 +5,11 @@ request (prefill first, as nano-vllm does). Admission is FIFO and keeps a reserv
 for the next few decode steps of everything running; when a decode step still lacks slots, the
 most recently admitted requests are preempted: their slots are freed and they go back to the
 front of the queue to be recomputed from prompt + generated tokens, keeping what they sampled.
+
+With KV compression, a request's footprint is bounded (trigger.py `bound`: at most
+max(held + 1, B + N) slots), so admission reserves each request's whole remaining growth up to
+that bound instead of a few steps: admitted requests then never need preemption, and slots freed
+by compaction admit the next waiting requests.
 """
 
 from __future__ import annotations
@@ -32,12 +37,18 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, kv: KVCache):
-        self.cfg, self.kv = cfg, kv
+    def __init__(self, cfg: SchedulerConfig, kv: KVCache, bound=None):
+        """`bound(seq, held) -> slots`: the most a request will hold from now on (compression);
+        None = dense, reserve `reserve_steps` decode tokens per request."""
+        self.cfg, self.kv, self.bound = cfg, kv, bound
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.paused = False
+        # Concurrency stats: most requests running at once; decode steps and the requests in them.
+        self.max_running = 0
+        self.decode_steps = 0
+        self.decode_seq_steps = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -54,11 +65,23 @@ class Scheduler:
         if not self.running:
             return None
         self._make_room_for_decode()
-        return Batch(False, list(self.running)) if self.running else None
+        if not self.running:
+            return None
+        self.decode_steps += 1
+        self.decode_seq_steps += len(self.running)
+        return Batch(False, list(self.running))
 
     def _reserve(self, seqs) -> int:
+        if self.bound is not None:
+            return sum(max(self.bound(s, s.kv_len) - s.kv_len, 0) for s in seqs)
         r = self.cfg.reserve_steps
         return sum(min(r, s.params.max_new_tokens - len(s.output_ids)) for s in seqs)
+
+    def _future(self, seq: Sequence, need: int) -> int:
+        """Slots a waiting request may need beyond its prefill's `need`."""
+        if self.bound is not None:
+            return max(self.bound(seq, seq.num_tokens) - need, 0)
+        return min(self.cfg.reserve_steps, seq.params.max_new_tokens - len(seq.output_ids))
 
     def _admit(self) -> list[Sequence]:
         admitted: list[Sequence] = []
@@ -76,7 +99,7 @@ class Scheduler:
                 break
             if admitted and need > budget:
                 break
-            seq_reserve = min(self.cfg.reserve_steps, seq.params.max_new_tokens - len(seq.output_ids))
+            seq_reserve = self._future(seq, need)
             if need + reserve + seq_reserve > free:
                 # Alone and idle, a request that fits the pool must run even without a reserve.
                 if self.running or admitted or need > free:
@@ -89,6 +112,7 @@ class Scheduler:
             free -= need
             reserve += seq_reserve
         self.running.extend(admitted)
+        self.max_running = max(self.max_running, len(self.running))
         return admitted
 
     def _make_room_for_decode(self) -> None:

@@ -39,10 +39,16 @@ class Sequence:
     status: Status = Status.WAITING
     # KV bookkeeping. `row` is the request's slot-table row; `kv_len` the slots it holds;
     # `num_computed` the logical position of the next token to feed. Dense decoding keeps
-    # kv_len == num_computed; compression will make kv_len smaller while positions keep counting.
+    # kv_len == num_computed; compression makes kv_len smaller while positions keep counting.
     row: int | None = None
     kv_len: int = 0
     num_computed: int = 0
+
+    # KV compression: stats for meta_info, and whether compression stopped (after </think>).
+    num_compressions: int = 0
+    tokens_evicted: int = 0
+    peak_kv: int = 0
+    compress_stopped: bool = False
 
     finish_reason: dict | None = None
     num_preemptions: int = 0

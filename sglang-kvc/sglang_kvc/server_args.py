@@ -51,6 +51,40 @@ class ServerArgs:
     weight_version: str = _arg("default", "initial weight_version reported in meta_info")
     log_level: str = _arg("info", "uvicorn log level")
 
+    # KV-cache compression (reference sglang-kvc names; docs/engine.md "Compression").
+    compress_algorithm: str | None = _arg(
+        None, "rkv, snapkv or streamingllm (case-insensitive; RKV accepted); unset = dense KV")
+    compress_max_prompt: int = _arg(
+        512, "KV token budget B: a request is compressed back to B tokens, and only once it "
+             "holds more than B")
+    compress_max_window: int = _arg(
+        8, "observation window: queries cached per layer for scoring; the newest tokens always kept")
+    compress_divide_method: str = _arg(
+        "step_length", "when to compress during decode: step_length (once B + "
+        "--compress-divide-length tokens are held) or newline (after a newline-like token; "
+        "also at B + divide length, so memory stays bounded)", choices=["step_length", "newline"])
+    compress_divide_length: int = _arg(
+        128, "buffer N: compress back to B once B + N tokens are held")
+    compress_mix_lambda: float = _arg(
+        0.1, "rkv: score = lambda * importance - (1 - lambda) * redundancy")
+    compress_kernel_size: int = _arg(7, "rkv/snapkv: 1-D pooling kernel over importance (odd)")
+    compress_pooling: str = _arg("max", "rkv/snapkv: pooling kind", choices=["max", "avg"])
+    compress_sim_threshold: float = _arg(
+        0.5, "rkv: key cosine similarity above which tokens count as near-duplicates")
+    compress_num_sink: int = _arg(4, "streamingllm: attention-sink tokens always kept")
+    compress_prompt: bool = _arg(
+        False, "also compress right after prefill when the prompt exceeds B (the reference "
+               "never compresses prefill)", negatable=True)
+    compress_stop_after_think: bool = _arg(
+        True, "stop compressing a request once it generated </think> (when the tokenizer has it)",
+        negatable=True)
+    compress_selection: str = _arg(
+        "head", "kept-token sets per layer and KV head (head, the original R-KV) or per layer "
+        "(layer: scores summed over KV heads)", choices=["head", "layer"])
+    compress_shared_selection: bool = _arg(
+        False, "reproduce the reference server: one kept set per request, from layer 0's "
+               "head-summed scores, for every layer and head")
+
     def __post_init__(self) -> None:
         if self.page_size != 1:
             raise ValueError("--page-size: only 1 (token-granular slots) is implemented")
@@ -61,6 +95,51 @@ class ServerArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 2:
             raise ValueError("--max-total-tokens must be >= 2")
+        self._validate_compression()
+
+    def _validate_compression(self) -> None:
+        """Every --compress-* value is checked here, even when compression is off, so a typo
+        fails at startup rather than when someone later turns compression on."""
+        algo = self.compress_algorithm
+        if isinstance(algo, str):
+            algo = algo.strip().lower()
+            self.compress_algorithm = None if algo in ("", "none") else algo
+        if self.compress_algorithm not in (None, "rkv", "snapkv", "streamingllm"):
+            raise ValueError(f"--compress-algorithm must be rkv, snapkv or streamingllm "
+                             f"(got {algo!r})")
+        for name in ("compress_max_prompt", "compress_max_window", "compress_divide_length",
+                     "compress_kernel_size", "compress_num_sink"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer (got {v!r})")
+        if self.compress_max_window < 1:
+            raise ValueError("--compress-max-window must be >= 1")
+        if self.compress_max_prompt <= self.compress_max_window:
+            raise ValueError(f"--compress-max-prompt ({self.compress_max_prompt}) must be larger "
+                             f"than --compress-max-window ({self.compress_max_window})")
+        if self.compress_divide_length < 1:
+            raise ValueError("--compress-divide-length must be >= 1")
+        if self.compress_divide_method not in ("step_length", "newline"):
+            raise ValueError(f"--compress-divide-method must be step_length or newline "
+                             f"(got {self.compress_divide_method!r})")
+        if not 0.0 <= float(self.compress_mix_lambda) <= 1.0:
+            raise ValueError("--compress-mix-lambda must be in [0, 1]")
+        if self.compress_kernel_size < 1 or self.compress_kernel_size % 2 == 0:
+            raise ValueError("--compress-kernel-size must be a positive odd number (the pooled "
+                             "scores keep their length)")
+        if self.compress_pooling not in ("max", "avg"):
+            raise ValueError(f"--compress-pooling must be max or avg (got {self.compress_pooling!r})")
+        if not -1.0 <= float(self.compress_sim_threshold) <= 1.0:
+            raise ValueError("--compress-sim-threshold must be in [-1, 1] (a cosine similarity)")
+        if self.compress_num_sink < 0:
+            raise ValueError("--compress-num-sink must be >= 0")
+        if (self.compress_algorithm == "streamingllm"
+                and self.compress_num_sink > self.compress_max_prompt - self.compress_max_window):
+            raise ValueError("--compress-num-sink must be <= --compress-max-prompt - "
+                             "--compress-max-window")
+        if self.compress_selection not in ("head", "layer"):
+            raise ValueError(f"--compress-selection must be head or layer "
+                             f"(got {self.compress_selection!r})")
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:

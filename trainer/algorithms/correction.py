@@ -219,8 +219,10 @@ def compute_mis_weights(old_logp: torch.Tensor | None, rollout_logp: torch.Tenso
     mask = response_mask.bool()
     maskf = mask.float()
     zero = torch.zeros((), dtype=torch.float32, device=mask.device)
-    if old_logp is None or cfg.bypass:
-        old_logp = rollout_logp if old_logp is None else old_logp
+    if old_logp is None:
+        if not cfg.bypass:
+            raise ValueError("old_logp (dense recompute) is required unless bypass is on")
+        old_logp = rollout_logp  # bypass: π_old is π_sparse
     diag = mismatch_metrics(old_logp, rollout_logp, mask)
 
     lr = torch.where(mask, old_logp.detach().float() - rollout_logp.detach().float(), zero)

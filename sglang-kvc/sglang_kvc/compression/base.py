@@ -1,0 +1,91 @@
+"""The shared interface of compression policies, and their configuration.
+
+A policy is pure tensor code: given the held keys of a batch of (request, layer) pairs and the
+cached observation-window queries, it returns which token positions each layer and KV head
+keeps. It never touches the pool, the slot table or a request; `compressor.py` does that.
+
+Shapes (R requests, all holding the same n tokens; L layers; Hkv KV heads, Hq query heads;
+w = window; D = head_dim):
+    keys    [R, L, Hkv, n, D]   post-RoPE, in the order the request's slot table holds them
+    queries [R, L, Hq,  w, D]   post-RoPE, the last w queries (order irrelevant)
+    result  [R, L, Hkv, keep]   int64 positions in [0, n), ascending
+Query head h belongs to KV head h // (Hq // Hkv) (the HF `repeat_kv` convention).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    algorithm: str  # rkv | snapkv | streamingllm
+    budget: int = 512  # B: tokens kept after a compression (--compress-max-prompt)
+    window: int = 8  # w: observation window, always kept
+    divide_method: str = "step_length"  # step_length | newline
+    divide_length: int = 128  # N: compress once B + N tokens are held
+    mix_lambda: float = 0.1
+    kernel_size: int = 7
+    pooling: str = "max"  # max | avg
+    sim_threshold: float = 0.5
+    num_sink: int = 4
+    compress_prompt: bool = False
+    stop_after_think: bool = True
+    selection: str = "head"  # head | layer
+    shared_selection: bool = False
+
+    @property
+    def capacity(self) -> int:
+        """Most tokens a compressing request holds at the end of a step: B + N."""
+        return self.budget + self.divide_length
+
+    @property
+    def mode(self) -> str:
+        return "shared" if self.shared_selection else self.selection
+
+    @classmethod
+    def from_server_args(cls, args) -> "CompressionConfig | None":
+        """None when compression is off. Values were validated by ServerArgs."""
+        if args.compress_algorithm is None:
+            return None
+        return cls(
+            algorithm=args.compress_algorithm, budget=args.compress_max_prompt,
+            window=args.compress_max_window, divide_method=args.compress_divide_method,
+            divide_length=args.compress_divide_length, mix_lambda=float(args.compress_mix_lambda),
+            kernel_size=args.compress_kernel_size, pooling=args.compress_pooling,
+            sim_threshold=float(args.compress_sim_threshold), num_sink=args.compress_num_sink,
+            compress_prompt=args.compress_prompt, stop_after_think=args.compress_stop_after_think,
+            selection=args.compress_selection, shared_selection=args.compress_shared_selection)
+
+
+class CompressionPolicy(abc.ABC):
+    """Scores the non-window tokens; `select` turns scores into kept positions."""
+
+    needs_queries = True  # whether the engine must keep the query ring for this policy
+
+    def __init__(self, cfg: CompressionConfig):
+        self.cfg = cfg
+
+    @abc.abstractmethod
+    def score(self, keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        """[R, L, Hkv, n - w] float scores of the non-window tokens; higher is kept first."""
+
+    def select(self, keys: torch.Tensor, queries: torch.Tensor, keep: int) -> torch.Tensor:
+        """Kept positions [R, L, Hkv, keep]: the top (keep - w) scored tokens + the last w."""
+        n, w = keys.shape[-2], self.cfg.window
+        if not w < keep < n:
+            raise ValueError(f"cannot keep {keep} of {n} tokens with window {w}")
+        s = self.score(keys, queries)
+        mode = self.cfg.mode
+        if mode == "layer":  # one set per layer: every KV head votes
+            s = s.sum(2, keepdim=True).expand_as(s)
+        elif mode == "shared":  # the reference: layer 0 decides for every layer and head
+            s = s[:, :1].sum(2, keepdim=True).expand_as(s)
+        # A stable sort, not topk: max pooling makes exact ties common, and ties must go the
+        # same way on every device (earlier position first) for reproducible rollouts.
+        top = s.sort(dim=-1, descending=True, stable=True).indices[..., :keep - w]
+        win = torch.arange(n - w, n, device=keys.device).expand(*top.shape[:-1], w)
+        return torch.cat([top, win], dim=-1).sort(dim=-1).values

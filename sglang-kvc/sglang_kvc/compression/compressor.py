@@ -1,0 +1,76 @@
+"""Engine side of compression: after a step, compress the requests whose trigger fired.
+
+Requests compressing in the same step with the same held length n are scored together:
+keys are gathered from the pool through their slot-table rows, queries from the ring, the policy
+returns kept positions per layer and KV head, and `KVCache.compact` moves the kept K/V into the
+requests' first B slots and frees the rest. Work is split into chunks so the n x n similarity
+matrices of R-KV stay within `chunk_elems` floats. Runs eagerly between decode steps (never
+inside a captured CUDA graph).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from .base import CompressionConfig
+from .query_ring import QueryRing
+from .trigger import Trigger
+from . import make_policy
+
+
+class Compressor:
+    def __init__(self, cfg: CompressionConfig, kv, ring: QueryRing | None, trigger: Trigger,
+                 chunk_elems: int = 1 << 28):
+        self.cfg, self.kv, self.ring, self.trigger = cfg, kv, ring, trigger
+        self.policy = make_policy(cfg)
+        self.chunk_elems = chunk_elems
+        self.num_compressions = 0  # compaction events over all requests
+        self.tokens_evicted = 0
+
+    def bound(self, seq, held: int) -> int:
+        return self.trigger.bound(seq, held)
+
+    def after_step(self, seqs: list, is_prefill: bool) -> None:
+        groups: dict[int, list] = defaultdict(list)
+        trigger, budget = self.trigger, self.cfg.budget
+        watch_think = trigger.think_end_id is not None
+        for s in seqs:  # runs every step for every request: keep it lean
+            if watch_think:
+                trigger.observe(s)
+            if s.kv_len > budget and trigger.should_compress(s, is_prefill):
+                groups[s.kv_len].append(s)
+        for n, group in groups.items():
+            per_req = self._elems_per_request(n)
+            step = max(1, self.chunk_elems // per_req)
+            for i in range(0, len(group), step):
+                self.compress(group[i:i + step])
+
+    def _elems_per_request(self, n: int) -> int:
+        pool = self.kv.pool
+        L, _, hkv, d = pool.shape
+        m = n - self.cfg.window
+        sim = m * m if self.cfg.algorithm == "rkv" else 0
+        return L * hkv * (sim + 2 * n * d + m * 8)
+
+    @torch.inference_mode()
+    def compress(self, seqs: list) -> torch.Tensor:
+        """Compress requests that all hold the same n slots down to B; returns kept positions."""
+        n, keep = seqs[0].kv_len, self.cfg.budget
+        kv = self.kv
+        rows = torch.tensor([s.row for s in seqs], device=kv.pool.device)
+        slots = kv.req_to_token.table[rows, :n].long()  # [R, n]
+        keys = kv.pool.k[:, slots].permute(1, 0, 3, 2, 4)  # [R, L, Hkv, n, D]
+        queries = self.ring.gather(rows) if self.policy.needs_queries else None
+        idx = self.policy.select(keys, queries, keep)
+        del keys, queries
+        kv.compact(seqs, slots, idx)
+        for s in seqs:
+            # kv_len only grows between compactions, so its peak is seen here or at release.
+            s.peak_kv = max(s.peak_kv, n)
+            s.num_compressions += 1
+            s.tokens_evicted += n - keep
+        self.num_compressions += len(seqs)
+        self.tokens_evicted += len(seqs) * (n - keep)
+        return idx

@@ -1,0 +1,52 @@
+"""When a request compresses, and the most KV slots it can hold from now on.
+
+The trigger is per request (the reference used a batch step counter that restarted whenever
+requests joined). It runs after a step, when the step's new KV is in the cache:
+- after a prefill: when the request holds more than B tokens and either prompt compression is
+  on or the request is being recomputed after preemption (it already generated tokens);
+- after a decode step: step_length -> once B + N tokens are held (so every N steps, back to B);
+  newline -> when the token just fed is newline-like and more than B are held, and also at
+  B + N so the footprint stays bounded whatever the text looks like;
+- never after the request fed `</think>` when stop_after_think is set (it then grows densely).
+"""
+
+from __future__ import annotations
+
+from .base import CompressionConfig
+
+
+class Trigger:
+    def __init__(self, cfg: CompressionConfig, newline_ids: set[int] | None = None,
+                 think_end_id: int | None = None):
+        if cfg.divide_method == "newline" and not newline_ids:
+            raise ValueError("--compress-divide-method newline needs a tokenizer (newline token ids)")
+        self.cfg = cfg
+        self.newline_ids = newline_ids or set()
+        self.think_end_id = think_end_id if cfg.stop_after_think else None
+
+    def observe(self, seq) -> None:
+        """Note what the step just fed (call before `should_compress`)."""
+        if self.think_end_id is not None and seq.output_ids and seq.num_computed > len(seq.prompt_ids):
+            if seq.all_ids[seq.num_computed - 1] == self.think_end_id:
+                seq.compress_stopped = True
+
+    def should_compress(self, seq, is_prefill: bool) -> bool:
+        c = self.cfg
+        if seq.compress_stopped or seq.kv_len <= c.budget:
+            return False
+        if is_prefill:
+            return c.compress_prompt or bool(seq.output_ids)
+        if seq.kv_len >= c.capacity:
+            return True
+        fed = seq.all_ids[seq.num_computed - 1]
+        return c.divide_method == "newline" and fed in self.newline_ids
+
+    def bound(self, seq, held: int) -> int:
+        """Most slots the request will hold at any step end from now on, given it holds (or,
+        waiting, will hold after its prefill) `held` slots. A decode step adds one slot and
+        compression runs once B + N are held, so the peak is max(held + 1, B + N), never more
+        than growing densely to the end (held + tokens still to generate)."""
+        dense = held + max(seq.params.max_new_tokens - len(seq.output_ids), 0)
+        if seq.compress_stopped:
+            return dense
+        return min(dense, max(held + 1, self.cfg.capacity))

@@ -1,0 +1,114 @@
+"""Trainer checkpoints in Megatron ``torch_dist`` format (model, optimizer, LR schedule, RNG, step).
+
+Same layout as ``checkpoint_tools`` (``latest_checkpointed_iteration.txt`` + ``iter_XXXXXXX/``
+with ``metadata.json`` written last), same tensor names, so ``megatron2hf`` exports any trainer
+checkpoint and ``hf2megatron`` output is a valid ``--load`` for the trainer. The model part
+reshards to any TP/PP on load; the optimizer part is Megatron's own sharded format.
+"""
+
+from __future__ import annotations
+
+import random
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from checkpoint_tools.torch_dist import (iteration_dir_name, read_common, read_tracker,
+                                         resolve_checkpoint_dir, write_tracker)
+
+
+def _rng_state() -> dict:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    return {
+        "random": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "tracker": get_cuda_rng_tracker().get_states(),
+    }
+
+
+def _set_rng_state(state: dict) -> None:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    random.setstate(state["random"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def _rng_sharded_object(state):
+    """One RNG state per (PP, TP, DP) rank, stored as a ShardedObject as Megatron-LM does."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing import ShardedObject
+
+    shape = (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size(),
+             ps.get_data_parallel_world_size())
+    offset = (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank(),
+              ps.get_data_parallel_rank())
+    return ShardedObject("rng_state", state, shape, offset, replica_id=0)
+
+
+def _state_dict(trainer, *, for_load: bool, rng=None) -> dict:
+    model_sd = trainer.model.module.sharded_state_dict()
+    return {
+        "model": model_sd,
+        "optimizer": trainer.optimizer.sharded_state_dict(model_sd, is_loading=for_load),
+        "rng_state": _rng_sharded_object(rng if rng is not None else _rng_state()),
+    }
+
+
+def save_checkpoint(trainer, save_dir: str | Path, iteration: int, *, args: Namespace | None = None,
+                    extra: dict | None = None) -> Path:
+    """Collective: every rank calls it. ``extra`` (e.g. rollout id, data position) goes to
+    ``common.pt`` and comes back from ``load_checkpoint``."""
+    from megatron.core import dist_checkpointing
+
+    out = Path(save_dir) / iteration_dir_name(iteration)
+    if dist.get_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    state = _state_dict(trainer, for_load=False)
+    state.update(args=args or Namespace(), checkpoint_version=3.0, iteration=iteration,
+                 opt_param_scheduler=trainer.scheduler.state_dict(), step=trainer.step,
+                 extra=extra or {})
+    dist_checkpointing.save(state, str(out))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        write_tracker(save_dir, iteration)
+    dist.barrier()
+    return out
+
+
+def load_checkpoint(trainer, load_dir: str | Path, *, load_optimizer: bool = True,
+                    load_rng: bool = True) -> dict:
+    """Restore weights (+ optimizer, scheduler, RNG, step); return the saved ``extra`` dict."""
+    from megatron.core import dist_checkpointing
+
+    ckpt = resolve_checkpoint_dir(load_dir)
+    common = read_common(ckpt)
+    state = _state_dict(trainer, for_load=True)
+    if not load_optimizer:
+        state.pop("optimizer")
+    if not load_rng:
+        state.pop("rng_state")
+    loaded = dist_checkpointing.load(state, str(ckpt))
+    trainer.model.module.load_state_dict(loaded["model"], strict=False)
+    if load_optimizer:
+        trainer.optimizer.load_state_dict(loaded["optimizer"])
+        trainer.scheduler.load_state_dict(common["opt_param_scheduler"])
+        trainer.step = int(common.get("step", 0))
+    if load_rng:
+        _set_rng_state(loaded["rng_state"])
+    return dict(common.get("extra") or {})
+
+
+def latest_iteration(save_dir: str | Path) -> int | None:
+    it = read_tracker(save_dir)
+    return None if it in (None, "release") else int(it)

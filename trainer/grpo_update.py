@@ -1,0 +1,156 @@
+"""One rollout's policy update: rewards -> advantages, dense π_old recompute, sparse-rollout
+correction, then optimizer steps over global batches.
+
+Everything that needs the whole batch (group statistics, importance-weight normalisation, loss
+denominators) is computed once on the full rollout, replicated on every rank; the train step
+then only slices rows for its micro-batches, so results do not depend on how samples are split
+across micro-batches or data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from .algorithms import (AdvantageConfig, CorrectionConfig, LossScale, PolicyLossConfig,
+                         compute_mis_weights, policy_loss, select_old_logp)
+from .packing import Sample
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+    """A rollout's samples in global order (samples of one prompt contiguous)."""
+
+    samples: list[Sample]
+    rewards: torch.Tensor  # [B]
+    rollout_logp: list[torch.Tensor]  # π_sparse, per sample [R_i] (from the rollout server)
+    n_samples_per_prompt: int
+
+
+def pad_rows(rows: list[torch.Tensor], width: int | None = None) -> torch.Tensor:
+    """Right-pad 1-D tensors into ``[B, width]`` (zeros)."""
+    width = width or max(len(r) for r in rows)
+    out = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r.float()
+    return out
+
+
+def response_mask(samples: list[Sample], width: int) -> torch.Tensor:
+    lengths = torch.tensor([len(s.response_ids) for s in samples])
+    return torch.arange(width)[None, :] < lengths[:, None]
+
+
+def gather_dp(values: list[torch.Tensor | None], trainer) -> list[torch.Tensor]:
+    """Fill a per-sample list that each DP rank computed for its own samples (None elsewhere;
+    also None on pipeline stages other than the last), gathering over all ranks."""
+    if dist.get_world_size() == 1:
+        return values  # type: ignore[return-value]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, values)
+    merged = list(values)
+    for part in gathered:
+        for i, v in enumerate(part):
+            if v is not None:
+                merged[i] = v
+    return merged  # type: ignore[return-value]
+
+
+@dataclasses.dataclass
+class PreparedUpdate:
+    """Per-token tensors ``[B, T]`` of the whole rollout, shared by all its optimizer steps."""
+
+    advantages: torch.Tensor
+    old_logp: torch.Tensor
+    weights: torch.Tensor | None
+    loss_mask: torch.Tensor
+    ref_logp: torch.Tensor | None
+    metrics: dict
+
+
+def prepare_update(trainer, batch: RolloutBatch, adv_cfg: AdvantageConfig,
+                   corr_cfg: CorrectionConfig | None, ref_logp: list[torch.Tensor] | None = None
+                   ) -> PreparedUpdate:
+    width = max(len(s.response_ids) for s in batch.samples)
+    mask = response_mask(batch.samples, width)
+    rollout = pad_rows(batch.rollout_logp, width)
+    advantages = adv_cfg.compute(batch.rewards.float(), mask,
+                                 n_samples_per_prompt=batch.n_samples_per_prompt)
+    old = None
+    if corr_cfg is None or corr_cfg.needs_dense_recompute:
+        old = pad_rows(gather_dp(trainer.compute_logprobs(batch.samples), trainer), width)
+    metrics = {}
+    if corr_cfg is not None:
+        old = select_old_logp(old, rollout, corr_cfg)
+        mis = compute_mis_weights(old, rollout, mask, corr_cfg)
+        weights, loss_mask, metrics = mis.weights, mis.loss_mask, dict(mis.metrics)
+    else:
+        weights, loss_mask = None, mask
+    with torch.no_grad():  # how far the sparse sampler is from the dense policy, always logged
+        diff = (old - rollout)[mask]
+        metrics["train_rollout_logprob_abs_diff"] = float(diff.abs().mean()) if diff.numel() else 0.0
+    ref = pad_rows(ref_logp, width) if ref_logp is not None else None
+    return PreparedUpdate(advantages, old, weights, loss_mask, ref, metrics)
+
+
+def make_loss_fn(prep: PreparedUpdate, loss_cfg: PolicyLossConfig, scale: LossScale):
+    """The per-micro-batch loss for ``PolicyTrainer.train_step`` (rows picked by sample id)."""
+
+    def loss_fn(logp_list, entropy_list, ids):
+        rows = torch.tensor(ids)
+        width = prep.advantages.shape[1]
+        device = logp_list[0].device
+        logp = torch.zeros(len(ids), width, device=device, dtype=torch.float32)
+        logp = _scatter_rows(logp, logp_list)
+        entropy = _scatter_rows(torch.zeros_like(logp), entropy_list) if entropy_list else None
+        pick = lambda t: None if t is None else t[rows].to(device)  # noqa: E731
+        return policy_loss(logp, pick(prep.old_logp), pick(prep.advantages),
+                           pick(prep.loss_mask), loss_cfg, mis_weights=pick(prep.weights),
+                           ref_logp=pick(prep.ref_logp), entropy=entropy, loss_scale=scale)
+
+    return loss_fn
+
+
+def _scatter_rows(base: torch.Tensor, rows: list[torch.Tensor]) -> torch.Tensor:
+    """Differentiably place 1-D rows into the left of a zero ``[b, T]`` tensor."""
+    padded = [torch.nn.functional.pad(r.float(), (0, base.shape[1] - r.shape[0])) for r in rows]
+    return torch.stack(padded) if padded else base
+
+
+def run_updates(trainer, batch: RolloutBatch, prep: PreparedUpdate, loss_cfg: PolicyLossConfig,
+                global_batch_size: int) -> list[dict]:
+    """Optimizer steps over consecutive global batches of the rollout; one metrics dict each."""
+    n = len(batch.samples)
+    if global_batch_size <= 0 or n % global_batch_size:
+        raise ValueError(f"--global-batch-size {global_batch_size} must divide the rollout's "
+                         f"{n} samples")
+    history = []
+    for start in range(0, n, global_batch_size):
+        ids = list(range(start, start + global_batch_size))
+        sub = [batch.samples[i] for i in ids]
+        sub_prep = dataclasses.replace(
+            prep, **{f.name: getattr(prep, f.name)[start:start + global_batch_size]
+                     for f in dataclasses.fields(prep)
+                     if isinstance(getattr(prep, f.name), torch.Tensor)})
+        scale = LossScale.for_batch(sub_prep.loss_mask)
+        metrics = trainer.train_step(sub, make_loss_fn(sub_prep, loss_cfg, scale),
+                                     with_entropy=loss_cfg.entropy_coef != 0)
+        history.append(_reduce_over_dp(metrics, trainer))
+    return history
+
+
+def _reduce_over_dp(metrics: dict, trainer) -> dict:
+    """Loss metrics are partial sums of globally-normalised terms: add them over DP ranks."""
+    per_step = {"grad_norm", "lr", "update_skipped"}
+    summed = {k: v for k, v in metrics.items() if k not in per_step}
+    if trainer.dp_size > 1 and summed:
+        keys = sorted(summed)
+        t = torch.tensor([summed[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(t, group=trainer.dp_group)
+        summed = dict(zip(keys, t.tolist()))
+    out = defaultdict(float, summed)
+    out.update({k: metrics[k] for k in per_step if k in metrics})
+    return dict(out)

@@ -204,6 +204,9 @@ def transformer_config(arch: ModelArch, *, tp: int = 1, pp: int = 1,
     from megatron.core.transformer import TransformerConfig
 
     dtype = dtype or arch.dtype
+    # Megatron's torch.compile'd fusions (SwiGLU, bias-dropout-add) pay off on GPU; on CPU they
+    # would only add compile time to every test.
+    fuse = torch.cuda.is_available()
     kwargs = dict(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
@@ -218,10 +221,10 @@ def transformer_config(arch: ModelArch, *, tp: int = 1, pp: int = 1,
         layernorm_epsilon=arch.norm_epsilon,
         gated_linear_unit=True,
         activation_func=F.silu,
-        bias_activation_fusion=False,
+        bias_activation_fusion=fuse,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
-        bias_dropout_fusion=False,
+        bias_dropout_fusion=fuse,
         apply_rope_fusion=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,

@@ -63,6 +63,20 @@ def _chunk_logprob_entropy(logits: torch.Tensor, targets: torch.Tensor, temperat
     return logp, log_z.squeeze(-1) - expected
 
 
+_compiled_chunk = None
+
+
+def _chunk_fn():
+    """The chunk kernel, compiled on CUDA: one fused pass instead of ~10 elementwise ones over
+    the [chunk, vocab] fp32 tile (the largest non-matmul cost of a train step)."""
+    global _compiled_chunk
+    if not torch.cuda.is_available():
+        return _chunk_logprob_entropy
+    if _compiled_chunk is None:
+        _compiled_chunk = torch.compile(_chunk_logprob_entropy, dynamic=True)
+    return _compiled_chunk
+
+
 def logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
                          vocab_size: int | None = None, chunk_size: int = 1024,
                          with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -79,10 +93,11 @@ def logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor, *, tempera
     for start in range(0, logits.shape[0], chunk_size):
         args = (logits[start:start + chunk_size], targets[start:start + chunk_size], temperature,
                 vocab_start, vocab_size, tp, with_entropy)
+        fn = _chunk_fn() if tp == 1 else _chunk_logprob_entropy  # collectives stay eager
         if needs_grad:
-            lp, ent = checkpoint(_chunk_logprob_entropy, *args, use_reentrant=False)
+            lp, ent = checkpoint(fn, *args, use_reentrant=False)
         else:
-            lp, ent = _chunk_logprob_entropy(*args)
+            lp, ent = fn(*args)
         logps.append(lp)
         entropies.append(ent)
     logp = torch.cat(logps)

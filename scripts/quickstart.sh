@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Set up .venv if needed, then run the tiny end-to-end job.
-# Today: the checkpoint conversion demo (HF -> torch_dist -> Megatron TP=1/TP=2 -> HF).
+# Set up .venv if needed, then run the tiny end-to-end job: a tiny model learns step-by-step
+# addition with GRPO on R-KV sparse rollouts (in-process sglang-kvc engine, Megatron trainer,
+# sparse-rollout correction). CPU by default; uses the GPU when there is one.
+# Extra arguments go to `python -m trainer.quickstart` (e.g. --num-rollout 20, --workdir DIR).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/scripts/setup.sh"
 cd "$ROOT"
 # Megatron and torch.distributed warn about missing TE/Apex and deprecated internals: noise here.
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::UserWarning,ignore::FutureWarning,ignore::DeprecationWarning}"
-exec "$ROOT/.venv/bin/python" -m checkpoint_tools.demo "$@"
+exec "$ROOT/.venv/bin/python" -m trainer.quickstart "$@"

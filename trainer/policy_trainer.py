@@ -70,7 +70,8 @@ class PolicyTrainer:
     """One rank's view of the policy under training (call after ``init_model_parallel``)."""
 
     def __init__(self, model_cfg: ModelConfig, optim_cfg: OptimConfig, train_cfg: TrainConfig,
-                 *, cache_dir: str | Path | None = None, load_weights: bool = True):
+                 *, cache_dir: str | Path | None = None, load_weights: bool = True,
+                 trainable: bool = True):
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
@@ -81,14 +82,21 @@ class PolicyTrainer:
         distributed_optimizer = optim_cfg.use_distributed_optimizer
         if distributed_optimizer is None:
             distributed_optimizer = dist.get_backend() == "nccl"
-        ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-            use_distributed_optimizer=distributed_optimizer)
-        self.model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module)
-        config.no_sync_func = self.model.no_sync
-        config.finalize_model_grads_func = _no_rescale_finalize
         self.config = config
-        self.optimizer, self.scheduler = self._build_optimizer(distributed_optimizer)
+        self.optimizer = self.scheduler = None
+        if not trainable:  # a frozen reference policy: forward only, no grad buffers
+            for param in module.parameters():
+                param.requires_grad_(False)
+            self.model = module
+        else:
+            ddp_config = DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                use_distributed_optimizer=distributed_optimizer)
+            self.model = DistributedDataParallel(config=config, ddp_config=ddp_config,
+                                                 module=module)
+            config.no_sync_func = self.model.no_sync
+            config.finalize_model_grads_func = _no_rescale_finalize
+            self.optimizer, self.scheduler = self._build_optimizer(distributed_optimizer)
         self.dp_group = ps.get_data_parallel_group()
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.step = 0

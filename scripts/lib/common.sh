@@ -1,0 +1,193 @@
+# Shared part of scripts/run-*.sh (sourced, not run). The caller sets, before sourcing:
+#   MODEL_NAME     default checkpoint folder name (e.g. Qwen2.5-3B)
+#   DATA_NAME      training set under $DATA_DIR (simplelr_qwen_level3to5 or simplelr_level3to5)
+#   CHAT_TEMPLATE  1 when the data holds chat messages (adds --apply-chat-template)
+#   DEFAULT_TP     tensor parallel size when $TP is not set (default 1)
+#   COMPRESS       rkv for sparse (R-KV) rollouts, empty for dense
+# and then calls `run_trainer "$@"`.
+#
+# Environment overrides (all optional):
+#   NUM_GPUS (8)  MODEL_DIR (../models/$MODEL_NAME, an HF checkpoint)  DATA_DIR (../shared/data/train)
+#   SAVE_DIR (runs/<script name>)  LOG_DIR ($SAVE_DIR/logs)  TP  PP (1)  REF_LOAD ($MODEL_DIR)
+#   EVAL_DIR (../shared/data/eval)  EVAL_SETS ("aime24 amc23 math500"; empty = no eval)
+#   NUM_ROLLOUT (100)  SAVE_INTERVAL (20)  EVAL_INTERVAL (20)  EVAL_SAMPLES (1)  SEED (1234)
+#   MAX_TOKENS_PER_GPU (8192 R-KV / 9216 dense)  MEM_FRACTION (0.7 R-KV / 0.75 dense)  CUSTOM_RM_PATH
+#   USE_WANDB (0)  WANDB_PROJECT (sparse-rl)  TORCHRUN_ARGS (--standalone; e.g. --nnodes/--rdzv-* for
+#   several nodes)  TORCHRUN (the launcher; default: .venv/bin/python -m torch.distributed.run, else torchrun)
+#   DRY_RUN=1: print the command instead of running it (the eval prompts are still written).
+# The eval sets are converted to prompt/label rows under $SAVE_DIR/eval_data before launching.
+# Extra arguments to the script go last to the trainer, so they override the values here.
+
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PARENT="$(dirname "$ROOT")"  # holds shared/ (data) and, by default, models/
+SCRIPT_NAME="$(basename "${BASH_SOURCE[1]:-run}" .sh)"
+
+die() {
+    echo "error: $*" >&2
+    exit 1
+}
+
+NUM_GPUS="${NUM_GPUS:-8}"
+MODEL_DIR="${MODEL_DIR:-$PARENT/models/$MODEL_NAME}"
+DATA_DIR="${DATA_DIR:-$PARENT/shared/data/train}"
+SAVE_DIR="${SAVE_DIR:-$ROOT/runs/$SCRIPT_NAME}"
+LOG_DIR="${LOG_DIR:-$SAVE_DIR/logs}"
+TP="${TP:-${DEFAULT_TP:-1}}"
+PP="${PP:-1}"
+REF_LOAD="${REF_LOAD:-$MODEL_DIR}"
+EVAL_DIR="${EVAL_DIR:-$PARENT/shared/data/eval}"
+EVAL_SETS="${EVAL_SETS-aime24 amc23 math500}"
+NUM_ROLLOUT="${NUM_ROLLOUT:-100}"
+SAVE_INTERVAL="${SAVE_INTERVAL:-20}"
+EVAL_INTERVAL="${EVAL_INTERVAL:-20}"
+EVAL_SAMPLES="${EVAL_SAMPLES:-1}"
+SEED="${SEED:-1234}"
+# reference: 8192 tokens per GPU and 0.7 of GPU memory for SGLang with R-KV, 9216 / 0.75 dense
+if [[ -n "${COMPRESS:-}" ]]; then
+    MAX_TOKENS_PER_GPU="${MAX_TOKENS_PER_GPU:-8192}"
+    MEM_FRACTION="${MEM_FRACTION:-0.7}"
+else
+    MAX_TOKENS_PER_GPU="${MAX_TOKENS_PER_GPU:-9216}"
+    MEM_FRACTION="${MEM_FRACTION:-0.75}"
+fi
+PROMPT_DATA="$DATA_DIR/$DATA_NAME/train.jsonl"
+
+check_inputs() {
+    [[ "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] || die "NUM_GPUS=$NUM_GPUS is not a positive integer"
+    [[ "$TP" =~ ^[1-9][0-9]*$ && "$PP" =~ ^[1-9][0-9]*$ ]] || die "TP=$TP and PP=$PP must be positive integers"
+    (( NUM_GPUS % (TP * PP) == 0 )) || die "NUM_GPUS=$NUM_GPUS is not divisible by TP*PP=$((TP * PP))"
+    [[ -d "$MODEL_DIR" ]] || die "MODEL_DIR=$MODEL_DIR does not exist; download $MODEL_NAME (Hugging Face format) and set MODEL_DIR to it"
+    [[ -f "$MODEL_DIR/config.json" ]] || die "MODEL_DIR=$MODEL_DIR has no config.json; it must be a Hugging Face checkpoint of $MODEL_NAME"
+    [[ -e "$REF_LOAD" ]] || die "REF_LOAD=$REF_LOAD does not exist (the reference model for the KL loss; default: MODEL_DIR)"
+    [[ -f "$PROMPT_DATA" ]] || die "training data $PROMPT_DATA not found; set DATA_DIR (a folder holding $DATA_NAME/train.jsonl, see dataset/README.md)"
+    local name
+    for name in $EVAL_SETS; do
+        [[ -f "$EVAL_DIR/$name/test.jsonl" ]] || die "eval data $EVAL_DIR/$name/test.jsonl not found; set EVAL_DIR, or EVAL_SETS= to skip eval"
+    done
+}
+
+trainer_args() {
+    # resume from our own checkpoint when there is one, else start from the HF model
+    local load="$MODEL_DIR"
+    if [[ -f "$SAVE_DIR/latest_checkpointed_iteration.txt" ]]; then
+        load="$SAVE_DIR"
+    fi
+    ARGS=(
+        # checkpoints
+        --hf-checkpoint "$MODEL_DIR" --load "$load" --ref-load "$REF_LOAD"
+        --save "$SAVE_DIR" --save-interval "$SAVE_INTERVAL"
+        # data
+        --prompt-data "$PROMPT_DATA" --input-key prompt --label-key label
+    )
+    if [[ "${CHAT_TEMPLATE:-0}" == 1 ]]; then
+        ARGS+=(--apply-chat-template)
+    fi
+    ARGS+=(
+        # rollout: 128 prompts x 8 samples, up to 4096 response tokens, plain sampling
+        --rollout-batch-size 128 --n-samples-per-prompt 8 --rollout-max-response-len 4096
+        --rollout-temperature 1.0 --rollout-top-p 1.0 --num-rollout "$NUM_ROLLOUT"
+        # optimisation: 1024 samples per rollout in global batches of 256 = 4 steps per rollout
+        --global-batch-size 256 --lr 1e-6
+        # GRPO loss: clip 0.2 both sides, low_var_kl to the reference at 1e-4, no entropy bonus
+        --advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.2
+        --kl-loss-coef 1e-4 --kl-loss-type low_var_kl --entropy-coef 0 --loss-agg-mode seq_mean_token_mean
+        # sparse-rollout correction (the reference mis.yaml), on in the dense baseline too
+        --use-mis --mis-preset sparse_rl
+        # parallelism
+        --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
+        --max-tokens-per-gpu "$MAX_TOKENS_PER_GPU"
+        --sglang-mem-fraction-static "$MEM_FRACTION"
+        --seed "$SEED" --log-dir "$LOG_DIR"
+    )
+    if [[ -n "${CUSTOM_RM_PATH:-}" ]]; then
+        ARGS+=(--custom-rm-path "$CUSTOM_RM_PATH")
+    else
+        ARGS+=(--rm-type math)
+    fi
+    if [[ -n "$EVAL_SETS" ]]; then
+        local eval_data=() name
+        for name in $EVAL_SETS; do
+            eval_data+=("$name" "$EVAL_DATA_OUT/$name.jsonl")
+        done
+        # a progress signal (the trainer's eval sampling, greedy unless told otherwise); final
+        # numbers come from evaluation/eval.sh with the reference harness settings
+        ARGS+=(--eval-prompt-data "${eval_data[@]}" --eval-interval "$EVAL_INTERVAL"
+               --n-samples-per-eval-prompt "$EVAL_SAMPLES" --eval-max-response-len 4096)
+    fi
+    if [[ "${USE_WANDB:-0}" == 1 ]]; then
+        ARGS+=(--use-wandb --wandb-project "${WANDB_PROJECT:-sparse-rl}")
+    fi
+    case "${COMPRESS:-}" in
+        "") ;;
+        rkv)
+            # R-KV: keep 512 KV tokens, re-compress every 128 decode steps, 8-query observation window
+            ARGS+=(--sglang-compress-algorithm rkv --sglang-compress-max-prompt 512
+                   --sglang-compress-max-window 8 --sglang-compress-divide-length 128
+                   --sglang-compress-divide-method step_length) ;;
+        *) die "COMPRESS=$COMPRESS is not supported by this script (rkv or empty)" ;;
+    esac
+}
+
+PYTHON=python3
+if [[ -x "$ROOT/.venv/bin/python" ]]; then
+    PYTHON="$ROOT/.venv/bin/python"
+fi
+EVAL_DATA_OUT="$SAVE_DIR/eval_data"
+
+prepare_eval_data() {
+    # The benchmark files hold raw questions (problem/question + answer); the trainer reads
+    # prompt/label rows. Render each question with the training prompt (qwen-boxed: the
+    # SimpleRL system + user turn with the \boxed{} instruction), as ChatML text for the Qwen
+    # scripts or as messages for the chat-template (Llama) scripts, gold answers as labels.
+    [[ -n "$EVAL_SETS" ]] || return 0
+    # shellcheck disable=SC2086  # EVAL_SETS is a list of words on purpose
+    (cd "$ROOT" && PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$EVAL_DIR" "$EVAL_DATA_OUT" \
+        "${CHAT_TEMPLATE:-0}" $EVAL_SETS <<'PY'
+import json
+import sys
+from pathlib import Path
+
+from evaluation.benchmarks import load_benchmark
+from evaluation.prompts import get_template
+
+data_dir, out_dir, chat, names = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "1", sys.argv[4:]
+template = get_template("qwen-boxed")
+out_dir.mkdir(parents=True, exist_ok=True)
+for name in names:
+    rows = [{"prompt": template.messages(p.question) if chat else template.render(p.question), "label": p.gold}
+            for p in load_benchmark(name, data_dir)]
+    (out_dir / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+PY
+    ) || die "could not prepare the eval data from EVAL_DIR=$EVAL_DIR (EVAL_SETS=$EVAL_SETS)"
+}
+
+run_trainer() {
+    check_inputs
+    trainer_args
+    # written in dry runs too: the printed command refers to these files
+    prepare_eval_data
+    local launcher=(torchrun)
+    if [[ -n "${TORCHRUN:-}" ]]; then
+        # shellcheck disable=SC2206  # a command with its arguments
+        launcher=($TORCHRUN)
+    elif [[ -x "$ROOT/.venv/bin/python" ]]; then
+        launcher=("$ROOT/.venv/bin/python" -m torch.distributed.run)
+    fi
+    # shellcheck disable=SC2206  # TORCHRUN_ARGS is a list of words on purpose
+    local torchrun_args=(${TORCHRUN_ARGS:---standalone})
+    local cmd=("${launcher[@]}" "${torchrun_args[@]}" --nproc-per-node "$NUM_GPUS" -m trainer.train "${ARGS[@]}" "$@")
+    if [[ "${DRY_RUN:-0}" == 1 ]]; then
+        printf '%q ' "${cmd[@]}"
+        echo
+        return 0
+    fi
+    # stay in the caller's directory (relative paths and --custom-rm-path modules resolve there)
+    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    mkdir -p "$SAVE_DIR" "$LOG_DIR"
+    export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
+    # Megatron and torch.distributed warn about missing TE/Apex and deprecated internals: noise here.
+    export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::UserWarning,ignore::FutureWarning,ignore::DeprecationWarning}"
+    exec "${cmd[@]}"
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# GRPO on Qwen2.5-1.5B with dense rollouts, with the Sparse-RL reference hyper-parameters
+# (docs: ../shared/docs/reference/sparse_rl.md section 2.2; shared settings in scripts/lib/common.sh).
+#   MODEL_DIR=/models/Qwen2.5-1.5B NUM_GPUS=8 ./scripts/run-qwen2.5-1.5b.sh [extra trainer flags]
+# DRY_RUN=1 prints the command; see scripts/lib/common.sh for every variable.
+MODEL_NAME=Qwen2.5-1.5B
+DATA_NAME=simplelr_qwen_level3to5
+CHAT_TEMPLATE=0
+DEFAULT_TP=1
+COMPRESS=
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+run_trainer "$@"

@@ -1,0 +1,215 @@
+"""Command-line flags of ``python -m trainer.train``, slime's names where slime has them.
+
+A YAML file (``--config run.yaml``) may hold the same keys (dashes or underscores); flags given
+on the command line win. Rollout-server flags take the ``--sglang-`` prefix
+(``--sglang-compress-algorithm rkv``) and are validated by the server's own rules. Unknown or
+inconsistent flags stop the run at once with a message naming them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from .algorithms.argparse_flags import add_algorithm_args
+
+# Server flags that make no sense for an engine the trainer starts itself.
+_SERVER_FLAGS_NOT_FORWARDED = {"model_path", "tokenizer_path", "host", "port", "log_level",
+                               "served_model_name", "weight_version"}
+
+
+def _add_sglang_args(parser: argparse.ArgumentParser) -> None:
+    from sglang_kvc.server_args import ServerArgs
+
+    group = parser.add_argument_group("rollout engine (--sglang-*, as sglang-kvc's flags)")
+    for f in dataclasses.fields(ServerArgs):
+        if f.name in _SERVER_FLAGS_NOT_FORWARDED:
+            continue
+        meta = dict(f.metadata)
+        help_text = meta.pop("help")
+        negatable = meta.pop("negatable", False)
+        flag = "--sglang-" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            action = argparse.BooleanOptionalAction if negatable else "store_true"
+            group.add_argument(flag, dest="sglang_" + f.name, action=action, default=f.default,
+                               help=help_text)
+        else:
+            kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+            group.add_argument(flag, dest="sglang_" + f.name, type=kind, default=f.default,
+                               help=f"{help_text} (default: {f.default})", **meta)
+
+
+def server_args_from(args: argparse.Namespace):
+    from sglang_kvc.server_args import ServerArgs
+
+    values = {k[len("sglang_"):]: v for k, v in vars(args).items() if k.startswith("sglang_")}
+    return ServerArgs(model_path=args.hf_checkpoint, **values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainer.train",
+                                description="GRPO with sparse (KV-compressed) rollouts.")
+    p.add_argument("--config", default=None, help="YAML file with any of these flags as keys")
+
+    g = p.add_argument_group("model and checkpoints")
+    g.add_argument("--hf-checkpoint", required=True,
+                   help="HF model dir: architecture, tokenizer, initial weights, rollout engine")
+    g.add_argument("--load", default=None,
+                   help="torch_dist checkpoint to start from; a trainer checkpoint resumes the "
+                        "run (rollout id, data position, optimizer, RNG)")
+    g.add_argument("--ref-load", default=None,
+                   help="reference model for the KL loss (default: --hf-checkpoint)")
+    g.add_argument("--save", default=None, help="where trainer checkpoints are written")
+    g.add_argument("--save-interval", type=int, default=None,
+                   help="save every N rollouts (and always after the last)")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--attention-backend", default="auto", choices=["auto", "te", "sdpa", "local"])
+    g.add_argument("--seed", type=int, default=1234)
+
+    g = p.add_argument_group("data")
+    g.add_argument("--prompt-data", required=True,
+                   help="JSONL/parquet of prompts; 'file.jsonl@[0:1000]' takes a slice")
+    g.add_argument("--input-key", default="prompt")
+    g.add_argument("--label-key", default="label")
+    g.add_argument("--apply-chat-template", action="store_true",
+                   help="wrap string prompts in the tokenizer's chat template (message lists "
+                        "always are)")
+    g.add_argument("--rollout-shuffle", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--max-prompt-len", type=int, default=None,
+                   help="keep only the last N prompt tokens")
+
+    g = p.add_argument_group("rollout")
+    g.add_argument("--rollout-batch-size", type=int, default=32, help="prompts per rollout")
+    g.add_argument("--n-samples-per-prompt", type=int, default=8)
+    g.add_argument("--rollout-max-response-len", type=int, default=1024)
+    g.add_argument("--rollout-temperature", type=float, default=1.0)
+    g.add_argument("--rollout-top-p", type=float, default=1.0)
+    g.add_argument("--rollout-top-k", type=int, default=-1)
+    g.add_argument("--rollout-stop-token-ids", type=int, nargs="*", default=None)
+    g.add_argument("--rollout-server-urls", nargs="*", default=None,
+                   help="SGLang-API servers (sglang-kvc or stock SGLang); default: an in-process "
+                        "engine on rank 0, colocated with the trainer")
+    g.add_argument("--rollout-concurrency", type=int, default=64,
+                   help="in-flight HTTP requests per server")
+    g.add_argument("--weight-sync", default="auto",
+                   choices=["auto", "inprocess", "tensor", "disk", "distributed"],
+                   help="how weights reach the engine (auto: inprocess, or tensor over HTTP)")
+    g.add_argument("--weight-sync-bucket-mb", type=int, default=512)
+    g.add_argument("--offload-rollout", action=argparse.BooleanOptionalAction, default=None,
+                   help="release the colocated engine's KV memory while training (default: on "
+                        "with a GPU)")
+    _add_sglang_args(p)
+
+    g = p.add_argument_group("training")
+    g.add_argument("--num-rollout", type=int, default=100)
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help="samples per optimizer step (default: the whole rollout)")
+    g.add_argument("--lr", type=float, default=1e-6)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-decay-style", default="constant", choices=["constant", "linear", "cosine"])
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-decay-iters", type=int, default=None)
+    g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.98)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--max-tokens-per-gpu", type=int, default=8192,
+                   help="token budget of one packed micro-batch")
+    g.add_argument("--log-probs-chunk-size", type=int, default=1024)
+    add_algorithm_args(p)
+
+    g = p.add_argument_group("evaluation")
+    g.add_argument("--eval-prompt-data", nargs="*", default=None,
+                   help="name path pairs: 'aime24 data/aime24.jsonl math500 data/math500.jsonl'")
+    g.add_argument("--eval-interval", type=int, default=None, help="evaluate every N rollouts")
+    g.add_argument("--n-samples-per-eval-prompt", type=int, default=1)
+    g.add_argument("--eval-max-response-len", type=int, default=None)
+    g.add_argument("--eval-temperature", type=float, default=0.0)
+    g.add_argument("--eval-top-p", type=float, default=1.0)
+    g.add_argument("--eval-input-key", default=None)
+    g.add_argument("--eval-label-key", default=None)
+
+    _add_optional(p, "trainer.rewards", "add_reward_args")
+    _add_optional(p, "trainer.tracking", "add_logging_args")
+    return p
+
+
+def _add_optional(parser, module: str, fn: str) -> None:
+    import importlib
+
+    getattr(importlib.import_module(module), fn)(parser)
+
+
+def _yaml_defaults(parser: argparse.ArgumentParser, path: str) -> None:
+    import yaml
+
+    file = Path(path)
+    if not file.is_file():
+        parser.error(f"--config {path}: file not found")
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as e:
+        parser.error(f"--config {path}: not valid YAML ({e})")
+    if not isinstance(data, dict):
+        parser.error(f"--config {path}: expected a mapping of flag names to values")
+    known = {a.dest for a in parser._actions}
+    values = {}
+    for key, value in data.items():
+        dest = str(key).lstrip("-").replace("-", "_")
+        if dest not in known:
+            parser.error(f"--config {path}: unknown key {key!r}")
+        values[dest] = value
+    parser.set_defaults(**values)
+    for action in parser._actions:  # a key in the file satisfies a required flag
+        if action.dest in values:
+            action.required = False
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--config" in argv:
+        i = argv.index("--config")
+        if i + 1 >= len(argv):
+            parser.error("--config needs a path")
+        _yaml_defaults(parser, argv[i + 1])
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    return args
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Inconsistent combinations fail now, not after the first rollout."""
+    for flag in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len",
+                 "num_rollout", "max_tokens_per_gpu", "tensor_model_parallel_size",
+                 "pipeline_model_parallel_size"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    samples = args.rollout_batch_size * args.n_samples_per_prompt
+    if args.global_batch_size is None:
+        args.global_batch_size = samples
+    if args.global_batch_size < 1 or samples % args.global_batch_size:
+        parser.error(f"--global-batch-size {args.global_batch_size} must divide "
+                     f"--rollout-batch-size x --n-samples-per-prompt = {samples}")
+    if not Path(args.hf_checkpoint, "config.json").is_file():
+        parser.error(f"--hf-checkpoint {args.hf_checkpoint}: no config.json there")
+    if args.rollout_temperature <= 0:
+        parser.error("--rollout-temperature must be > 0 (the trainer divides logits by it)")
+    if args.eval_prompt_data and len(args.eval_prompt_data) % 2:
+        parser.error("--eval-prompt-data takes name path pairs")
+    if args.weight_sync == "auto":
+        args.weight_sync = "tensor" if args.rollout_server_urls else "inprocess"
+    if args.weight_sync == "inprocess" and args.rollout_server_urls:
+        parser.error("--weight-sync inprocess needs the in-process engine; drop "
+                     "--rollout-server-urls or pick tensor/disk/distributed")
+    if args.weight_sync != "inprocess" and not args.rollout_server_urls:
+        parser.error(f"--weight-sync {args.weight_sync} needs --rollout-server-urls")
+    if not args.rollout_server_urls:
+        try:
+            server_args_from(args)
+        except ValueError as e:  # the server's own validation names its flag without the prefix
+            parser.error(str(e).replace("--", "--sglang-", 1))

@@ -82,7 +82,7 @@ def warm_up(model_dir: Path, steps: int, seed: int, lr: float = 3e-3) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", default="runs/quickstart")
-    p.add_argument("--num-rollout", type=int, default=50)
+    p.add_argument("--num-rollout", type=int, default=40)
     p.add_argument("--warmup-steps", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compress-algorithm", default="rkv")
@@ -107,7 +107,8 @@ def main(argv=None) -> int:
         "--num-rollout", str(args.num_rollout), "--rollout-batch-size", "16",
         "--n-samples-per-prompt", "8", "--global-batch-size", "128",
         "--rollout-max-response-len", "40", "--rollout-temperature", "1.0",
-        "--lr", str(args.lr), "--adam-beta2", "0.99", "--weight-decay", "0.0",
+        "--lr", str(args.lr), "--lr-decay-style", "cosine", "--min-lr", str(args.lr / 10),
+        "--lr-decay-iters", str(args.num_rollout), "--adam-beta2", "0.99", "--weight-decay", "0.0",
         "--kl-loss-coef", "0", "--rm-type", "math", "--max-tokens-per-gpu", "4096",
         "--seed", str(args.seed),
         "--sglang-max-total-tokens", "16384", "--sglang-max-running-requests", "128",

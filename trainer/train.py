@@ -9,7 +9,9 @@ rank 0 drives the rollout and broadcasts the batch.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -18,12 +20,13 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from checkpoint_tools import cpu_megatron
+from checkpoint_tools.model_config import CheckpointError
 from checkpoint_tools.torch_dist import read_common, read_tracker, resolve_checkpoint_dir
 
 from .algorithms.argparse_flags import config_from_args
 from .arguments import parse_args, server_args_from
 from .checkpoint import load_checkpoint, save_checkpoint
-from .data import Prompt, PromptStream, load_prompts
+from .data import DataError, Prompt, PromptStream, load_prompts
 from .grpo_update import RolloutBatch, gather_dp, prepare_update, run_updates
 from .model_provider import ModelConfig
 from .packing import Sample
@@ -148,7 +151,11 @@ class Run:
         if _rank() == 0:
             if self.offload:
                 self.engine.resume_memory(["kv_cache"])
-            gens = self.generate(prompts, n, self.rollout_cfg)
+            # per-sample seeds derived from (seed, rollout id): a resumed run samples exactly
+            # what an uninterrupted one would have
+            cfg = dataclasses.replace(self.rollout_cfg,
+                                      seed=(a.seed * 1_000_003 + rollout_id * 65_537) % 2**31)
+            gens = self.generate(prompts, n, cfg)
             t["time_rollout"] = time.perf_counter() - start
             mid = time.perf_counter()
             rewards = self.score(prompts, gens, n)
@@ -301,6 +308,9 @@ def main(argv=None) -> int:
                                      pp=args.pipeline_model_parallel_size, seed=args.seed)
     try:
         train(args)
+    except (DataError, CheckpointError) as e:  # the user's input: a message, not a traceback
+        print(f"trainer.train: error: {e}", file=sys.stderr)
+        return 2
     finally:
         cpu_megatron.teardown()
     return 0

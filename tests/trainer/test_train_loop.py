@@ -1,0 +1,152 @@
+"""End-to-end runs of ``python -m trainer.train`` on a tiny model (CPU): in-process engine,
+HTTP server, resume, weight-sync consistency, bad data and bad flags."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from checkpoint_tools import cpu_megatron
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _task_rows(n=64):
+    rows = []
+    for i in range(n):
+        a, b = i % 9 + 1, (i * 7) % 7 + 3
+        rows.append({"prompt": f"<|im_start|>user\nadd {a} {b}<|im_end|>\n<|im_start|>assistant\n",
+                     "label": str(a + b)})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_factory, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("loop")
+    data = tmp / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _task_rows()))
+    return tiny_model_factory("qwen2.5"), data, tmp
+
+
+def _flags(hf, data, out, *extra, rollouts=2):
+    return ["--hf-checkpoint", str(hf), "--prompt-data", str(data), "--save", str(out / "ckpt"),
+            "--log-dir", str(out / "logs"), "--num-rollout", str(rollouts),
+            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "8",
+            "--rollout-max-response-len", "12", "--lr", "1e-3", "--kl-loss-coef", "0",
+            "--rm-type", "math", "--max-tokens-per-gpu", "512", "--seed", "7",
+            "--sglang-max-total-tokens", "4096", "--reward-workers", "1", *extra]
+
+
+def _run(argv, timeout=600):
+    """A training run in its own process (as users run it); returns (rc, combined output)."""
+    proc = subprocess.run([sys.executable, "-m", "trainer.train", *argv], cwd=ROOT, text=True,
+                          capture_output=True, timeout=timeout,
+                          env={**__import__("os").environ, "PYTHONWARNINGS": "ignore"})
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _metrics(out):
+    return [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_in_process_run_with_rkv_and_correction(setup, tmp_path):
+    hf, data, _ = setup
+    rc, log = _run(_flags(hf, data, tmp_path, "--sglang-compress-algorithm", "rkv",
+                          "--sglang-compress-max-prompt", "4", "--sglang-compress-divide-length",
+                          "2", "--sglang-compress-max-window", "2", rollouts=2))
+    assert rc == 0, log[-3000:]
+    rows = _metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["kv_compressions_per_sample"] > 0  # the sampler really was sparse
+        assert 0.0 <= r["rejected_fraction"] <= 1.0 and "ess" in r
+        assert r["time_rollout"] > 0 and r["time_update"] > 0
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert (tmp_path / "logs" / "reward.png").is_file()
+    assert "time split" in log
+
+
+def test_dense_weight_sync_keeps_engine_and_trainer_identical(setup, tmp_path):
+    """Dense rollouts: the trainer's recomputed π_old equals the engine's logprobs, at the first
+    rollout (same checkpoint) and after every sync (same updated weights)."""
+    hf, data, _ = setup
+    rc, log = _run(_flags(hf, data, tmp_path, rollouts=3))
+    assert rc == 0, log[-3000:]
+    rows = _metrics(tmp_path)
+    assert len(rows) == 3
+    for r in rows:
+        assert r["train_rollout_logprob_abs_diff"] < 1e-4, r["train_rollout_logprob_abs_diff"]
+    assert rows[0]["sync_bytes"] > 0
+
+
+def test_resume_equals_uninterrupted(setup, tmp_path):
+    hf, data, _ = setup
+    full, half = tmp_path / "full", tmp_path / "half"
+    rc, log = _run(_flags(hf, data, full, rollouts=3))
+    assert rc == 0, log[-3000:]
+    rc, log = _run(_flags(hf, data, half, "--save-interval", "1", rollouts=2))
+    assert rc == 0, log[-3000:]
+    rc, log = _run(_flags(hf, data, half, "--load", str(half / "ckpt"), rollouts=3))
+    assert rc == 0, log[-3000:]
+    a, b = _metrics(full), _metrics(half)
+    assert [r["step"] for r in b] == [1, 2, 3]
+    for key in ("reward_mean", "response_len_mean", "train/loss", "train/grad_norm"):
+        assert b[2][key] == pytest.approx(a[2][key], abs=1e-6), key
+
+
+def test_http_server_backend(setup, tmp_path):
+    hf, data, _ = setup
+    port = cpu_megatron.free_port()
+    server = subprocess.Popen([sys.executable, "-m", "sglang_kvc.launch_server", "--model-path",
+                               str(hf), "--port", str(port), "--max-total-tokens", "4096"],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(240):
+            try:
+                if requests.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.5)
+        rc, log = _run(_flags(hf, data, tmp_path, "--rollout-server-urls", url,
+                              "--weight-sync", "tensor", rollouts=2))
+        assert rc == 0, log[-3000:]
+        rows = _metrics(tmp_path)
+        assert len(rows) == 2 and all(r["train_rollout_logprob_abs_diff"] < 1e-4 for r in rows)
+        assert requests.get(url + "/get_weight_version", timeout=5).json()["weight_version"] == "rollout-2"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.mark.parametrize("content,message", [
+    ("", "no rows"),
+    ('{"prompt": "hi", "label": "1"}\n{"prompt": "broken",\n', ":2: not valid JSON"),
+    ('{"prompt": "hi", "label": "1"}\n{"question": "x", "label": "2"}\n', ":2: missing key 'prompt'"),
+    ('{"prompt": "hi"}\n', ":1: missing key 'label'"),
+])
+def test_bad_data_names_file_and_line(setup, tmp_path, content, message):
+    hf, _, _ = setup
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(content)
+    rc, log = _run(_flags(hf, bad, tmp_path))
+    assert rc != 0 and str(bad) in log and message in log, log[-2000:]
+    assert "Traceback" not in log
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--global-batch-size", "5"], "--global-batch-size 5 must divide"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--sglang-compress-algorithm", "bogus"], "--sglang-compress-algorithm"),
+    (["--weight-sync", "tensor"], "--weight-sync tensor needs --rollout-server-urls"),
+])
+def test_bad_flags_fail_at_once(setup, tmp_path, extra, message):
+    hf, data, _ = setup
+    rc, log = _run(_flags(hf, data, tmp_path, *extra), timeout=120)
+    assert rc == 2 and message in log, log[-2000:]

@@ -98,6 +98,7 @@ class GraderPool:
         self.options = options
         self._workers: list[_Worker] = []
         self.timeouts = 0  # items killed for running past the timeout, over the pool's life
+        self._start_failures = 0  # workers that died before reporting ready
 
     def map(self, pairs: Iterable, progress: bool = False, desc: str = "grading") -> list[GradeResult]:
         """Grade ``pairs`` (``(pred, gold)`` tuples or dicts with ``pred``/``gold``), in order.
@@ -156,9 +157,12 @@ class GraderPool:
                         if worker.queue:
                             finish(worker.queue.popleft(), GradeResult(False, None, error="grader worker died"))
                             requeue(worker)
-                        elif worker.state == "starting" and len(self._workers) == 1:
-                            raise RuntimeError("grader worker failed to start; run "
-                                               "`python -m evaluation.grader.worker` to see why") from None
+                        elif worker.state == "starting":
+                            self._start_failures += 1
+                            if len(self._workers) == 1 or self._start_failures > 3 * len(self._workers):
+                                raise RuntimeError(
+                                    "grader workers fail to start; run `python -m "
+                                    "evaluation.grader.worker` to see why") from None
                         self._retire(worker)
                         continue
                     if message == "ready":

@@ -25,7 +25,14 @@ MAX_LENGTH = 400  # longer answers are compared as strings only
 
 
 def _latex2sympy(s: str):
-    from latex2sympy2 import latex2sympy  # imported lazily: antlr start-up costs ~0.4 s
+    try:
+        from latex2sympy2 import latex2sympy  # imported lazily: antlr start-up costs ~0.4 s
+    except ImportError:
+        # Without latex2sympy2 LaTeX answers still match by the cheaper rules (normalised
+        # strings, numbers, structures); only symbolic LaTeX equivalence is lost.
+        warnings.warn("latex2sympy2 is not installed: LaTeX answers are not compared "
+                      "symbolically", RuntimeWarning, stacklevel=2)
+        return None
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -55,11 +55,18 @@ def _rng_sharded_object(state):
     return ShardedObject("rng_state", state, shape, offset, replica_id=0)
 
 
+# Megatron 0.16's default distributed-optimizer layout (fully_sharded_model_space) relies on
+# flattened ranges that its own checkpointing no longer accepts; dp_reshardable is the format
+# Megatron-LM writes by default and reloads at any DP size.
+_OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
 def _state_dict(trainer, *, for_load: bool, rng=None) -> dict:
     model_sd = trainer.model.module.sharded_state_dict()
     return {
         "model": model_sd,
-        "optimizer": trainer.optimizer.sharded_state_dict(model_sd, is_loading=for_load),
+        "optimizer": trainer.optimizer.sharded_state_dict(model_sd, is_loading=for_load,
+                                                          metadata=_OPTIMIZER_METADATA),
         "rng_state": _rng_sharded_object(rng if rng is not None else _rng_state()),
     }
 

@@ -40,7 +40,7 @@ class OptimConfig:
     adam_beta2: float = 0.98
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
-    use_distributed_optimizer: bool | None = None  # default: on with NCCL, off with gloo
+    use_distributed_optimizer: bool | None = None  # default: on with NCCL and DP > 1
 
 
 @dataclasses.dataclass
@@ -81,7 +81,11 @@ class PolicyTrainer:
         config = module.config
         distributed_optimizer = optim_cfg.use_distributed_optimizer
         if distributed_optimizer is None:
-            distributed_optimizer = dist.get_backend() == "nccl"
+            # Sharding optimizer state only pays off across DP ranks (and gloo lacks the
+            # reduce-scatter it needs). Megatron 0.16's dp_reshardable save also trips an
+            # assertion on padded single-rank buffers, so DP = 1 keeps the plain optimizer.
+            distributed_optimizer = (dist.get_backend() == "nccl"
+                                     and ps.get_data_parallel_world_size() > 1)
         self.config = config
         self.optimizer = self.scheduler = None
         if not trainable:  # a frozen reference policy: forward only, no grad buffers

@@ -3,7 +3,7 @@
 Same layout as ``checkpoint_tools`` (``latest_checkpointed_iteration.txt`` + ``iter_XXXXXXX/``
 with ``metadata.json`` written last), same tensor names, so ``megatron2hf`` exports any trainer
 checkpoint and ``hf2megatron`` output is a valid ``--load`` for the trainer. The model part
-reshards to any TP/PP on load; the optimizer part is Megatron's own sharded format.
+reshards to any TP/PP on load; optimizer state is saved per rank (resume keeps the layout).
 """
 
 from __future__ import annotations
@@ -55,20 +55,20 @@ def _rng_sharded_object(state):
     return ShardedObject("rng_state", state, shape, offset, replica_id=0)
 
 
-# Megatron 0.16's default distributed-optimizer layout (fully_sharded_model_space) relies on
-# flattened ranges that its own checkpointing no longer accepts; dp_reshardable is the format
-# Megatron-LM writes by default and reloads at any DP size.
-_OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+def _state_dict(trainer, rng=None) -> dict:
+    return {"model": trainer.model.module.sharded_state_dict(),
+            "rng_state": _rng_sharded_object(rng if rng is not None else _rng_state())}
 
 
-def _state_dict(trainer, *, for_load: bool, rng=None) -> dict:
-    model_sd = trainer.model.module.sharded_state_dict()
-    return {
-        "model": model_sd,
-        "optimizer": trainer.optimizer.sharded_state_dict(model_sd, is_loading=for_load,
-                                                          metadata=_OPTIMIZER_METADATA),
-        "rng_state": _rng_sharded_object(rng if rng is not None else _rng_state()),
-    }
+def _optimizer_file(ckpt: Path) -> Path:
+    """Optimizer state is saved per rank (Megatron's ``mp_rank_XX`` convention): Megatron 0.16's
+    sharded optimizer state dicts fail on this setup (bf16 master copies, padded buffers), and a
+    resume keeps the parallel layout anyway. Model weights stay resharable (torch_dist)."""
+    from megatron.core import parallel_state as ps
+
+    name = (f"mp_rank_{ps.get_tensor_model_parallel_rank():02d}_"
+            f"{ps.get_pipeline_model_parallel_rank():03d}_{ps.get_data_parallel_rank():03d}.pt")
+    return ckpt / "optimizer" / name
 
 
 def save_checkpoint(trainer, save_dir: str | Path, iteration: int, *, args: Namespace | None = None,
@@ -81,7 +81,9 @@ def save_checkpoint(trainer, save_dir: str | Path, iteration: int, *, args: Name
     if dist.get_rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    state = _state_dict(trainer, for_load=False)
+    (out / "optimizer").mkdir(exist_ok=True)
+    torch.save(trainer.optimizer.state_dict(), _optimizer_file(out))
+    state = _state_dict(trainer)
     state.update(args=args or Namespace(), checkpoint_version=3.0, iteration=iteration,
                  opt_param_scheduler=trainer.scheduler.state_dict(), step=trainer.step,
                  extra=extra or {})
@@ -100,15 +102,18 @@ def load_checkpoint(trainer, load_dir: str | Path, *, load_optimizer: bool = Tru
 
     ckpt = resolve_checkpoint_dir(load_dir)
     common = read_common(ckpt)
-    state = _state_dict(trainer, for_load=True)
-    if not load_optimizer:
-        state.pop("optimizer")
+    state = _state_dict(trainer)
     if not load_rng:
         state.pop("rng_state")
     loaded = dist_checkpointing.load(state, str(ckpt))
     trainer.model.module.load_state_dict(loaded["model"], strict=False)
     if load_optimizer:
-        trainer.optimizer.load_state_dict(loaded["optimizer"])
+        file = _optimizer_file(ckpt)
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: no optimizer state for this rank; resume with the "
+                                    "parallel layout the checkpoint was saved with, or load "
+                                    "weights only")
+        trainer.optimizer.load_state_dict(torch.load(file, map_location="cpu", weights_only=False))
         trainer.scheduler.load_state_dict(common["opt_param_scheduler"])
         trainer.step = int(common.get("step", 0))
     if load_rng:

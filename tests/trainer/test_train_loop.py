@@ -100,7 +100,10 @@ def test_resume_equals_uninterrupted(setup, tmp_path):
         assert b[2][key] == pytest.approx(a[2][key], abs=1e-6), key
 
 
-def test_http_server_backend(setup, tmp_path):
+@pytest.mark.parametrize("sync", ["tensor", "disk", "distributed"])
+def test_http_server_backend(setup, tmp_path, sync):
+    """Rollouts from a separate sglang-kvc server; every weight-sync transport must leave the
+    server serving exactly the trainer's weights (π_old recompute == server logprobs)."""
     hf, data, _ = setup
     port = cpu_megatron.free_port()
     server = subprocess.Popen([sys.executable, "-m", "sglang_kvc.launch_server", "--model-path",
@@ -115,7 +118,7 @@ def test_http_server_backend(setup, tmp_path):
             except requests.ConnectionError:
                 time.sleep(0.5)
         rc, log = _run(_flags(hf, data, tmp_path, "--rollout-server-urls", url,
-                              "--weight-sync", "tensor", rollouts=2))
+                              "--weight-sync", sync, rollouts=2))
         assert rc == 0, log[-3000:]
         rows = _metrics(tmp_path)
         assert len(rows) == 2 and all(r["train_rollout_logprob_abs_diff"] < 1e-4 for r in rows)

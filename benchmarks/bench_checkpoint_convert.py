@@ -70,18 +70,9 @@ def run_measured(cmd: list[str]) -> tuple[float, int]:
 
 
 def tensors_equal(a: Path, b: Path) -> bool:
-    from safetensors import safe_open
+    from checkpoint_tools.hf_io import read_all_tensors, same_tensors
 
-    def load(d):
-        out = {}
-        for f in sorted(d.glob("*.safetensors")):
-            with safe_open(f, "pt") as h:
-                out.update({k: h.get_tensor(k) for k in h.keys()})
-        return out
-
-    ta, tb = load(a), load(b)
-    return sorted(ta) == sorted(tb) and all(
-        ta[k].dtype == tb[k].dtype and torch.equal(ta[k], tb[k]) for k in ta)
+    return same_tensors(read_all_tensors(a), read_all_tensors(b))
 
 
 def main() -> None:

@@ -11,21 +11,12 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
-from safetensors import safe_open
 
 from .hf2megatron import convert_hf_to_torch_dist
+from .hf_io import read_all_tensors, same_tensors
 from .megatron2hf import convert_torch_dist_to_hf
 from .tiny_models import make_tiny_model
 from .verify import compare_with_hf
-
-
-def _tensors(d: Path) -> dict:
-    out = {}
-    for f in sorted(d.glob("*.safetensors")):
-        with safe_open(f, "pt") as h:
-            out.update({k: h.get_tensor(k) for k in h.keys()})
-    return out
 
 
 def main(argv=None) -> int:
@@ -51,8 +42,7 @@ def main(argv=None) -> int:
     d2 = step("Megatron TP=2 logits vs HF", lambda: f"max |diff| {compare_with_hf(hf, work / 'torch_dist', tp=2):.2e}")
     back = step("megatron2hf", lambda: convert_torch_dist_to_hf(
         work / "torch_dist", work / "hf_back", origin_hf_dir=hf, progress=False))
-    a, b = _tensors(hf), _tensors(back)
-    exact = sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    exact = same_tensors(read_all_tensors(hf), read_all_tensors(back))
     ok = exact and all(float(d.split()[-1]) < 1e-4 for d in (d1, d2))
     print(f"summary: round trip bit-exact={exact}; logits within 1e-4 at TP=1 and TP=2: "
           f"{'yes' if ok else 'NO'}; total {sum(r[1] for r in rows):.1f}s")

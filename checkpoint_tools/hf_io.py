@@ -141,6 +141,18 @@ class ShardedSafetensorsWriter:
         return files
 
 
+def read_all_tensors(hf_dir: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of an HF directory (single-file or sharded), loaded into memory."""
+    reader = HFCheckpointReader(hf_dir)
+    return {name: reader.get(name) for name in reader.names()}
+
+
+def same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    """Same names, dtypes and values, bit for bit."""
+    return sorted(a) == sorted(b) and all(
+        a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+
+
 def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
     copied = []
     for name in TOKENIZER_AND_GENERATION_FILES:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .hf_io import SAFE_INDEX, SAFE_SINGLE, ShardedSafetensorsWriter, copy_tokenizer_files
+from .hf_io import SAFE_INDEX, ShardedSafetensorsWriter, copy_tokenizer_files
 from .mapping import (EMBEDDING, FINAL_NORM, HF_EMBEDDING, HF_FINAL_NORM, HF_LM_HEAD, LAYER_PREFIX,
                       OUTPUT_LAYER, layer_suffixes, megatron_to_hf_tensor)
 from .model_config import CheckpointError, ModelArch, arch_from_hf_config, read_config_json

@@ -159,20 +159,27 @@ def rope_inv_freq(arch: ModelArch) -> torch.Tensor:
     return inv_freq
 
 
-def megatron_args(arch: ModelArch, tp: int = 1, pp: int = 1, hf_config: dict | None = None) -> dict:
-    """The Megatron-LM argument names (as in ``common.pt['args']``) that rebuild this model."""
+def _megatron_sizes(arch: ModelArch) -> dict:
+    """Fields named alike in Megatron-LM's args and in ``TransformerConfig``."""
     return dict(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         ffn_hidden_size=arch.ffn_hidden_size,
         num_attention_heads=arch.num_attention_heads,
-        group_query_attention=arch.num_query_groups != arch.num_attention_heads,
         num_query_groups=arch.num_query_groups,
         kv_channels=arch.head_dim,
         add_qkv_bias=arch.qkv_bias,
         add_bias_linear=False,
         qk_layernorm=arch.qk_layernorm,
         normalization="RMSNorm",
+    )
+
+
+def megatron_args(arch: ModelArch, tp: int = 1, pp: int = 1, hf_config: dict | None = None) -> dict:
+    """The Megatron-LM argument names (as in ``common.pt['args']``) that rebuild this model."""
+    return dict(
+        **_megatron_sizes(arch),
+        group_query_attention=arch.num_query_groups != arch.num_attention_heads,
         norm_epsilon=arch.norm_epsilon,
         swiglu=True,
         position_embedding_type="rope",
@@ -208,16 +215,7 @@ def transformer_config(arch: ModelArch, *, tp: int = 1, pp: int = 1,
     # would only add compile time to every test.
     fuse = torch.cuda.is_available()
     kwargs = dict(
-        num_layers=arch.num_layers,
-        hidden_size=arch.hidden_size,
-        ffn_hidden_size=arch.ffn_hidden_size,
-        num_attention_heads=arch.num_attention_heads,
-        num_query_groups=arch.num_query_groups,
-        kv_channels=arch.head_dim,
-        add_qkv_bias=arch.qkv_bias,
-        add_bias_linear=False,
-        qk_layernorm=arch.qk_layernorm,
-        normalization="RMSNorm",
+        **_megatron_sizes(arch),
         layernorm_epsilon=arch.norm_epsilon,
         gated_linear_unit=True,
         activation_func=F.silu,

@@ -15,12 +15,10 @@ ROLES = ("system", "user", "assistant")
 
 def _require_pyarrow(path: Path):
     try:
-        import pyarrow.parquet as pq  # noqa: F401
+        import pyarrow.parquet as pq
     except ImportError:
         raise RuntimeError(f"{path}: reading/writing parquet needs pyarrow (pip install pyarrow); "
                            f"JSONL needs nothing") from None
-    import pyarrow.parquet as pq
-
     return pq
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .formats import write_rows
+from .formats import iter_rows, write_rows
 
 PUBLIC_SOURCE = ("https://raw.githubusercontent.com/hkust-nlp/simpleRL-reason/v0/train/data/"
                  "math_level3to5_data_processed_with_qwen_prompt.json")
@@ -100,16 +100,7 @@ def read_source(source: Path) -> list[MathProblem]:
     if text.lstrip().startswith("["):
         rows = json.loads(text)
         return [_from_row(row, f"{source}[{i}]") for i, row in enumerate(rows)]
-    problems = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{source}:{lineno}: not valid JSON ({exc.msg})") from None
-        problems.append(_from_row(row, f"{source}:{lineno}"))
-    return problems
+    return [_from_row(row, f"{source}:{lineno}") for lineno, row in iter_rows(source)]
 
 
 def download(dest: Path) -> Path:

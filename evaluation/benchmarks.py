@@ -8,9 +8,10 @@ file is read as a local benchmark: question from ``question``/``problem``/``prom
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
+
+from dataset.formats import iter_rows
 
 from .grader import last_boxed
 
@@ -100,25 +101,18 @@ def load_benchmark(name: str, data_dir: Path | None = None, limit: int | None = 
         raise FileNotFoundError(f"benchmark file {path} not found (set --data-dir or SPARSE_RL_EVAL_DATA)")
     kind = name if name in BENCHMARKS else "local"
     problems = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object")
-            question = _question_for(row, path, lineno)
-            gold = gold_for(kind, row, path, lineno)
-            if gold.lower() in ("true", "false"):
-                question += " (True or False)"
-            elif gold.lower() in ("yes", "no"):
-                question += " (Yes or No)"
-            extra = {k: row[k] for k in ("level", "subject", "type", "unique_id", "id", "subfield")
-                     if k in row and isinstance(row[k], (str, int, float))}
-            problems.append(Problem(len(problems), question, gold, extra))
-            if limit is not None and len(problems) >= limit:
-                break
+    for lineno, row in iter_rows(path):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object")
+        question = _question_for(row, path, lineno)
+        gold = gold_for(kind, row, path, lineno)
+        if gold.lower() in ("true", "false"):
+            question += " (True or False)"
+        elif gold.lower() in ("yes", "no"):
+            question += " (Yes or No)"
+        extra = {k: row[k] for k in ("level", "subject", "type", "unique_id", "id", "subfield")
+                 if k in row and isinstance(row[k], (str, int, float))}
+        problems.append(Problem(len(problems), question, gold, extra))
+        if limit is not None and len(problems) >= limit:
+            break
     return problems

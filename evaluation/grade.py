@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from dataset.formats import iter_rows
+
 from .grader import GradeOptions, grade_many
 
 
@@ -43,17 +45,10 @@ def parse_args(argv: list[str] | None = None) -> GradeConfig:
 def read_pairs(path: Path) -> list[dict]:
     """Read and check the input; a bad line raises ``ValueError`` naming file and line."""
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or "gold" not in row or "pred" not in row:
-                raise ValueError(f"{path}:{lineno}: expected an object with \"gold\" and \"pred\" keys")
-            rows.append(row)
+    for lineno, row in iter_rows(path):
+        if not isinstance(row, dict) or "gold" not in row or "pred" not in row:
+            raise ValueError(f"{path}:{lineno}: expected an object with \"gold\" and \"pred\" keys")
+        rows.append(row)
     return rows
 
 

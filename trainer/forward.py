@@ -8,13 +8,17 @@ from .logprobs import logprobs_and_entropy
 from .packing import PackedBatch
 
 
+def packed_forward(model, batch: PackedBatch) -> torch.Tensor:
+    """The model's raw output on a packed batch: logits on the last pipeline stage, hidden
+    states on the others (RoPE positions restart per sequence from ``cu_seqlens``)."""
+    position_ids = torch.arange(batch.tokens.shape[1], device=batch.tokens.device).unsqueeze(0)
+    return model(input_ids=batch.tokens, position_ids=position_ids, attention_mask=None,
+                 packed_seq_params=batch.packed_seq_params())
+
+
 def packed_logits(model, batch: PackedBatch) -> torch.Tensor:
     """Vocab-parallel logits ``[T, V_local]`` of a packed batch (single pipeline stage)."""
-    t = batch.tokens.shape[1]
-    position_ids = torch.arange(t, device=batch.tokens.device).unsqueeze(0)  # RoPE uses cu_seqlens
-    out = model(input_ids=batch.tokens, position_ids=position_ids, attention_mask=None,
-                packed_seq_params=batch.packed_seq_params())
-    return out.reshape(t, -1)  # GPTModel returns [b=1, T, V_local]
+    return packed_forward(model, batch).reshape(batch.tokens.shape[1], -1)  # [1, T, V] -> [T, V]
 
 
 def packed_logprobs(model, batch: PackedBatch, *, temperature: float = 1.0,

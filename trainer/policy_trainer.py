@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from checkpoint_tools import cpu_megatron
 
-from .forward import packed_logits
+from .forward import packed_forward
 from .logprobs import logprobs_and_entropy
 from .model_provider import ModelConfig, build_policy_model
 from .packing import PackedBatch, Sample, pack, split_by_token_budget
@@ -148,13 +148,8 @@ class PolicyTrainer:
 
         def forward_step(data_iterator, model):
             batch = next(data_iterator)
-            logits_or_hidden = model(
-                input_ids=batch.tokens,
-                position_ids=torch.arange(batch.tokens.shape[1],
-                                          device=batch.tokens.device).unsqueeze(0),
-                attention_mask=None, packed_seq_params=batch.packed_seq_params())
-            return logits_or_hidden, partial(self._loss_on_logits, batch, loss_fn, results,
-                                             with_entropy)
+            loss = partial(self._loss_on_logits, batch, loss_fn, results, with_entropy)
+            return packed_forward(model, batch), loss
 
         max_len = max(mb.tokens.shape[1] for mb in micro_batches)
         get_forward_backward_func()(

@@ -16,7 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from .hf_export import buckets, iter_hf_tensors
@@ -60,9 +59,8 @@ class WeightSync:
 
     # --- transports (rank 0) -----------------------------------------------------------------
     def _push_inprocess(self, bucket, version):
-        self.engine.update_weights_from_tensor(
-            named_tensors=[(n, t.to(torch.device("cpu")) if not t.is_cuda else t) for n, t in bucket],
-            weight_version=version)
+        # same process, same device: the engine copies straight from the trainer's tensors
+        self.engine.update_weights_from_tensor(named_tensors=bucket, weight_version=version)
 
     def _push_tensor(self, bucket, version):
         from sglang_kvc.weight_sync import serialize_named_tensors

@@ -83,21 +83,28 @@ def safetensors_shapes(model_dir: str | Path) -> list[tuple[str, tuple[int, ...]
     return out
 
 
+def _destination(model: CausalLM, name: str) -> torch.Tensor | None:
+    """The model tensor (or row slice of a fused one) an HF weight goes to; None = not stored
+    (rotary buffers, lm_head of a tied model, whose head is the embedding)."""
+    if "rotary_emb" in name:
+        return None
+    try:
+        target = _targets(model, name)
+    except (KeyError, AttributeError, IndexError, ValueError) as e:
+        raise ValueError(f"unexpected weight name {name!r}") from e
+    if target is None:
+        return None
+    param, rows = target
+    return param if rows is None else param[rows]
+
+
 def validate_shapes(model: CausalLM, shapes: Iterable[tuple[str, tuple[int, ...]]]) -> None:
     """Check every name and shape before any copy, so a bad update changes nothing."""
     for name, shape in shapes:
-        if "rotary_emb" in name:
-            continue
-        try:
-            target = _targets(model, name)
-        except (KeyError, AttributeError, IndexError, ValueError) as e:
-            raise ValueError(f"unexpected weight name {name!r}") from e
-        if target is None:
-            continue
-        param, rows = target
-        expected = tuple(param.shape) if rows is None else (rows.stop - rows.start, *param.shape[1:])
-        if tuple(shape) != expected:
-            raise ValueError(f"shape mismatch for {name}: got {tuple(shape)}, expected {expected}")
+        dst = _destination(model, name)
+        if dst is not None and tuple(shape) != tuple(dst.shape):
+            raise ValueError(f"shape mismatch for {name}: got {tuple(shape)}, "
+                             f"expected {tuple(dst.shape)}")
 
 
 @torch.no_grad()
@@ -105,16 +112,9 @@ def load_named_tensors(model: CausalLM, named: Iterable[tuple[str, torch.Tensor]
     """Copy tensors into the model (casting dtype and device). Returns how many were loaded."""
     count = 0
     for name, tensor in named:
-        if "rotary_emb" in name:
+        dst = _destination(model, name)
+        if dst is None:
             continue
-        try:
-            target = _targets(model, name)
-        except (KeyError, AttributeError, IndexError, ValueError) as e:
-            raise ValueError(f"unexpected weight name {name!r}") from e
-        if target is None:  # lm_head of a tied model: the embedding is the head
-            continue
-        param, rows = target
-        dst = param if rows is None else param[rows]
         if tuple(dst.shape) != tuple(tensor.shape):
             raise ValueError(f"shape mismatch for {name}: got {tuple(tensor.shape)}, "
                              f"expected {tuple(dst.shape)}")

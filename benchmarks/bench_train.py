@@ -41,6 +41,8 @@ def main() -> None:
     p.add_argument("--seqs-per-step", type=int, default=16, help="global batch (sequences)")
     p.add_argument("--max-tokens-per-gpu", type=int, default=16384)
     p.add_argument("--attention", default="sdpa", choices=["sdpa", "local", "te", "auto"])
+    p.add_argument("--log-probs-chunk-size", type=int, default=1024,
+                   help="tokens per chunk of the fp32 log-prob pass")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--json", default=None, help="write the result here too")
@@ -58,7 +60,8 @@ def main() -> None:
     cpu_megatron.init_model_parallel(1, 1)
     trainer = PolicyTrainer(ModelConfig(hf_checkpoint=str(cfg_dir), attention_backend=args.attention),
                             OptimConfig(lr=1e-6),
-                            TrainConfig(max_tokens_per_gpu=args.max_tokens_per_gpu),
+                            TrainConfig(max_tokens_per_gpu=args.max_tokens_per_gpu,
+                                        log_probs_chunk_size=args.log_probs_chunk_size),
                             load_weights=False)
     arch = trainer.arch
     g = torch.Generator().manual_seed(0)
@@ -86,7 +89,11 @@ def main() -> None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             trainer.train_step(samples, loss_fn)
             torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25))
+        events = prof.key_averages()
+        print(events.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=90))
+        busy = sum(e.self_device_time_total for e in events) / 1e3
+        print(f"GPU kernel time {busy:.0f} ms in a {elapsed * 1e3:.0f} ms step "
+              f"({busy / (elapsed * 1e3):.0%} busy)")
     tokens = args.seq_len * args.seqs_per_step
     tok_s = tokens / elapsed
     name = torch.cuda.get_device_name()

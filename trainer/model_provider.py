@@ -1,7 +1,7 @@
 """HF config -> Megatron GPT policy model (the trainer's model provider).
 
 Transformer Engine's spec when TE is installed; otherwise Megatron's local spec with its naive
-core attention swapped for ``SDPACoreAttention``. Weights come from a torch_dist checkpoint or,
+core attention swapped for ``SDPACoreAttention`` and RoPE fused (``fused_rope``). Weights come from a torch_dist checkpoint or,
 for a Hugging Face directory, from an on-the-fly conversion (``checkpoint_tools.hf2megatron``).
 """
 
@@ -21,6 +21,7 @@ from checkpoint_tools.megatron_model import build_gpt_model, layer_spec, load_to
 from checkpoint_tools.model_config import ModelArch, load_arch
 from checkpoint_tools.torch_dist import METADATA, TRACKER
 
+from . import fused_rope
 from .attention import SDPACoreAttention
 
 
@@ -89,6 +90,8 @@ def build_policy_model(cfg: ModelConfig, *, cache_dir: str | Path | None = None,
     """Build this rank's slice of the policy model and (optionally) load its weights."""
     arch = load_arch(cfg.hf_checkpoint)
     overrides = dict(config_overrides)
+    if cfg.attention_backend != "local" and fused_rope.install():
+        overrides.setdefault("apply_rope_fusion", True)
     if cfg.recompute_activations:
         overrides.update(recompute_granularity="full", recompute_method="uniform",
                          recompute_num_layers=1)

@@ -1,0 +1,91 @@
+"""The fused RoPE slots against Megatron's own unfused implementation (values and gradients),
+and against an independent rotation written out per position."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer import fused_rope
+
+
+def freqs_table(max_s: int, rot: int, base: float = 10000.0) -> torch.Tensor:
+    inv = 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot)
+    theta = torch.outer(torch.arange(max_s, dtype=torch.float32), inv)
+    return torch.cat([theta, theta], -1)[:, None, None, :]  # Megatron's [max_s, 1, 1, rot]
+
+
+def rotate_by_hand(x: torch.Tensor, pos: int, rot: int, base: float = 10000.0) -> torch.Tensor:
+    """One head vector rotated pair by pair (channel i with i + rot/2)."""
+    out = x.clone()
+    half = rot // 2
+    for i in range(half):
+        angle = pos / base ** (2 * i / rot)
+        a, b = x[i], x[i + half]
+        out[i] = a * math.cos(angle) - b * math.sin(angle)
+        out[i + half] = b * math.cos(angle) + a * math.sin(angle)
+    return out
+
+
+@pytest.mark.parametrize("rot", [8, 4])  # full and partial rotary
+def test_thd_restarts_positions_per_sequence(rot):
+    lengths = [5, 3, 6]
+    cu = torch.tensor([0, 5, 8, 14], dtype=torch.int32)
+    t = torch.randn(14, 2, 8, dtype=torch.float64)
+    out = fused_rope.apply_rope_thd(t, cu, freqs_table(6, rot).double())
+    for s, n in enumerate(lengths):
+        for j in range(n):
+            tok = int(cu[s]) + j
+            for h in range(2):
+                torch.testing.assert_close(out[tok, h], rotate_by_hand(t[tok, h], j, rot))
+
+
+def test_matches_megatron_unfused_thd_and_bshd_with_gradients():
+    from megatron.core.models.common.embeddings.rope_utils import (
+        _apply_rotary_pos_emb_bshd,
+        _apply_rotary_pos_emb_thd,
+    )
+
+    class OneRankGroup:
+        def size(self):
+            return 1
+
+        def rank(self):
+            return 0
+
+    cu = torch.tensor([0, 7, 9, 20], dtype=torch.int32)
+    freqs = freqs_table(11, 16)
+    x = torch.randn(20, 3, 16, requires_grad=True)
+    w = torch.randn(20, 3, 16)
+    ours = fused_rope.apply_rope_thd(x, cu, freqs)
+    (ours * w).sum().backward()
+    ours_grad, x.grad = x.grad, None
+    ref = _apply_rotary_pos_emb_thd(x, cu, freqs, cp_group=OneRankGroup())
+    (ref * w).sum().backward()
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours_grad, x.grad, atol=1e-5, rtol=1e-5)
+
+    y = torch.randn(9, 2, 3, 16)
+    torch.testing.assert_close(fused_rope.apply_rope_bshd(y, freqs),
+                               _apply_rotary_pos_emb_bshd(y, freqs[:9]), atol=1e-5, rtol=1e-5)
+
+
+def test_tables_are_rebuilt_for_a_new_pack():
+    freqs = freqs_table(8, 8)
+    x = torch.randn(8, 1, 8)
+    a = fused_rope.apply_rope_thd(x, torch.tensor([0, 8], dtype=torch.int32), freqs)
+    b = fused_rope.apply_rope_thd(x, torch.tensor([0, 4, 8], dtype=torch.int32), freqs)
+    torch.testing.assert_close(a[:4], b[:4])
+    torch.testing.assert_close(b[4:], fused_rope.apply_rope_thd(
+        x[4:], torch.tensor([0, 4], dtype=torch.int32), freqs))
+    assert not torch.allclose(a[4:], b[4:])
+
+
+def test_unsupported_layouts_say_so():
+    with pytest.raises(NotImplementedError, match="context parallelism"):
+        fused_rope.apply_rope_thd(torch.randn(4, 1, 8), torch.tensor([0, 4]), freqs_table(4, 8),
+                                  cp_size=2)
+    with pytest.raises(NotImplementedError, match="interleaved"):
+        fused_rope.apply_rope_bshd(torch.randn(4, 1, 1, 8), freqs_table(4, 8), interleaved=True)

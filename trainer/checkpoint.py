@@ -63,12 +63,46 @@ def _state_dict(trainer, rng=None) -> dict:
 def _optimizer_file(ckpt: Path) -> Path:
     """Optimizer state is saved per rank (Megatron's ``mp_rank_XX`` convention): Megatron 0.16's
     sharded optimizer state dicts fail on this setup (bf16 master copies, padded buffers), and a
-    resume keeps the parallel layout anyway. Model weights stay resharable (torch_dist)."""
+    resume keeps the parallel layout anyway. Model weights stay resharable (torch_dist). With the
+    distributed optimizer each file holds that DP rank's shard of master weights and moments."""
     from megatron.core import parallel_state as ps
 
     name = (f"mp_rank_{ps.get_tensor_model_parallel_rank():02d}_"
             f"{ps.get_pipeline_model_parallel_rank():03d}_{ps.get_data_parallel_rank():03d}.pt")
     return ckpt / "optimizer" / name
+
+
+def _distributed_param_state(optimizer) -> list[dict] | None:
+    """Master weights and Adam moments of a ``DistributedOptimizer``'s shard, in its own
+    parameter order (its ``state_dict`` leaves them out). None for other optimizers."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    if not isinstance(optimizer, DistributedOptimizer):
+        return None
+    return [{k: v.detach().cpu().clone() if torch.is_tensor(v) else v
+             for k, v in optimizer._get_main_param_and_optimizer_states(param).items()}
+            for param in optimizer.model_param_group_index_map]
+
+
+def _optimizer_state(optimizer) -> list[dict]:
+    return [{"state_dict": sub.state_dict(), "param_state": _distributed_param_state(sub)}
+            for sub in getattr(optimizer, "chained_optimizers", [optimizer])]
+
+
+def _load_optimizer_state(optimizer, saved: list[dict], file: Path) -> None:
+    subs = getattr(optimizer, "chained_optimizers", [optimizer])
+    if not isinstance(saved, list) or len(saved) != len(subs):
+        raise ValueError(f"{file}: optimizer state of a different optimizer layout")
+    for sub, entry in zip(subs, saved):
+        sub.load_state_dict(entry["state_dict"])  # allocates the state tensors it lacks
+        if entry["param_state"] is None:
+            continue
+        params = list(sub.model_param_group_index_map)
+        if len(params) != len(entry["param_state"]):
+            raise ValueError(f"{file}: optimizer shard of another DP layout")
+        for param, tensors in zip(params, entry["param_state"]):
+            sub._set_main_param_and_optimizer_states(param, tensors)
+        sub._copy_main_params_to_model_params()
 
 
 def save_checkpoint(trainer, save_dir: str | Path, iteration: int, *, args: Namespace | None = None,
@@ -82,7 +116,7 @@ def save_checkpoint(trainer, save_dir: str | Path, iteration: int, *, args: Name
         out.mkdir(parents=True, exist_ok=True)
     dist.barrier()
     (out / "optimizer").mkdir(exist_ok=True)
-    torch.save(trainer.optimizer.state_dict(), _optimizer_file(out))
+    torch.save(_optimizer_state(trainer.optimizer), _optimizer_file(out))
     state = _state_dict(trainer)
     state.update(args=args or Namespace(), checkpoint_version=3.0, iteration=iteration,
                  opt_param_scheduler=trainer.scheduler.state_dict(), step=trainer.step,
@@ -113,7 +147,8 @@ def load_checkpoint(trainer, load_dir: str | Path, *, load_optimizer: bool = Tru
             raise FileNotFoundError(f"{file}: no optimizer state for this rank; resume with the "
                                     "parallel layout the checkpoint was saved with, or load "
                                     "weights only")
-        trainer.optimizer.load_state_dict(torch.load(file, map_location="cpu", weights_only=False))
+        _load_optimizer_state(trainer.optimizer,
+                              torch.load(file, map_location="cpu", weights_only=False), file)
         trainer.scheduler.load_state_dict(common["opt_param_scheduler"])
         trainer.step = int(common.get("step", 0))
     if load_rng:

@@ -3,9 +3,12 @@
 Logits of an 8k-token micro-batch over a 152k vocab are 2.5 GB in bf16 and twice that in fp32.
 ``ChunkedLogProbs`` is one autograd node over the whole logits tensor:
 
-* forward walks the tokens ``chunk_size`` at a time and keeps only per-token statistics
-  (log-normaliser, entropy), so an fp32 copy of the logits never exists beyond one chunk;
-* backward writes each chunk's analytic gradient straight into one preallocated gradient tensor.
+* forward keeps only per-token statistics (log-normaliser, entropy);
+* backward writes the analytic gradient straight into one gradient tensor.
+
+On CUDA each direction is one Triton pass over the bf16 logits (``fusions.logprob_triton``);
+elsewhere the torch functions below (the reference for those kernels) walk the tokens
+``chunk_size`` at a time, so an fp32 copy of the logits never exists beyond one chunk.
 
 Per-chunk autograd (slicing + checkpointing) would instead make every chunk's backward
 materialise a zero-filled gradient of the *whole* logits and add them up: traffic that grows
@@ -77,18 +80,43 @@ def _chunk_grad(logits, targets, lse, entropy, grad_logp, grad_entropy, temperat
     return (grad / temperature).to(logits.dtype)
 
 
-_kernels: dict[str, object] = {}
+def _use_triton(logits: torch.Tensor) -> bool:
+    if not logits.is_cuda:
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
-def _kernel(name: str):
-    """The chunk functions, compiled on CUDA: each becomes one fused pass over the
-    ``[chunk, vocab]`` tile instead of ~10 elementwise ones through fp32 temporaries."""
-    fn = {"stats": _chunk_stats, "grad": _chunk_grad}[name]
-    if not torch.cuda.is_available():
-        return fn
-    if name not in _kernels:
-        _kernels[name] = torch.compile(fn, dynamic=True)
-    return _kernels[name]
+def _row_stats(logits, targets, temperature, vocab_start, vocab_size, chunk_size):
+    """(max, sum exp, sum exp * z, target logit) per row of this rank's slice: one Triton pass
+    on CUDA, otherwise torch in chunks of ``chunk_size`` rows."""
+    if _use_triton(logits):
+        from .fusions.logprob_triton import row_stats
+
+        return row_stats(logits, targets, temperature, vocab_start, vocab_size)
+    parts = [_chunk_stats(logits[i:i + chunk_size], targets[i:i + chunk_size], temperature,
+                          vocab_start, vocab_size)
+             for i in range(0, logits.shape[0], chunk_size)]
+    return tuple(torch.cat(column) for column in zip(*parts))
+
+
+def _logits_grad(logits, targets, lse, entropy, grad_logp, grad_entropy, temperature,
+                 vocab_start, vocab_size, chunk_size):
+    if _use_triton(logits):
+        from .fusions.logprob_triton import logits_grad
+
+        return logits_grad(logits, targets, lse, entropy, grad_logp, grad_entropy, temperature,
+                           vocab_start, vocab_size)
+    grad = torch.empty_like(logits)
+    for i in range(0, logits.shape[0], chunk_size):
+        rows = slice(i, i + chunk_size)
+        grad[rows] = _chunk_grad(logits[rows], targets[rows], lse[rows], entropy[rows],
+                                 grad_logp[rows], None if grad_entropy is None else grad_entropy[rows],
+                                 temperature, vocab_start, vocab_size)
+    return grad
 
 
 def _combine_across_tp(m, s0, s1, target, group):
@@ -108,42 +136,24 @@ class ChunkedLogProbs(torch.autograd.Function):
     def forward(ctx, logits, targets, temperature, vocab_size, chunk_size, with_entropy):
         tp, rank, group = _tp_group()
         vocab_start = rank * logits.shape[-1]
-        stats = _kernel("stats")
-        lse, entropy = [], []
-        logp = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-        for start in range(0, logits.shape[0], chunk_size):
-            end = start + chunk_size
-            m, s0, s1, target = stats(logits[start:end], targets[start:end], temperature,
-                                      vocab_start, vocab_size)
-            if tp > 1:
-                m, s0, s1, target = _combine_across_tp(m, s0, s1, target, group)
-            chunk_lse = m + s0.log()
-            logp[start:end] = target - chunk_lse
-            lse.append(chunk_lse)
-            entropy.append(chunk_lse - s1 / s0)
-        lse, entropy = torch.cat(lse), torch.cat(entropy)
+        m, s0, s1, target = _row_stats(logits, targets, temperature, vocab_start, vocab_size,
+                                       chunk_size)
+        if tp > 1:
+            m, s0, s1, target = _combine_across_tp(m, s0, s1, target, group)
+        lse = m + s0.log()
+        entropy = lse - s1 / s0
         ctx.save_for_backward(logits, targets, lse, entropy)
         ctx.args = (temperature, vocab_start, vocab_size, chunk_size)
         ctx.with_entropy = with_entropy
-        return logp, entropy if with_entropy else torch.zeros_like(logp)
+        return target - lse, entropy if with_entropy else torch.zeros_like(lse)
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         logits, targets, lse, entropy = ctx.saved_tensors
         temperature, vocab_start, vocab_size, chunk_size = ctx.args
-        if grad_logp is None:
-            grad_logp = torch.zeros_like(lse)
-        if not ctx.with_entropy:
-            grad_entropy = None
-        grad_fn = _kernel("grad")
-        grad = torch.empty_like(logits)
-        for start in range(0, logits.shape[0], chunk_size):
-            end = start + chunk_size
-            grad[start:end] = grad_fn(
-                logits[start:end], targets[start:end], lse[start:end], entropy[start:end],
-                grad_logp[start:end],
-                None if grad_entropy is None else grad_entropy[start:end],
-                temperature, vocab_start, vocab_size)
+        grad = _logits_grad(logits, targets, lse, entropy, grad_logp,
+                            grad_entropy if ctx.with_entropy else None, temperature, vocab_start,
+                            vocab_size, chunk_size)
         return grad, None, None, None, None, None
 
 

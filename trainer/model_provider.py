@@ -21,8 +21,9 @@ from checkpoint_tools.megatron_model import build_gpt_model, layer_spec, load_to
 from checkpoint_tools.model_config import ModelArch, load_arch
 from checkpoint_tools.torch_dist import METADATA, TRACKER
 
-from . import fused_rope
 from .attention import SDPACoreAttention
+from .fusions import rope as fused_rope
+from .fusions.rmsnorm import FusedRMSNorm
 
 
 @dataclasses.dataclass
@@ -39,7 +40,8 @@ def transformer_engine_available() -> bool:
 
 
 def policy_layer_spec(arch: ModelArch, backend: str = "auto"):
-    """The GPT layer spec for ``backend`` (``auto`` = TE if installed, else local + SDPA)."""
+    """The GPT layer spec for ``backend``: ``te``; ``sdpa`` (Megatron's local spec with SDPA
+    attention and fused RMSNorm); ``local`` (unchanged); ``auto`` = TE if installed, else sdpa."""
     if backend == "auto":
         backend = "te" if transformer_engine_available() else "sdpa"
     if backend == "te":
@@ -47,10 +49,18 @@ def policy_layer_spec(arch: ModelArch, backend: str = "auto"):
 
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_layernorm)
     spec = layer_spec(arch)
-    if backend == "sdpa":
-        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
-    elif backend != "local":
+    if backend == "local":
+        return spec
+    if backend != "sdpa":
         raise ValueError(f"unknown attention backend {backend!r} (auto, te, sdpa, local)")
+    layer, attention = spec.submodules, spec.submodules.self_attention.submodules
+    attention.core_attention = SDPACoreAttention
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    for owner, name in ((layer, "input_layernorm"), (layer, "pre_mlp_layernorm"),
+                        (attention, "q_layernorm"), (attention, "k_layernorm")):
+        if getattr(owner, name) is WrappedTorchNorm:  # Apex's fused norm, if present, stays
+            setattr(owner, name, FusedRMSNorm)
     return spec
 
 

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from checkpoint_tools import cpu_megatron
 
 from .forward import packed_forward
+from .fusions import wgrad as fusions_wgrad
 from .logprobs import logprobs_and_entropy
 from .model_provider import ModelConfig, build_policy_model
 from .packing import PackedBatch, Sample, pack, split_by_token_budget
@@ -76,8 +77,10 @@ class PolicyTrainer:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         self.model_cfg, self.optim_cfg, self.train_cfg = model_cfg, optim_cfg, train_cfg
-        self.arch, module = build_policy_model(model_cfg, cache_dir=cache_dir, load=load_weights,
-                                               calculate_per_token_loss=True)
+        # fp32 weight gradients accumulate inside the GEMMs (needs DDP's main_grad buffers)
+        self.arch, module = build_policy_model(
+            model_cfg, cache_dir=cache_dir, load=load_weights, calculate_per_token_loss=True,
+            gradient_accumulation_fusion=trainable and fusions_wgrad.install())
         config = module.config
         distributed_optimizer = optim_cfg.use_distributed_optimizer
         if distributed_optimizer is None:

@@ -75,7 +75,9 @@ def _make_trainer(hf_dir, cache, lr=1e-3, clip_grad=1.0):
     from trainer.model_provider import ModelConfig
     from trainer.policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
 
-    return PolicyTrainer(ModelConfig(hf_checkpoint=hf_dir),
+    # fp32 on every device: on a GPU box these layouts run over NCCL (distributed optimizer at
+    # DP=2) and must still agree to fp32 tolerances
+    return PolicyTrainer(ModelConfig(hf_checkpoint=hf_dir, dtype=torch.float32),
                          OptimConfig(lr=lr, lr_warmup_iters=1, lr_decay_style="cosine",
                                      lr_decay_iters=10, weight_decay=0.01, adam_eps=1e-6,
                                      clip_grad=clip_grad),
@@ -207,6 +209,22 @@ def test_save_load_then_continue_equals_uninterrupted(tp1_run, tmp_path):
     resumed = _export(final, hf, tmp_path / "hf")
     for name, w in weights.items():
         torch.testing.assert_close(resumed[name], w, atol=1e-7, rtol=0, msg=name)
+
+
+def test_dp2_save_load_then_continue_equals_uninterrupted(tp1_run, tmp_path):
+    """Per-DP-rank optimizer state (the distributed optimizer's shards on NCCL) resumes exactly."""
+    hf, samples, losses, _, _ = tp1_run
+    args = (str(hf), str(tmp_path / "c"), 1, samples, 2)
+    first = cpu_megatron.run_on_ranks((__file__, "train_task"), 2, *args, str(tmp_path / "s"),
+                                      None, 1)
+    resumed = cpu_megatron.run_on_ranks((__file__, "train_task"), 2, *args, str(tmp_path / "s2"),
+                                        str(tmp_path / "s"), None)
+    assert first[0][0] == pytest.approx(losses, abs=1e-5)
+    for (rank_losses, _), (uninterrupted, _) in zip(resumed, first):
+        assert rank_losses == pytest.approx(uninterrupted[2:], abs=1e-7)
+    a, b = _export(first[0][1], hf, tmp_path / "a"), _export(resumed[0][1], hf, tmp_path / "b")
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], atol=1e-7, rtol=0, msg=name)
 
 
 def test_policy_loss_gradient_matches_hf(tiny_model_factory, tmp_path):

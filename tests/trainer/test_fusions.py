@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from trainer import fused_rope
+from trainer.fusions import rope as fused_rope
 
 
 def freqs_table(max_s: int, rot: int, base: float = 10000.0) -> torch.Tensor:
@@ -89,3 +89,40 @@ def test_unsupported_layouts_say_so():
                                   cp_size=2)
     with pytest.raises(NotImplementedError, match="interleaved"):
         fused_rope.apply_rope_bshd(torch.randn(4, 1, 1, 8), freqs_table(4, 8), interleaved=True)
+
+
+def test_wgrad_accumulation_adds_the_weight_gradient_in_place():
+    from trainer.fusions.wgrad import WgradAccumulation
+
+    x, dy = torch.randn(2, 5, 4), torch.randn(2, 5, 3)  # [s, b, in], [s, b, out]
+    main_grad = torch.randn(3, 4)
+    expected = main_grad + dy.reshape(-1, 3).t() @ x.reshape(-1, 4)
+    buffer = main_grad
+    WgradAccumulation.wgrad_gemm_accum_fp32(x, dy, main_grad)
+    assert main_grad is buffer
+    torch.testing.assert_close(main_grad, expected)
+
+
+def test_fused_rmsnorm_matches_torch_rmsnorm_with_gradients():
+    from types import SimpleNamespace
+
+    from trainer.fusions.rmsnorm import FusedRMSNorm
+
+    config = SimpleNamespace(normalization="RMSNorm", sequence_parallel=False,
+                             layernorm_zero_centered_gamma=False)
+    ours, ref = FusedRMSNorm(config, 16, eps=1e-6), torch.nn.RMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        ours.weight.copy_(torch.randn(16))
+        ref.weight.copy_(ours.weight)
+    assert list(ours.state_dict()) == list(ref.state_dict()) == ["weight"]
+    x = torch.randn(7, 1, 16, requires_grad=True)
+    w = torch.randn(7, 1, 16)
+    (ours(x) * w).sum().backward()
+    gx, gw = x.grad, ours.weight.grad
+    x.grad = None
+    (ref(x) * w).sum().backward()
+    torch.testing.assert_close(ours(x), ref(x))
+    torch.testing.assert_close(gx, x.grad)
+    torch.testing.assert_close(gw, ref.weight.grad)
+    with pytest.raises(ValueError, match="LayerNorm"):
+        FusedRMSNorm(SimpleNamespace(normalization="LayerNorm"), 16)

@@ -89,6 +89,7 @@ def _optimizer_state(optimizer) -> list[dict]:
             for sub in getattr(optimizer, "chained_optimizers", [optimizer])]
 
 
+@torch.no_grad()
 def _load_optimizer_state(optimizer, saved: list[dict], file: Path) -> None:
     subs = getattr(optimizer, "chained_optimizers", [optimizer])
     if not isinstance(saved, list) or len(saved) != len(subs):

@@ -15,6 +15,8 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
+from checkpoint_tools import cpu_megatron
+
 from .algorithms import (AdvantageConfig, CorrectionConfig, LossScale, PolicyLossConfig,
                          compute_mis_weights, policy_loss, select_old_logp)
 from .packing import Sample
@@ -148,7 +150,9 @@ def _reduce_over_dp(metrics: dict, trainer) -> dict:
     summed = {k: v for k, v in metrics.items() if k not in per_step}
     if trainer.dp_size > 1 and summed:
         keys = sorted(summed)
-        t = torch.tensor([summed[k] for k in keys], dtype=torch.float64)
+        # on the collective's device: NCCL has no CPU tensors
+        t = torch.tensor([summed[k] for k in keys], dtype=torch.float64,
+                         device=cpu_megatron.default_device())
         dist.all_reduce(t, group=trainer.dp_group)
         summed = dict(zip(keys, t.tolist()))
     out = defaultdict(float, summed)

@@ -41,4 +41,6 @@ class FusedRMSNorm(torch.nn.RMSNorm):
         super().__init__(hidden_size, eps=eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _rms_norm_fn()(x, self.weight, self.eps)
+        # always 2-D for the compiled kernel: hidden states are [s, b, h], q/k norms see
+        # [s, b, heads, d]; one graph serves both instead of a recompile per rank
+        return _rms_norm_fn()(x.reshape(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)

@@ -98,6 +98,12 @@ def _load_optimizer_state(optimizer, saved: list[dict], file: Path) -> None:
         sub.load_state_dict(entry["state_dict"])  # allocates the state tensors it lacks
         if entry["param_state"] is None:
             continue
+        # Megatron's load hands every parameter the *same* ``step`` tensor when the optimizer
+        # is torch's AdamW (no Apex/TE), which then adds 1 to it once per parameter per step:
+        # the bias correction of every later step would be wrong. One tensor each.
+        for state in sub.optimizer.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()
         params = list(sub.model_param_group_index_map)
         if len(params) != len(entry["param_state"]):
             raise ValueError(f"{file}: optimizer shard of another DP layout")

@@ -10,6 +10,9 @@ from checkpoint_tools import cpu_megatron
 from checkpoint_tools.tiny_models import FAMILIES
 
 TEMPERATURE = 0.7
+# A resume is bit-exact on the CPU; GPU kernels with atomics (embedding backward) are not
+# deterministic run to run, so there it is equal up to fp32 noise.
+RESUME_TOL = 1e-7 if not torch.cuda.is_available() else 1e-5
 
 
 def make_samples(vocab: int, shapes=((5, 7), (3, 12), (9, 1), (4, 4), (6, 9), (2, 5)), seed=0):
@@ -124,7 +127,7 @@ def grad_task(rank, world, port, hf_dir, cache, samples):
                                 eps_clip=0.2, eps_clip_c=3.0, loss_agg_mode="token_mean")
     scale = LossScale.for_batch(prep.loss_mask)
     metrics = trainer.train_step(samples, make_loss_fn(prep, loss_cfg, scale), with_entropy=True)
-    grads = {name: p.main_grad.detach().float().clone()
+    grads = {name: p.main_grad.detach().float().cpu()
              for name, p in trainer.model.module.named_parameters()}
     return grads, metrics, {k: getattr(prep, k) for k in
                             ("advantages", "old_logp", "weights", "loss_mask", "ref_logp")}
@@ -206,10 +209,10 @@ def test_save_load_then_continue_equals_uninterrupted(tp1_run, tmp_path):
     (resumed_losses, final), = cpu_megatron.run_on_ranks(
         (__file__, "train_task"), 1, str(hf), str(tmp / "c"), 1, samples, 2,
         str(tmp_path / "s2"), str(tmp / "s"), None)
-    assert resumed_losses == pytest.approx(losses[2:], abs=1e-7)
+    assert resumed_losses == pytest.approx(losses[2:], abs=RESUME_TOL)
     resumed = _export(final, hf, tmp_path / "hf")
     for name, w in weights.items():
-        torch.testing.assert_close(resumed[name], w, atol=1e-7, rtol=0, msg=name)
+        torch.testing.assert_close(resumed[name], w, atol=RESUME_TOL, rtol=0, msg=name)
 
 
 def test_dp2_save_load_then_continue_equals_uninterrupted(tp1_run, tmp_path):
@@ -222,10 +225,10 @@ def test_dp2_save_load_then_continue_equals_uninterrupted(tp1_run, tmp_path):
                                         str(tmp_path / "s"), None)
     assert first[0][0] == pytest.approx(losses, abs=1e-5)
     for (rank_losses, _), (uninterrupted, _) in zip(resumed, first):
-        assert rank_losses == pytest.approx(uninterrupted[2:], abs=1e-7)
+        assert rank_losses == pytest.approx(uninterrupted[2:], abs=RESUME_TOL)
     a, b = _export(first[0][1], hf, tmp_path / "a"), _export(resumed[0][1], hf, tmp_path / "b")
     for name in a:
-        torch.testing.assert_close(b[name], a[name], atol=1e-7, rtol=0, msg=name)
+        torch.testing.assert_close(b[name], a[name], atol=RESUME_TOL, rtol=0, msg=name)
 
 
 def test_policy_loss_gradient_matches_hf(tiny_model_factory, tmp_path):

@@ -119,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--clip-grad", type=float, default=1.0)
     g.add_argument("--max-tokens-per-gpu", type=int, default=8192,
                    help="token budget of one packed micro-batch")
-    g.add_argument("--log-probs-chunk-size", type=int, default=1024)
+    g.add_argument("--log-probs-chunk-size", type=int, default=1024,
+                   help="tokens per fp32 chunk of the log-prob pass off CUDA (on CUDA one Triton "
+                        "pass covers the micro-batch)")
     add_algorithm_args(p)
 
     g = p.add_argument_group("evaluation")

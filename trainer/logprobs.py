@@ -99,7 +99,7 @@ def _row_stats(logits, targets, temperature, vocab_start, vocab_size, chunk_size
         return row_stats(logits, targets, temperature, vocab_start, vocab_size)
     parts = [_chunk_stats(logits[i:i + chunk_size], targets[i:i + chunk_size], temperature,
                           vocab_start, vocab_size)
-             for i in range(0, logits.shape[0], chunk_size)]
+             for i in range(0, max(logits.shape[0], 1), chunk_size)]
     return tuple(torch.cat(column) for column in zip(*parts))
 
 

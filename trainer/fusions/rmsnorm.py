@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from . import compiled_on_cuda
+
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
@@ -17,16 +19,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return (y * weight).to(x.dtype)
 
 
-_compiled = None
-
-
-def _rms_norm_fn():
-    global _compiled
-    if not torch.cuda.is_available():
-        return _rms_norm
-    if _compiled is None:
-        _compiled = torch.compile(_rms_norm, dynamic=True)
-    return _compiled
+_rms_norm_kernel = compiled_on_cuda(_rms_norm)
 
 
 class FusedRMSNorm(torch.nn.RMSNorm):
@@ -43,4 +36,4 @@ class FusedRMSNorm(torch.nn.RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # always 2-D for the compiled kernel: hidden states are [s, b, h], q/k norms see
         # [s, b, heads, d]; one graph serves both instead of a recompile per rank
-        return _rms_norm_fn()(x.reshape(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)
+        return _rms_norm_kernel(x.reshape(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)

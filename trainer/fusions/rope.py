@@ -14,6 +14,8 @@ import dataclasses
 
 import torch
 
+from . import compiled_on_cuda
+
 
 def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Non-interleaved RoPE on the first ``cos.shape[-1]`` channels of ``t``; cos/sin broadcast
@@ -25,16 +27,7 @@ def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat((rotated.to(t.dtype), rest), dim=-1) if rest.shape[-1] else rotated.to(t.dtype)
 
 
-_compiled = None
-
-
-def _rotate_fn():
-    global _compiled
-    if not torch.cuda.is_available():
-        return _rotate
-    if _compiled is None:
-        _compiled = torch.compile(_rotate, dynamic=True)
-    return _compiled
+_rotate_kernel = compiled_on_cuda(_rotate)
 
 
 @dataclasses.dataclass
@@ -69,7 +62,7 @@ def apply_rope_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tenso
     if cp_size != 1:
         raise NotImplementedError("fused RoPE without Transformer Engine: no context parallelism")
     cos, sin = _packed_cos_sin(cu_seqlens, freqs, t.dtype)
-    out = _rotate_fn()(t[: cos.shape[0]], cos, sin)
+    out = _rotate_kernel(t[: cos.shape[0]], cos, sin)
     if out.shape[0] < t.shape[0]:  # padding after the last sequence is left as it is
         out = torch.cat([out, t[out.shape[0]:]])
     return out
@@ -81,7 +74,7 @@ def apply_rope_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = Fa
     if interleaved:
         raise NotImplementedError("fused RoPE without Transformer Engine: no interleaved rotary")
     f = freqs[: t.shape[0]]
-    return _rotate_fn()(t, f.cos().to(t.dtype), f.sin().to(t.dtype))
+    return _rotate_kernel(t, f.cos().to(t.dtype), f.sin().to(t.dtype))
 
 
 def install() -> bool:

@@ -84,14 +84,18 @@ def _distributed_param_state(optimizer) -> list[dict] | None:
             for param in optimizer.model_param_group_index_map]
 
 
+def _sub_optimizers(optimizer) -> list:
+    return getattr(optimizer, "chained_optimizers", [optimizer])
+
+
 def _optimizer_state(optimizer) -> list[dict]:
     return [{"state_dict": sub.state_dict(), "param_state": _distributed_param_state(sub)}
-            for sub in getattr(optimizer, "chained_optimizers", [optimizer])]
+            for sub in _sub_optimizers(optimizer)]
 
 
 @torch.no_grad()
 def _load_optimizer_state(optimizer, saved: list[dict], file: Path) -> None:
-    subs = getattr(optimizer, "chained_optimizers", [optimizer])
+    subs = _sub_optimizers(optimizer)
     if not isinstance(saved, list) or len(saved) != len(subs):
         raise ValueError(f"{file}: optimizer state of a different optimizer layout")
     for sub, entry in zip(subs, saved):

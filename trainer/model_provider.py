@@ -100,7 +100,8 @@ def build_policy_model(cfg: ModelConfig, *, cache_dir: str | Path | None = None,
     """Build this rank's slice of the policy model and (optionally) load its weights."""
     arch = load_arch(cfg.hf_checkpoint)
     overrides = dict(config_overrides)
-    if cfg.attention_backend != "local" and fused_rope.install():
+    if cfg.attention_backend != "local":
+        fused_rope.install()
         overrides.setdefault("apply_rope_fusion", True)
     if cfg.recompute_activations:
         overrides.update(recompute_granularity="full", recompute_method="uniform",

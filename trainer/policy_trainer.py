@@ -78,9 +78,11 @@ class PolicyTrainer:
 
         self.model_cfg, self.optim_cfg, self.train_cfg = model_cfg, optim_cfg, train_cfg
         # fp32 weight gradients accumulate inside the GEMMs (needs DDP's main_grad buffers)
+        if trainable:
+            fusions_wgrad.install()
         self.arch, module = build_policy_model(
             model_cfg, cache_dir=cache_dir, load=load_weights, calculate_per_token_loss=True,
-            gradient_accumulation_fusion=trainable and fusions_wgrad.install())
+            gradient_accumulation_fusion=trainable)
         config = module.config
         distributed_optimizer = optim_cfg.use_distributed_optimizer
         if distributed_optimizer is None:

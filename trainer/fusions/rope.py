@@ -77,14 +77,12 @@ def apply_rope_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = Fa
     return _rotate_kernel(t, f.cos().to(t.dtype), f.sin().to(t.dtype))
 
 
-def install() -> bool:
-    """Fill Megatron's fused-RoPE slots with these functions unless TE already did.
-
-    Returns whether ``apply_rope_fusion`` can now be turned on."""
+def install() -> None:
+    """Fill Megatron's fused-RoPE slots with these functions unless TE already did (after
+    which ``apply_rope_fusion`` may be turned on)."""
     from megatron.core.models.common.embeddings import rope_utils
 
     if rope_utils.fused_apply_rotary_pos_emb_thd is None:
         rope_utils.fused_apply_rotary_pos_emb_thd = apply_rope_thd
     if rope_utils.fused_apply_rotary_pos_emb is None:
         rope_utils.fused_apply_rotary_pos_emb = apply_rope_bshd
-    return True

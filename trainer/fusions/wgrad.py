@@ -28,13 +28,11 @@ class WgradAccumulation:
     wgrad_gemm_accum_fp16 = staticmethod(_accumulate)
 
 
-def install() -> bool:
-    """Provide ``fused_weight_gradient_mlp_cuda`` to Megatron unless Apex already does.
-
-    Returns whether ``gradient_accumulation_fusion`` can be turned on."""
+def install() -> None:
+    """Provide ``fused_weight_gradient_mlp_cuda`` to Megatron unless Apex already does (after
+    which ``gradient_accumulation_fusion`` may be turned on)."""
     from megatron.core.tensor_parallel import layers
 
     if not layers._grad_accum_fusion_available:
         layers.fused_weight_gradient_mlp_cuda = WgradAccumulation
         layers._grad_accum_fusion_available = True
-    return True

@@ -50,9 +50,9 @@ def main() -> None:
     args = p.parse_args()
 
     from checkpoint_tools import cpu_megatron
-    from trainer.model_provider import ModelConfig
-    from trainer.packing import Sample
-    from trainer.policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
+    from trainer.learner.model_provider import ModelConfig
+    from trainer.learner.packing import Sample
+    from trainer.learner.policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
 
     cfg_dir = Path(tempfile.mkdtemp(prefix="bench-train-"))
     (cfg_dir / "config.json").write_text(json.dumps(QWEN25_05B))

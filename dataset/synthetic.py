@@ -5,7 +5,8 @@
 
 * ``countdown``: reach a target with given numbers, each used once, with ``+ - * /``. Every task
   is built from a random expression, so it has a solution (kept in ``solution``). The label is
-  the JSON string ``{"target": T, "numbers": [...]}``; :func:`score_countdown` checks an answer.
+  the JSON string ``{"target": T, "numbers": [...]}``; ``evaluation.grader.score_countdown``
+  checks an answer (this package only generates data).
 * ``arithmetic``: evaluate a multi-step integer expression (``steps`` operations); the label is
   the exact integer result (division only where it is exact).
 
@@ -16,7 +17,6 @@ Rows follow ``dataset/README.md``: a raw ChatML prompt (``qwen-boxed`` style) or
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import json
 import random
@@ -93,44 +93,6 @@ def countdown_question(numbers: list[int], target: int) -> str:
     return (f"Using the numbers {numbers}, create an equation that equals {target}. You can use +, -, * and /, "
             f"and each number must be used exactly once. {BOXED[:-1]} as an expression, for example "
             f"\\boxed{{(1 + 2) * 3}}.")
-
-
-def check_countdown(expression: str, numbers: list[int], target: int) -> bool:
-    """Whether ``expression`` uses exactly ``numbers`` (each once) with ``+ - * /`` and equals ``target``."""
-    expression = expression.replace("\\times", "*").replace("\\cdot", "*").replace("\\div", "/")
-    expression = expression.split("=")[0].strip()
-    try:
-        tree = ast.parse(expression, mode="eval")
-    except SyntaxError:
-        return False
-    used: list[int] = []
-
-    def value(node) -> Fraction:
-        if isinstance(node, ast.BinOp) and type(node.op) in (ast.Add, ast.Sub, ast.Mult, ast.Div):
-            a, b = value(node.left), value(node.right)
-            if isinstance(node.op, ast.Div) and b == 0:
-                raise ZeroDivisionError
-            return {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}.get(type(node.op)) \
-                if not isinstance(node.op, ast.Div) else a / b
-        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-            used.append(node.value)
-            return Fraction(node.value)
-        raise ValueError("not allowed")
-
-    try:
-        result = value(tree.body)
-    except (ValueError, ZeroDivisionError):
-        return False
-    return sorted(used) == sorted(numbers) and result == target
-
-
-def score_countdown(completion: str, label: str) -> bool:
-    """Reward of a countdown completion: its last boxed expression checked against ``label``."""
-    from evaluation.grader import extract_answer
-
-    spec = json.loads(label)
-    answer = extract_answer(completion)
-    return answer is not None and check_countdown(answer, spec["numbers"], spec["target"])
 
 
 def arithmetic_task(rng: random.Random, steps: int = 3, max_operand: int = 20) -> dict:

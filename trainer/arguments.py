@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-input-key", default=None)
     g.add_argument("--eval-label-key", default=None)
 
-    _add_optional(p, "trainer.rewards", "add_reward_args")
+    _add_optional(p, "trainer.rollout.rewards", "add_reward_args")
     _add_optional(p, "trainer.tracking", "add_logging_args")
     return p
 

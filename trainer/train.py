@@ -25,14 +25,14 @@ from checkpoint_tools.torch_dist import read_common, read_tracker, resolve_check
 
 from .algorithms.argparse_flags import config_from_args
 from .arguments import parse_args, server_args_from
-from .checkpoint import load_checkpoint, save_checkpoint
-from .data import DataError, Prompt, PromptStream, load_prompts
-from .grpo_update import RolloutBatch, gather_dp, prepare_update, run_updates
-from .model_provider import ModelConfig
-from .packing import Sample
-from .policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
-from .rollout import EngineRollout, HTTPRollout, RolloutConfig
-from .weight_sync import WeightSync
+from .learner.checkpoint import load_checkpoint, save_checkpoint
+from .learner.grpo_update import RolloutBatch, gather_dp, prepare_update, run_updates
+from .learner.model_provider import ModelConfig
+from .learner.packing import Sample
+from .learner.policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
+from .rollout.backends import EngineRollout, HTTPRollout, RolloutConfig
+from .rollout.data import DataError, Prompt, PromptStream, load_prompts
+from .rollout.weight_sync import WeightSync
 
 
 def _rank() -> int:
@@ -58,7 +58,7 @@ class Run:
     def __init__(self, args: argparse.Namespace):
         from transformers import AutoTokenizer
 
-        from .rewards import RewardModel, reward_config_from_args
+        from .rollout.rewards import RewardModel, reward_config_from_args
         from .tracking import MetricsLogger
 
         self.args = args
@@ -136,7 +136,7 @@ class Run:
         return self.backend.generate([p.input_ids for p in prompts], n, cfg)
 
     def score(self, prompts: list[Prompt], gens: list, n: int) -> list[float]:
-        from .rewards import RewardInput
+        from .rollout.rewards import RewardInput
 
         inputs = [RewardInput(prompt=prompts[i // n].text, response=g.text,
                               label=prompts[i // n].label, metadata=prompts[i // n].metadata)

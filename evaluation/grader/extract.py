@@ -45,28 +45,40 @@ def match_brace(text: str, open_index: int) -> int | None:
     return None
 
 
+def _box_content(text: str, box: re.Match) -> str | None:
+    """What the box command ``box`` holds: ``{...}`` (braces matched) or ``\\boxed 5``'s token;
+    None when the braces never close or nothing follows."""
+    i = box.end()
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i < len(text) and text[i] == "{":
+        end = match_brace(text, i)
+        return None if end is None else text[i + 1:end]
+    token = re.match(r"[^\s$]+", text[i:]) if i > box.end() else None  # up to '$' or a space
+    return token.group(0) if token else None
+
+
 def boxed_contents(text: str) -> list[str]:
     """Contents of every complete ``\\boxed``/``\\fbox`` in ``text``, in order of appearance."""
-    out = []
-    for m in _BOX_RE.finditer(text):
-        i = m.end()
-        while i < len(text) and text[i] == " ":
-            i += 1
-        if i < len(text) and text[i] == "{":
-            end = match_brace(text, i)
-            if end is not None:
-                out.append(text[i + 1:end])
-        elif i > m.end():  # "\boxed 5": up to the next '$' or whitespace
-            token = re.match(r"[^\s$]+", text[i:])
-            if token:
-                out.append(token.group(0))
-    return out
+    contents = (_box_content(text, m) for m in _BOX_RE.finditer(text))
+    return [c for c in contents if c is not None]
 
 
 def last_boxed(text: str) -> str | None:
     """Content of the last complete box, or None."""
     boxes = boxed_contents(text)
     return boxes[-1] if boxes else None
+
+
+def final_boxed(text: str | None) -> str | None:
+    """Content of the text's final box command (stripped), or None when there is none or that
+    one is incomplete: a response truncated inside its answer must not be graded on an earlier
+    box (slime's ``last_boxed_only_string`` does the same). The ``math`` reward's extraction."""
+    matches = list(_BOX_RE.finditer(text or ""))
+    if not matches:
+        return None
+    content = _box_content(text, matches[-1])
+    return None if content is None else content.strip()
 
 
 def _clean_tail(fragment: str) -> str:
@@ -98,6 +110,14 @@ def last_number(text: str) -> str | None:
     if not numbers:
         return None
     return numbers[-1].replace(",", "").rstrip(".")
+
+
+def gsm8k_answer(text: str | None) -> str | None:
+    """The number after the last ``####``, else the last number in ``text``, commas removed."""
+    hashes = _HASH_RE.findall(text or "")
+    if hashes:
+        return hashes[-1].replace(",", "")
+    return last_number(text or "")
 
 
 def extract_answer(text: str | None) -> str | None:

@@ -7,7 +7,7 @@ Each module fills one of Megatron's own extension points, and only when TE/Apex 
   inside the GEMM instead of a bf16 gradient, a cast and an add per parameter per micro-batch);
 * ``rmsnorm``: an RMSNorm layer-spec module compiled into one kernel each way;
 
-and ``logprob_triton`` holds the CUDA kernels behind ``trainer.logprobs``.
+and ``logprob_triton`` holds the CUDA kernels behind ``trainer.learner.logprobs``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from trainer.fusions import rope as fused_rope
+from trainer.learner.fusions import rope as fused_rope
 
 
 def freqs_table(max_s: int, rot: int, base: float = 10000.0) -> torch.Tensor:
@@ -92,7 +92,7 @@ def test_unsupported_layouts_say_so():
 
 
 def test_wgrad_accumulation_adds_the_weight_gradient_in_place():
-    from trainer.fusions.wgrad import WgradAccumulation
+    from trainer.learner.fusions.wgrad import WgradAccumulation
 
     x, dy = torch.randn(2, 5, 4), torch.randn(2, 5, 3)  # [s, b, in], [s, b, out]
     main_grad = torch.randn(3, 4)
@@ -106,7 +106,7 @@ def test_wgrad_accumulation_adds_the_weight_gradient_in_place():
 def test_fused_rmsnorm_matches_torch_rmsnorm_with_gradients():
     from types import SimpleNamespace
 
-    from trainer.fusions.rmsnorm import FusedRMSNorm
+    from trainer.learner.fusions.rmsnorm import FusedRMSNorm
 
     config = SimpleNamespace(normalization="RMSNorm", sequence_parallel=False,
                              layernorm_zero_centered_gamma=False)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from checkpoint_tools import cpu_megatron
 
-from .algorithms import (AdvantageConfig, CorrectionConfig, LossScale, PolicyLossConfig,
+from ..algorithms import (AdvantageConfig, CorrectionConfig, LossScale, PolicyLossConfig,
                          compute_mis_weights, policy_loss, select_old_logp)
 from .packing import Sample
 

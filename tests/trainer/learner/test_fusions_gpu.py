@@ -20,8 +20,8 @@ def _case(rows=300, n_cols=5120, seed=0):
 
 @pytest.mark.parametrize("vocab_start,vocab_size", [(0, 5000), (0, None), (5120, 9000)])
 def test_triton_row_stats_and_grad_match_torch_reference(vocab_start, vocab_size):
-    from trainer.fusions.logprob_triton import logits_grad, row_stats
-    from trainer.logprobs import _chunk_grad, _chunk_stats
+    from trainer.learner.fusions.logprob_triton import logits_grad, row_stats
+    from trainer.learner.logprobs import _chunk_grad, _chunk_stats
 
     logits, _, g = _case()
     # targets below vocab_start belong to another TP rank's slice
@@ -46,7 +46,7 @@ def test_triton_row_stats_and_grad_match_torch_reference(vocab_start, vocab_size
 
 
 def test_logprobs_on_cuda_match_dense_autograd():
-    from trainer.logprobs import logprobs_and_entropy
+    from trainer.learner.logprobs import logprobs_and_entropy
 
     logits, targets, g = _case(rows=257, n_cols=4160)
     targets = targets.clamp(max=4095)
@@ -65,7 +65,7 @@ def test_logprobs_on_cuda_match_dense_autograd():
 
 
 def test_wgrad_accumulates_bf16_gemm_into_fp32_main_grad():
-    from trainer.fusions.wgrad import WgradAccumulation
+    from trainer.learner.fusions.wgrad import WgradAccumulation
 
     x = torch.randn(4, 2, 96, device="cuda").bfloat16()
     dy = torch.randn(4, 2, 64, device="cuda").bfloat16()
@@ -80,8 +80,8 @@ def test_wgrad_accumulates_bf16_gemm_into_fp32_main_grad():
 def test_compiled_rmsnorm_and_rope_match_fp32_references():
     from types import SimpleNamespace
 
-    from trainer.fusions import rope
-    from trainer.fusions.rmsnorm import FusedRMSNorm
+    from trainer.learner.fusions import rope
+    from trainer.learner.fusions.rmsnorm import FusedRMSNorm
 
     config = SimpleNamespace(normalization="RMSNorm", sequence_parallel=False,
                              layernorm_zero_centered_gamma=False)

@@ -7,6 +7,9 @@
 Built-in types (a sample's ``metadata["rm_type"]`` overrides ``--rm-type`` for that sample, as
 in slime):
 
+Every answer extraction and exact check lives in ``evaluation.grader`` (``final_boxed``,
+``tasks``): this module only routes samples to them and runs custom functions.
+
 * ``math``: the last ``\\boxed{}`` of the response graded against the label by
   ``evaluation.grader`` (1.0 / 0.0). No complete final box scores 0 (a response cut inside its
   box gave no answer). Grading runs in worker processes (:class:`evaluation.grader.GraderPool`)
@@ -18,8 +21,8 @@ in slime):
 * ``countdown``: the label is ``{"target": T, "numbers": [...]}`` (a dict or its JSON string, as
   ``dataset.synthetic`` writes it); the answer (last box, else the generic answer extraction) must
   use every number exactly once with ``+ - * /`` and equal the target. Checked by
-  ``dataset.synthetic.check_countdown``, an AST walk over numbers and the four operators only
-  (no ``eval``), so reward and generator share one rule.
+  ``evaluation.grader.tasks.check_countdown``, an AST walk over numbers and the four operators
+  only (no ``eval``).
 * ``arithmetic``: the label is an exact number (``dataset.synthetic`` arithmetic tasks); the
   extracted answer must equal it exactly.
 
@@ -44,19 +47,18 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
-import json
 import math
 import os
 import re
 import sys
 import typing
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable
 
+from evaluation.grader.tasks import math_gold, score_arithmetic, score_countdown, score_gsm8k
+
 RM_TYPES = ("math", "gsm8k", "countdown", "arithmetic")
 DEFAULT_MAX_WORKERS = 8  # grader processes when --reward-workers is not given (each imports sympy)
-_MAX_ANSWER_CHARS = 1000  # longer "answers" to countdown/arithmetic score 0 without parsing
 
 
 @dataclasses.dataclass
@@ -75,130 +77,6 @@ class RewardConfig:
     custom_rm_path: str | None = None
     timeout: float = 5.0  # seconds per graded item (math)
     workers: int | None = None  # grader processes; None = min(8, CPU count)
-
-
-# --------------------------------------------------------------------------- answer parsing
-
-_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
-_HASH_RE = re.compile(r"####\s*\$?\s*(-?[\d,]*\.?\d+)")
-_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
-
-
-def last_boxed_answer(text: str) -> str | None:
-    """Content of the response's final ``\\boxed{}``/``\\fbox{}``, or None.
-
-    None also when the final box is opened but never closed: a response truncated inside its
-    answer must not be graded on an earlier box (slime's ``last_boxed_only_string`` does the same).
-    """
-    from evaluation.grader.extract import match_brace
-
-    matches = list(_BOX_RE.finditer(text or ""))
-    if not matches:
-        return None
-    i = matches[-1].end()
-    while i < len(text) and text[i] == " ":
-        i += 1
-    if i < len(text) and text[i] == "{":
-        end = match_brace(text, i)
-        return None if end is None else text[i + 1:end].strip()
-    token = re.match(r"[^\s$]+", text[i:])  # "\boxed 5"
-    return token.group(0) if token and i > matches[-1].end() else None
-
-
-def parse_number(text: str | None) -> Fraction | None:
-    """An exact decimal/integer/``a/b`` number from an answer string, or None.
-
-    Drops the decorations models write around numbers (``$``, thousands commas, ``\\!``,
-    spaces, a trailing period). Units (``5 \\text{cm}``) are not stripped: such answers give None.
-    """
-    if text is None:
-        return None
-    s = str(text).strip()
-    if not s or len(s) > 100:
-        return None
-    s = s.replace("\\!", "").replace("\\,", "").replace("$", "").replace(",", "").replace(" ", "")
-    s = s.rstrip(".")
-    frac = re.fullmatch(r"\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}", s)
-    if frac:
-        s = f"{frac.group(1)}/{frac.group(2)}"
-    if not re.fullmatch(r"[-+]?(\d+(\.\d*)?|\.\d+)(/[-+]?\d+)?", s):
-        return None  # Fraction() would also take "1e9999" or "nan": not answers here
-    try:
-        return Fraction(s)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def gsm8k_answer(text: str) -> str | None:
-    """The number after the last ``####``, else the last number in ``text``, commas removed."""
-    hashes = _HASH_RE.findall(text or "")
-    if hashes:
-        return hashes[-1].replace(",", "")
-    numbers = _NUMBER_RE.findall(text or "")
-    return numbers[-1].replace(",", "").rstrip(".") if numbers else None
-
-
-def _countdown_spec(label) -> tuple[list[int], int]:
-    spec = label
-    if isinstance(spec, str):
-        try:
-            spec = json.loads(spec)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"countdown label is not JSON: {label!r} ({exc})") from None
-    if not (isinstance(spec, dict) and "numbers" in spec and "target" in spec):
-        raise ValueError(f"countdown label must be {{\"target\": T, \"numbers\": [...]}} "
-                         f"(dict or JSON string), got {label!r}")
-    return [int(n) for n in spec["numbers"]], int(spec["target"])
-
-
-def score_countdown_response(response: str, label) -> float:
-    from dataset.synthetic import check_countdown
-    from evaluation.grader import extract_answer
-
-    numbers, target = _countdown_spec(label)
-    answer = extract_answer(response)
-    if answer is None or len(answer) > _MAX_ANSWER_CHARS:
-        return 0.0
-    # Cheap pre-check: the answer's integer literals must be the given numbers. This also
-    # bounds the expression tree that check_countdown walks recursively.
-    if sorted(int(d) for d in re.findall(r"\d+", answer.split("=")[0])) != sorted(numbers):
-        return 0.0
-    try:
-        return 1.0 if check_countdown(answer, numbers, target) else 0.0
-    except (RecursionError, MemoryError, OverflowError, TypeError):
-        return 0.0
-
-
-def score_gsm8k_response(response: str, label) -> float:
-    gold_text = str(label)
-    gold = gsm8k_answer(gold_text) if "####" in gold_text else gold_text
-    gold_value = parse_number(gold)
-    if gold_value is None:
-        raise ValueError(f"gsm8k label is not a number (or a solution ending in '#### N'): {label!r}")
-    pred = parse_number(gsm8k_answer(response))
-    return 1.0 if pred is not None and pred == gold_value else 0.0
-
-
-def score_arithmetic_response(response: str, label) -> float:
-    from evaluation.grader import extract_answer
-
-    gold = parse_number(str(label))
-    if gold is None:
-        raise ValueError(f"arithmetic label is not a number: {label!r}")
-    pred = parse_number(extract_answer(response))
-    return 1.0 if pred is not None and pred == gold else 0.0
-
-
-def _math_gold(label) -> str | None:
-    """The gold answer string of a math label (string/number, list = first, or a dict holding it)."""
-    if isinstance(label, dict):
-        for key in ("answer", "ground_truth", "label", "gold"):
-            if key in label:
-                return _math_gold(label[key])
-        raise ValueError(f"math label dict has none of answer/ground_truth/label/gold: {label!r}")
-    if isinstance(label, (list, tuple)):
-        return _math_gold(label[0]) if label else None
-    return None if label is None else str(label)
 
 
 # --------------------------------------------------------------------------- custom functions
@@ -351,8 +229,8 @@ class RewardModel:
             if rm_type == "math":
                 values = self._score_math([batch[i] for i in indices])
             else:
-                fn = {"gsm8k": score_gsm8k_response, "countdown": score_countdown_response,
-                      "arithmetic": score_arithmetic_response}[rm_type]
+                fn = {"gsm8k": score_gsm8k, "countdown": score_countdown,
+                      "arithmetic": score_arithmetic}[rm_type]
                 values = [fn(batch[i].response or "", batch[i].label) for i in indices]
             for i, v in zip(indices, values):
                 rewards[i] = v
@@ -378,9 +256,9 @@ class RewardModel:
     # -- internals
 
     def _score_math(self, items: list[RewardInput]) -> list[float]:
-        from evaluation.grader import GraderPool
+        from evaluation.grader import GraderPool, final_boxed
 
-        answers = [last_boxed_answer(item.response or "") for item in items]
+        answers = [final_boxed(item.response or "") for item in items]
         todo = [k for k, a in enumerate(answers) if a]  # no (or an empty) box: 0 without grading
         out = [0.0] * len(items)
         if not todo:
@@ -389,7 +267,7 @@ class RewardModel:
             workers = self.config.workers or min(DEFAULT_MAX_WORKERS, os.cpu_count() or 1)
             extra = {} if self._grade_options is None else {"options": self._grade_options}
             self._pool = GraderPool(workers=workers, timeout=self.config.timeout, **extra)
-        results = self._pool.map([(answers[k], _math_gold(items[k].label)) for k in todo])
+        results = self._pool.map([(answers[k], math_gold(items[k].label)) for k in todo])
         timeouts = 0
         for k, result in zip(todo, results):
             out[k] = 1.0 if result.correct else 0.0

@@ -1,7 +1,7 @@
 """Rebuild ``simplelr_qwen_level3to5`` and ``simplelr_level3to5`` (MATH levels 3-5, SimpleRL prompt).
 
-    python -m dataset.prepare_simplelr --source PATH --out-dir data/train
-    python -m dataset.prepare_simplelr --download --out-dir data/train      # needs the network
+    python -m evaluation.prepare_simplelr --source PATH --out-dir data/train
+    python -m evaluation.prepare_simplelr --download --out-dir data/train      # needs the network
 
 ``--source`` may be
   * the SimpleRL v0 JSON array (``math_level3to5_data_processed_with_qwen_prompt.json``: keys
@@ -15,6 +15,10 @@ Rows outside levels 3-5 are dropped; order is kept. Outputs, in the formats of
 prompt) and ``<out>/simplelr_level3to5/train.jsonl`` (system + user messages). The user turn is
 the question, a newline and the reference instruction, written with the doubled braces
 ``\\boxed{{}}`` exactly as the published SimpleRL data has them.
+
+It lives in ``evaluation`` rather than ``dataset`` because reading a MATH solution's gold answer
+is answer extraction (``evaluation.grader.last_boxed``, as the benchmark loaders do), and
+``dataset`` imports nothing from ``evaluation``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .formats import iter_rows, write_rows
+from dataset.formats import iter_rows, write_rows
+
+from .grader import last_boxed
 
 PUBLIC_SOURCE = ("https://raw.githubusercontent.com/hkust-nlp/simpleRL-reason/v0/train/data/"
                  "math_level3to5_data_processed_with_qwen_prompt.json")
@@ -68,8 +74,6 @@ def _level(value, origin: str) -> int:
 
 
 def _from_row(row: dict, origin: str) -> MathProblem:
-    from evaluation.grader import last_boxed
-
     if not isinstance(row, dict):
         raise ValueError(f"{origin}: expected a JSON object")
     question = row.get("question") or row.get("problem")

@@ -16,7 +16,7 @@ RESUME_TOL = 1e-7 if not torch.cuda.is_available() else 1e-5
 
 
 def make_samples(vocab: int, shapes=((5, 7), (3, 12), (9, 1), (4, 4), (6, 9), (2, 5)), seed=0):
-    from trainer.packing import Sample
+    from trainer.learner.packing import Sample
 
     g = torch.Generator().manual_seed(seed)
     return [Sample(torch.randint(0, vocab, (p,), generator=g).tolist(),
@@ -43,9 +43,9 @@ def hf_reference(hf_dir, samples, temperature=TEMPERATURE):
 # --- tasks run on each spawned rank ------------------------------------------------------------
 
 def logprob_task(rank, world, port, hf_dir, cache, tp, samples, chunk):
-    from trainer.forward import packed_logprobs
-    from trainer.model_provider import ModelConfig, build_policy_model
-    from trainer.packing import pack
+    from trainer.learner.forward import packed_logprobs
+    from trainer.learner.model_provider import ModelConfig, build_policy_model
+    from trainer.learner.packing import pack
 
     cpu_megatron.init_distributed(rank, world, master_port=port)
     cpu_megatron.init_model_parallel(tp=tp)
@@ -67,7 +67,7 @@ def _rl_configs():
 
 def _rollout(trainer, samples, k):
     """A deterministic stand-in for a sparse rollout: π_sparse = π_current + a known offset."""
-    from trainer.grpo_update import RolloutBatch, gather_dp
+    from trainer.learner.grpo_update import RolloutBatch, gather_dp
 
     current = gather_dp(trainer.compute_logprobs(samples), trainer)
     rollout = [lp + 0.05 * torch.cos(torch.arange(len(lp)) + i + k) for i, lp in enumerate(current)]
@@ -76,8 +76,8 @@ def _rollout(trainer, samples, k):
 
 
 def _make_trainer(hf_dir, cache, lr=1e-3, clip_grad=1.0):
-    from trainer.model_provider import ModelConfig
-    from trainer.policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
+    from trainer.learner.model_provider import ModelConfig
+    from trainer.learner.policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
 
     # fp32 on every device: on a GPU box these layouts run over NCCL (distributed optimizer at
     # DP=2) and must still agree to fp32 tolerances
@@ -92,8 +92,8 @@ def _make_trainer(hf_dir, cache, lr=1e-3, clip_grad=1.0):
 def train_task(rank, world, port, hf_dir, cache, tp, samples, rollouts, save_dir, resume_from,
                save_after):
     """GRPO updates (2 optimizer steps per rollout); returns per-step losses + final ckpt dir."""
-    from trainer.checkpoint import load_checkpoint, save_checkpoint
-    from trainer.grpo_update import prepare_update, run_updates
+    from trainer.learner.checkpoint import load_checkpoint, save_checkpoint
+    from trainer.learner.grpo_update import prepare_update, run_updates
 
     cpu_megatron.init_distributed(rank, world, master_port=port)
     cpu_megatron.init_model_parallel(tp=tp, seed=1234)
@@ -115,7 +115,7 @@ def train_task(rank, world, port, hf_dir, cache, tp, samples, rollouts, save_dir
 def grad_task(rank, world, port, hf_dir, cache, samples):
     """Megatron gradients (by parameter name) of the policy loss with π_θ = π_old = π_ref."""
     from trainer.algorithms import AdvantageConfig, CorrectionConfig, LossScale, PolicyLossConfig
-    from trainer.grpo_update import gather_dp, make_loss_fn, prepare_update
+    from trainer.learner.grpo_update import gather_dp, make_loss_fn, prepare_update
 
     cpu_megatron.init_distributed(rank, world, master_port=port)
     cpu_megatron.init_model_parallel(tp=1)

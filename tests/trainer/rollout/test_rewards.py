@@ -1,4 +1,4 @@
-"""trainer.rewards: built-in reward types against hand-checked answers, custom reward loading
+"""trainer.rollout.rewards: built-in reward types against hand-checked answers, custom reward loading
 (sync/async, per-item/batched), the grader timeout, and the flags."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from trainer.rewards import (RewardConfig, RewardInput, RewardModel, add_reward_args, gsm8k_answer,
-                             last_boxed_answer, parse_number, reward_config_from_args)
+from trainer.rollout.rewards import (RewardConfig, RewardInput, RewardModel, add_reward_args,
+                                    reward_config_from_args)
 
 
 def _inp(response, label, **metadata):
@@ -45,14 +45,6 @@ def test_math_grades_last_box(math_model):
     assert math_model.score(batch) == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0]
     assert math_model.last_stats == {"reward_timeouts": 0}
     assert math_model.score([]) == []
-
-
-def test_last_boxed_answer():
-    assert last_boxed_answer("a \\boxed{\\frac{1}{2}} b") == "\\frac{1}{2}"
-    assert last_boxed_answer("\\fbox{3}") == "3"
-    assert last_boxed_answer("\\boxed 5$") == "5"
-    assert last_boxed_answer("\\boxed{1} \\boxed{2") is None
-    assert last_boxed_answer("nothing") is None
 
 
 def test_math_timeout_scores_zero():
@@ -94,18 +86,6 @@ def test_gsm8k():
     assert model.score(batch) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="gsm8k label"):
         model.score([_inp("#### 1", "one")])
-
-
-def test_number_helpers():
-    from fractions import Fraction
-
-    assert gsm8k_answer("a 1,234.5 b") == "1234.5"
-    assert gsm8k_answer("#### 12\nthen 13") == "12"
-    assert parse_number("$1,000.$") == 1000
-    assert parse_number("\\frac{3}{4}") == Fraction(3, 4)
-    assert parse_number("0.5") == Fraction(1, 2)
-    for bad in ("nan", "1e5", "x", "", None, "1" * 200):
-        assert parse_number(bad) is None
 
 
 # --------------------------------------------------------------------------- countdown / arithmetic
@@ -172,7 +152,7 @@ def _module(monkeypatch, tmp_path, source: str) -> str:
 def test_custom_sync_per_item_and_batched(monkeypatch, tmp_path):
     name = _module(monkeypatch, tmp_path, """
         from __future__ import annotations
-        from trainer.rewards import batched_reward
+        from trainer.rollout.rewards import batched_reward
 
         def length(item):
             return len(item.response)

@@ -1,4 +1,4 @@
-"""Triton kernels for ``trainer.logprobs`` on CUDA: the whole ``[tokens, vocab]`` logits in one
+"""Triton kernels for ``trainer.learner.logprobs`` on CUDA: the whole ``[tokens, vocab]`` logits in one
 pass each way, never an fp32 copy.
 
 * ``row_stats``: per row, an online max / sum-of-exp / sum-of-exp-times-logit over the vocab
@@ -6,7 +6,7 @@ pass each way, never an fp32 copy.
 * ``logits_grad``: per row block, the analytic gradient of log-prob and entropy (one read, one
   bf16 write straight into the gradient tensor).
 
-The torch functions in ``trainer.logprobs`` are the reference these are tested against.
+The torch functions in ``trainer.learner.logprobs`` are the reference these are tested against.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _vocab_limit(n_cols: int, vocab_start: int, vocab_size: int | None) -> int:
 
 
 def row_stats(logits, targets, temperature: float, vocab_start: int, vocab_size: int | None):
-    """Same as ``trainer.logprobs._chunk_stats`` for the whole tensor: (m, s0, s1, target)."""
+    """Same as ``trainer.learner.logprobs._chunk_stats`` for the whole tensor: (m, s0, s1, target)."""
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
     rows, n_cols = logits.shape
     out = torch.empty(4, rows, dtype=torch.float32, device=logits.device)
@@ -88,7 +88,7 @@ def row_stats(logits, targets, temperature: float, vocab_start: int, vocab_size:
 
 def logits_grad(logits, targets, lse, entropy, grad_logp, grad_entropy, temperature: float,
                 vocab_start: int, vocab_size: int | None):
-    """Same as ``trainer.logprobs._chunk_grad`` for the whole tensor."""
+    """Same as ``trainer.learner.logprobs._chunk_grad`` for the whole tensor."""
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
     rows, n_cols = logits.shape
     grad = torch.empty_like(logits, memory_format=torch.contiguous_format)

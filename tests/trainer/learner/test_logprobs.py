@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from checkpoint_tools import cpu_megatron
-from trainer.logprobs import logprobs_and_entropy
+from trainer.learner.logprobs import logprobs_and_entropy
 
 
 def dense_reference(logits, targets, temperature, vocab_size):

@@ -108,19 +108,25 @@ def init_distributed(
     master_port: int | None = None,
     backend: str | None = None,
 ) -> None:
-    """Initialise the default process group (gloo on CPU, NCCL on GPU) if it is not up yet."""
+    """Initialise the default process group (gloo on CPU, NCCL on GPU) if it is not up yet.
+
+    One rank without ``master_port`` gets an in-memory store: no port and no launcher variables
+    are read, so a tool run under (or spawned by) torchrun never joins that job's rendezvous."""
     install_cpu_stand_ins()
     if dist.is_initialized():
         return
-    if master_port is None and world_size == 1:
-        master_port = free_port()  # a private store: never collide with an earlier group's port
-    address = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = master_port if master_port is not None else int(os.environ["MASTER_PORT"])
     backend = backend or ("nccl" if cuda_available() else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
+    timeout = datetime.timedelta(minutes=10)
+    if master_port is None and world_size == 1:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
+        return
+    address = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = master_port if master_port is not None else int(os.environ["MASTER_PORT"])
     dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(minutes=10))
+                            world_size=world_size, timeout=timeout)
 
 
 def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234) -> None:

@@ -41,10 +41,13 @@ def _add_sglang_args(parser: argparse.ArgumentParser) -> None:
                                help=f"{help_text} (default: {f.default})", **meta)
 
 
-def server_args_from(args: argparse.Namespace):
+def server_args_from(args: argparse.Namespace, device: str | None = None):
+    """The colocated engine's ServerArgs; ``device`` (this rank's GPU) replaces ``auto``."""
     from sglang_kvc.server_args import ServerArgs
 
     values = {k[len("sglang_"):]: v for k, v in vars(args).items() if k.startswith("sglang_")}
+    if device is not None and values.get("device", "auto") == "auto":
+        values["device"] = device
     return ServerArgs(model_path=args.hf_checkpoint, **values)
 
 
@@ -69,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--attention-backend", default="auto", choices=["auto", "te", "sdpa", "local"])
     g.add_argument("--seed", type=int, default=1234)
 
+    g = p.add_argument_group("launch (process groups come from torchrun / the launcher's env)")
+    g.add_argument("--rendezvous-timeout", type=float, default=300.0,
+                   help="seconds for all ranks to meet at MASTER_ADDR:MASTER_PORT before failing "
+                        "with the missing ranks named")
+    g.add_argument("--distributed-timeout-minutes", type=float, default=30.0,
+                   help="timeout of each collective once the job runs (Megatron's flag)")
+
     g = p.add_argument_group("data")
     g.add_argument("--prompt-data", required=True,
                    help="JSONL/parquet of prompts; 'file.jsonl@[0:1000]' takes a slice")
@@ -91,13 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-stop-token-ids", type=int, nargs="*", default=None)
     g.add_argument("--rollout-server-urls", nargs="*", default=None,
                    help="SGLang-API servers (sglang-kvc or stock SGLang); default: an in-process "
-                        "engine on rank 0, colocated with the trainer")
+                        "engine on every data-parallel rank, colocated with the trainer")
     g.add_argument("--rollout-concurrency", type=int, default=64,
                    help="in-flight HTTP requests per server")
     g.add_argument("--weight-sync", default="auto",
                    choices=["auto", "inprocess", "tensor", "disk", "distributed"],
                    help="how weights reach the engine (auto: inprocess, or tensor over HTTP)")
     g.add_argument("--weight-sync-bucket-mb", type=int, default=512)
+    g.add_argument("--save-debug-rollout-data", default=None,
+                   help="write each rollout's samples (ids, log-probs, reward, engine) as JSONL to "
+                        "this path; '{rollout_id}' in it is replaced (slime's flag)")
     g.add_argument("--offload-rollout", action=argparse.BooleanOptionalAction, default=None,
                    help="release the colocated engine's KV memory while training (default: on "
                         "with a GPU)")
@@ -186,6 +199,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Inconsistent combinations fail now, not after the first rollout."""
+    if args.save_debug_rollout_data:
+        try:
+            args.save_debug_rollout_data.format(rollout_id=0)
+        except (KeyError, IndexError, ValueError) as e:
+            parser.error(f"--save-debug-rollout-data {args.save_debug_rollout_data!r}: only "
+                         f"'{{rollout_id}}' may be substituted ({type(e).__name__}: {e})")
+    if args.rendezvous_timeout <= 0 or args.distributed_timeout_minutes <= 0:
+        parser.error("--rendezvous-timeout and --distributed-timeout-minutes must be > 0")
     for flag in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len",
                  "num_rollout", "max_tokens_per_gpu", "tensor_model_parallel_size",
                  "pipeline_model_parallel_size"):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +17,10 @@ import torch
 import torch.distributed as dist
 
 from checkpoint_tools.megatron_model import build_gpt_model, layer_spec, load_torch_dist
-from checkpoint_tools.model_config import ModelArch, load_arch
+from checkpoint_tools.model_config import CheckpointError, ModelArch, load_arch
 from checkpoint_tools.torch_dist import METADATA, TRACKER
 
+from ..launch import launcher_free_env, phase
 from .attention import SDPACoreAttention
 from .fusions import rope as fused_rope
 from .fusions.rmsnorm import FusedRMSNorm
@@ -33,6 +33,7 @@ class ModelConfig:
     dtype: torch.dtype | None = None  # default: bf16 on GPU, fp32 on CPU
     attention_backend: str = "auto"  # auto | te | sdpa | local
     recompute_activations: bool = False
+    role: str = "policy"  # in startup messages: policy | reference
 
 
 def transformer_engine_available() -> bool:
@@ -85,14 +86,22 @@ def resolve_weights(load: str | Path, hf_checkpoint: str | Path, cache_dir: str 
     target = Path(cache_dir)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0 and not (target / TRACKER).is_file():
-        # A process of its own: the converter saves through torch.distributed, which must not
-        # involve the other ranks of this job's process group.
-        subprocess.run([sys.executable, "-m", "checkpoint_tools.hf2megatron", "--hf-checkpoint",
-                        str(load), "--save", str(target), "--overwrite"], check=True,
-                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        with phase(f"HF -> torch_dist import of {load} into {target}"):
+            _convert(load, target)
     if dist.is_initialized():
         dist.barrier()
     return target
+
+
+def _convert(hf_dir: Path, target: Path) -> None:
+    # A process of its own: the converter saves through torch.distributed, which must not
+    # involve this job's process group; without the launcher's variables it cannot join it.
+    env = {**launcher_free_env(), "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-m", "checkpoint_tools.hf2megatron", "--hf-checkpoint",
+                           str(hf_dir), "--save", str(target), "--overwrite"], env=env)
+    if proc.returncode != 0:
+        raise CheckpointError(f"converting {hf_dir} to torch_dist failed (exit {proc.returncode}; "
+                              f"its error is printed above)")
 
 
 def build_policy_model(cfg: ModelConfig, *, cache_dir: str | Path | None = None, load: bool = True,
@@ -106,10 +115,14 @@ def build_policy_model(cfg: ModelConfig, *, cache_dir: str | Path | None = None,
     if cfg.recompute_activations:
         overrides.update(recompute_granularity="full", recompute_method="uniform",
                          recompute_num_layers=1)
-    model = build_gpt_model(arch, dtype=cfg.dtype or default_dtype(),
-                            spec=policy_layer_spec(arch, cfg.attention_backend), **overrides)
+    with phase(f"build {cfg.role} model") as info:
+        model = build_gpt_model(arch, dtype=cfg.dtype or default_dtype(),
+                                spec=policy_layer_spec(arch, cfg.attention_backend), **overrides)
+        info["detail"] = f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on rank 0"
     if load:
         source = cfg.load or cfg.hf_checkpoint
         cache = cache_dir or Path(source).with_name(Path(source).name + "_torch_dist")
-        load_torch_dist(model, resolve_weights(source, cfg.hf_checkpoint, cache))
+        weights = resolve_weights(source, cfg.hf_checkpoint, cache)
+        with phase(f"load {cfg.role} weights from {weights}"):
+            load_torch_dist(model, weights)
     return arch, model

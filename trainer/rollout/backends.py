@@ -13,6 +13,7 @@ import itertools
 import time
 
 import requests
+from tqdm import tqdm
 
 
 @dataclasses.dataclass
@@ -61,10 +62,11 @@ def parse_output(out: dict) -> Generation:
 
 
 class EngineRollout:
-    """The in-process engine (colocated with the trainer on rank 0)."""
+    """An in-process engine, colocated with this rank's part of the trainer."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, progress: bool = False):
         self.engine = engine
+        self.progress = progress  # a bar of finished samples (one rank shows it)
 
     def generate(self, prompts: list[list[int]], n: int, cfg: RolloutConfig, **overrides
                  ) -> list[Generation]:
@@ -78,7 +80,12 @@ class EngineRollout:
                 params.append(_sampling_params(cfg, seed, **overrides))
         body = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
         items, _ = parse_generate(body, self.engine.sampling_defaults)
-        return [parse_output(f.result()) for f in self.engine.submit(items)]
+        futures = self.engine.submit(items)
+        with tqdm(total=len(input_ids), desc="generate", unit="sample", leave=False,
+                  disable=not self.progress, mininterval=1.0) as bar:
+            for _ in concurrent.futures.as_completed(futures):
+                bar.update()
+        return [parse_output(f.result()) for f in futures]
 
 
 class HTTPRollout:

@@ -4,7 +4,9 @@ Modes (``--weight-sync``): ``inprocess`` (the colocated engine copies tensors di
 ``tensor`` (``/update_weights_from_tensor``), ``disk`` (HF safetensors written to a directory,
 then ``/update_weights_from_disk``), ``distributed`` (``/update_weights_from_distributed``: a
 process group of its own, NCCL on GPU and gloo on CPU, the trainer broadcasting as rank 0).
-Every rank calls ``push`` (tensor-parallel gathers); only global rank 0 talks to the engine.
+Every rank calls ``push`` (tensor-parallel gathers): with colocated engines each engine's host
+(the first rank of its data-parallel replica) hands its full copy to its own engine; with
+servers, global rank 0 talks to all of them.
 Tensors travel in buckets of ``bucket_bytes`` and the engine records the weight version, which
 the loop checks on the next rollout's ``meta_info``.
 """
@@ -41,6 +43,8 @@ class WeightSync:
         self.disk_dir, self.hf_config_dir = disk_dir, hf_config_dir
         self.master_port = master_port
         self._group = None
+        # who talks to an engine: every colocated engine's host, or rank 0 for servers
+        self.pushes = engine is not None if mode == "inprocess" else _is_rank0()
 
     def push(self, trainer, version: str) -> dict:
         start = time.perf_counter()
@@ -51,7 +55,7 @@ class WeightSync:
         else:
             for bucket in buckets(tensors, self.bucket_bytes):
                 nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-                if _is_rank0():
+                if self.pushes:
                     getattr(self, f"_push_{self.mode}")(bucket, version)
         if dist.is_initialized():
             dist.barrier()

@@ -1,0 +1,178 @@
+"""The launch users run: ``scripts/run-*.sh`` -> ``torch.distributed.run`` -> ``trainer.train``
+on gloo ranks, each hosting its own rollout engine; and rendezvous failures that end with a
+message instead of a hang. Every run is under a timeout, so a broken launch fails CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from checkpoint_tools import cpu_megatron
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = {"dense": ROOT / "scripts" / "run-qwen2.5-1.5b.sh",
+           "rkv": ROOT / "scripts" / "run-qwen2.5-1.5b-rkv.sh"}
+# tiny overrides of the reference recipe (extra flags go last, so they win)
+TINY = ["--rollout-batch-size", "5", "--n-samples-per-prompt", "2", "--global-batch-size", "10",
+        "--rollout-max-response-len", "10", "--eval-max-response-len", "8",
+        "--max-tokens-per-gpu", "512", "--sglang-max-total-tokens", "4096", "--reward-workers", "1",
+        "--lr", "1e-3", "--rendezvous-timeout", "60"]
+RKV_TINY = ["--sglang-compress-max-prompt", "4", "--sglang-compress-divide-length", "2",
+            "--sglang-compress-max-window", "2"]
+
+
+@pytest.fixture(scope="module")
+def inputs(tiny_model_factory, tmp_path_factory):
+    """A tiny HF checkpoint, a training set and a 5-problem eval set in the scripts' layout."""
+    tmp = tmp_path_factory.mktemp("launch")
+    train = tmp / "data" / "simplelr_qwen_level3to5" / "train.jsonl"
+    train.parent.mkdir(parents=True)
+    train.write_text("".join(json.dumps({
+        "prompt": f"<|im_start|>user\nadd {i % 9 + 1} {i % 7 + 3}<|im_end|>\n<|im_start|>assistant\n",
+        "label": str(i % 9 + 1 + i % 7 + 3)}) + "\n" for i in range(40)))
+    bench = tmp / "eval" / "math500" / "test.jsonl"
+    bench.parent.mkdir(parents=True)
+    bench.write_text("".join(json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i),
+                                         "solution": f"\\boxed{{{2 * i}}}"}) + "\n" for i in range(5)))
+    return tiny_model_factory("qwen2.5"), tmp
+
+
+def _launch(inputs, recipe: str, nproc: int, out: Path) -> tuple[int, str]:
+    model, tmp = inputs
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env.update(NUM_GPUS=str(nproc), MODEL_DIR=str(model), DATA_DIR=str(tmp / "data"),
+               EVAL_DIR=str(tmp / "eval"), EVAL_SETS="math500", EVAL_INTERVAL="1", NUM_ROLLOUT="2",
+               SAVE_DIR=str(out), TORCHRUN=f"{sys.executable} -m torch.distributed.run",
+               PYTHONWARNINGS="ignore")
+    flags = TINY + (RKV_TINY if recipe == "rkv" else [])
+    flags += ["--save-debug-rollout-data", str(out / "rollouts" / "{rollout_id}.jsonl")]
+    proc = subprocess.run(["bash", str(SCRIPTS[recipe]), *flags], env=env, cwd=ROOT, text=True,
+                          capture_output=True, timeout=240)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+LAUNCHES = [("dense", 1), ("dense", 2), ("rkv", 2)]
+
+
+@pytest.fixture(scope="module")
+def runs(inputs, tmp_path_factory):
+    """The dense recipe through torchrun on 1 and 2 ranks, the R-KV recipe on 2."""
+    out = {}
+    for recipe, nproc in LAUNCHES:
+        save = tmp_path_factory.mktemp(f"{recipe}{nproc}")
+        out[recipe, nproc] = (save, *_launch(inputs, recipe, nproc, save))
+    return out
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("recipe,nproc", LAUNCHES)
+def test_run_script_through_torchrun_completes(runs, recipe, nproc):
+    save, rc, log = runs[recipe, nproc]
+    assert rc == 0, log[-4000:]
+    metrics = _rows(save / "logs" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:  # every engine generated its shard (5 prompts x 2 samples split by prompt)
+        counts = [m[f"rollout_engine{i}/samples"] for i in range(nproc)]
+        assert sum(counts) == 10 and min(counts) >= 4, counts
+        assert all(m[f"rollout_engine{i}/tokens_per_s"] > 0 for i in range(nproc))
+        assert m["time_update"] > 0
+        assert (m.get("kv_compressions_per_sample", 0) > 0) == (recipe == "rkv")
+    for phase in ("[startup] process group: rank 0 of", "[startup] HF -> torch_dist import",
+                  f"[startup] start {nproc} colocated rollout engine(s)", "KV pool of rank 0's engine",
+                  "[startup] weights to the engine(s)", "[startup] first rollout"):
+        assert phase in log, phase
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "2"
+
+
+def test_two_engines_sample_what_one_engine_samples(runs):
+    """Before any update both launches sample with the same weights and per-sample seeds: the
+    gathered batch of 2 engines is the single engine's, sample for sample, in the same order."""
+    one, two = (_rows(runs["dense", n][0] / "rollouts" / "0.jsonl") for n in (1, 2))
+    assert [r["engine"] for r in two] == [0] * 6 + [1] * 4  # prompts 0-2 on engine 0, 3-4 on 1
+    assert [r["index"] for r in two] == list(range(10))
+    for a, b in zip(one, two):
+        assert a["prompt_ids"] == b["prompt_ids"] and a["response_ids"] == b["response_ids"]
+        assert a["reward"] == b["reward"]
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]),
+                                   atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_engines_serve_the_trainers_weights_after_the_update(runs, inputs, tmp_path, nproc):
+    """The greedy eval after the last update, from every engine, is what the trainer's final
+    weights (saved, exported with megatron2hf) give under Hugging Face: each token is HF's
+    argmax teacher-forced on the same prefix (near-ties excused). Dense rollouts: a compressed
+    cache would rightly differ from HF's full attention."""
+    from transformers import AutoModelForCausalLM
+
+    save, rc, log = runs["dense", nproc]
+    assert rc == 0, log[-4000:]
+    hf_dir = tmp_path / "hf"
+    proc = subprocess.run([sys.executable, "-m", "checkpoint_tools.megatron2hf", "--load", str(save),
+                           "--output-dir", str(hf_dir), "--origin-hf-dir", str(inputs[0])],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    rows = _rows(save / "logs" / "eval_samples" / "math500_rollout2.jsonl")
+    assert sorted({r["engine"] for r in rows}) == list(range(nproc))
+    assert all(r["weight_version"] == "rollout-2" for r in rows)
+    for r in rows:
+        ids = torch.tensor([r["prompt_ids"] + r["response_ids"]])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(r["prompt_ids"]) - 1:-1]
+        chosen = logits.gather(1, torch.tensor(r["response_ids"])[:, None])[:, 0]
+        assert r["response_ids"] and torch.all(chosen >= logits.max(-1).values - 1e-4), r
+
+
+def _bare_train(inputs, tmp_path, env_extra: dict, *flags) -> subprocess.CompletedProcess:
+    model, tmp = inputs
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
+    env.update(PYTHONWARNINGS="ignore", **env_extra)
+    argv = ["--hf-checkpoint", str(model), "--prompt-data",
+            str(tmp / "data" / "simplelr_qwen_level3to5" / "train.jsonl"), "--log-dir",
+            str(tmp_path / "logs"), "--num-rollout", "1", *flags]
+    return subprocess.run([sys.executable, "-m", "trainer.train", *argv], env=env, cwd=ROOT,
+                          text=True, capture_output=True, timeout=120)
+
+
+def test_unreachable_rendezvous_fails_with_the_address(inputs, tmp_path):
+    """Rank 1 of 2 with nobody serving MASTER_PORT: an error naming the address within the
+    configured time, not a 10-minute wait."""
+    port = cpu_megatron.free_port()
+    begin = time.monotonic()
+    proc = _bare_train(inputs, tmp_path, {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+                                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                       "--rendezvous-timeout", "3")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"MASTER_ADDR=127.0.0.1 MASTER_PORT={port}" in proc.stderr
+    assert "rank 1/2" in proc.stderr and "Traceback" not in proc.stderr
+    assert time.monotonic() - begin < 60
+
+
+def test_missing_rank_is_named(inputs, tmp_path):
+    """Rank 0 of 2 serves the store; rank 1 never comes: the missing rank is named."""
+    port = cpu_megatron.free_port()
+    proc = _bare_train(inputs, tmp_path, {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                       "--rendezvous-timeout", "3")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "rank(s) [1] never joined" in proc.stderr and f"MASTER_PORT={port}" in proc.stderr
+
+
+def test_world_not_divisible_by_model_parallel(inputs, tmp_path):
+    port = cpu_megatron.free_port()
+    proc = _bare_train(inputs, tmp_path, {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
+                                          "MASTER_PORT": str(port)},
+                       "--tensor-model-parallel-size", "2")
+    assert proc.returncode == 1 and "WORLD_SIZE=3 is not divisible" in proc.stderr, proc.stderr[-2000:]

@@ -165,6 +165,15 @@ def make_tiny_model(
     return out
 
 
+# Real models' sizes with these random weights, for benchmarks and GPU runs (no hub needed).
+SHAPES = {
+    "tiny": {},
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                         max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6),
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", choices=sorted(FAMILIES), default="qwen2.5",
@@ -172,9 +181,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="output directory (HF format)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
+                        help="layer sizes: tiny, or a real model's (random weights, tiny tokenizer)")
     args = parser.parse_args(argv)
-    path = make_tiny_model(args.family, args.out, dtype=getattr(torch, args.dtype), seed=args.seed)
-    print(f"wrote tiny {args.family} checkpoint to {path}")
+    path = make_tiny_model(args.family, args.out, dtype=getattr(torch, args.dtype), seed=args.seed,
+                           overrides=SHAPES[args.shape])
+    print(f"wrote {args.shape} {args.family} checkpoint to {path}")
 
 
 if __name__ == "__main__":

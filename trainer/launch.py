@@ -31,6 +31,9 @@ LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_
 LAUNCHER_PREFIXES = ("TORCHELASTIC_",)
 
 
+_STARTED = time.monotonic()  # startup messages show the time since the trainer was imported
+
+
 class RendezvousError(RuntimeError):
     """The ranks of this job could not meet; the message names the address and the ranks."""
 
@@ -154,13 +157,14 @@ def _is_rank0() -> bool:
 
 @contextlib.contextmanager
 def phase(name: str):
-    """Print a startup phase and its time on rank 0: ``[startup] name ...`` then
-    ``[startup] name: 3.2s (detail)``; the body may set ``info["detail"]``."""
+    """Print a startup phase and its time on rank 0: ``[startup +5s] name ...`` then
+    ``[startup +8s] name: 3.2s (detail)``; the body may set ``info["detail"]``."""
     show, info = _is_rank0(), {}
     if show:
-        print(f"[startup] {name} ...", flush=True)
+        print(f"[startup +{time.monotonic() - _STARTED:.0f}s] {name} ...", flush=True)
     begin = time.perf_counter()
     yield info
     if show:
         detail = f" ({info['detail']})" if info.get("detail") else ""
-        print(f"[startup] {name}: {time.perf_counter() - begin:.1f}s{detail}", flush=True)
+        print(f"[startup +{time.monotonic() - _STARTED:.0f}s] {name}: "
+              f"{time.perf_counter() - begin:.1f}s{detail}", flush=True)

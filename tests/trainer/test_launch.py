@@ -87,10 +87,11 @@ def test_run_script_through_torchrun_completes(runs, recipe, nproc):
         assert all(m[f"rollout_engine{i}/tokens_per_s"] > 0 for i in range(nproc))
         assert m["time_update"] > 0
         assert (m.get("kv_compressions_per_sample", 0) > 0) == (recipe == "rkv")
-    for phase in ("[startup] process group: rank 0 of", "[startup] HF -> torch_dist import",
-                  f"[startup] start {nproc} colocated rollout engine(s)", "KV pool of rank 0's engine",
-                  "[startup] weights to the engine(s)", "[startup] first rollout"):
+    for phase in ("] process group: rank 0 of", "] HF -> torch_dist import",
+                  f"] start {nproc} colocated rollout engine(s)", "KV pool of rank 0's engine",
+                  "] weights to the engine(s)", "] first rollout"):
         assert phase in log, phase
+    assert "[startup +" in log
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "2"
 
 

@@ -44,12 +44,12 @@ def inputs(tiny_model_factory, tmp_path_factory):
     return tiny_model_factory("qwen2.5"), tmp
 
 
-def _launch(inputs, recipe: str, nproc: int, out: Path) -> tuple[int, str]:
+def _launch(inputs, recipe: str, nproc: int, out: Path, tp: int = 1) -> tuple[int, str]:
     model, tmp = inputs
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
     env.update(NUM_GPUS=str(nproc), MODEL_DIR=str(model), DATA_DIR=str(tmp / "data"),
                EVAL_DIR=str(tmp / "eval"), EVAL_SETS="math500", EVAL_INTERVAL="1", NUM_ROLLOUT="2",
-               SAVE_DIR=str(out), TORCHRUN=f"{sys.executable} -m torch.distributed.run",
+               SAVE_DIR=str(out), TP=str(tp), TORCHRUN=f"{sys.executable} -m torch.distributed.run",
                PYTHONWARNINGS="ignore")
     flags = TINY + (RKV_TINY if recipe == "rkv" else [])
     flags += ["--save-debug-rollout-data", str(out / "rollouts" / "{rollout_id}.jsonl")]
@@ -58,17 +58,23 @@ def _launch(inputs, recipe: str, nproc: int, out: Path) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
-LAUNCHES = [("dense", 1), ("dense", 2), ("rkv", 2)]
+LAUNCHES = [("dense", 1), ("dense", 2), ("rkv", 2), ("dense-tp2", 2)]
 
 
 @pytest.fixture(scope="module")
 def runs(inputs, tmp_path_factory):
-    """The dense recipe through torchrun on 1 and 2 ranks, the R-KV recipe on 2."""
+    """The dense recipe through torchrun on 1 and 2 ranks (and 2 ranks as one TP=2 replica),
+    the R-KV recipe on 2."""
     out = {}
     for recipe, nproc in LAUNCHES:
         save = tmp_path_factory.mktemp(f"{recipe}{nproc}")
-        out[recipe, nproc] = (save, *_launch(inputs, recipe, nproc, save))
+        tp = 2 if recipe.endswith("tp2") else 1
+        out[recipe, nproc] = (save, *_launch(inputs, recipe.split("-")[0], nproc, save, tp))
     return out
+
+
+def _engines(recipe: str, nproc: int) -> int:
+    return nproc // 2 if recipe.endswith("tp2") else nproc
 
 
 def _rows(path: Path) -> list[dict]:
@@ -81,14 +87,16 @@ def test_run_script_through_torchrun_completes(runs, recipe, nproc):
     assert rc == 0, log[-4000:]
     metrics = _rows(save / "logs" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
+    engines = _engines(recipe, nproc)
     for m in metrics:  # every engine generated its shard (5 prompts x 2 samples split by prompt)
-        counts = [m[f"rollout_engine{i}/samples"] for i in range(nproc)]
+        counts = [m[f"rollout_engine{i}/samples"] for i in range(engines)]
         assert sum(counts) == 10 and min(counts) >= 4, counts
-        assert all(m[f"rollout_engine{i}/tokens_per_s"] > 0 for i in range(nproc))
+        assert f"rollout_engine{engines}/samples" not in m
+        assert all(m[f"rollout_engine{i}/tokens_per_s"] > 0 for i in range(engines))
         assert m["time_update"] > 0
         assert (m.get("kv_compressions_per_sample", 0) > 0) == (recipe == "rkv")
     for phase in ("] process group: rank 0 of", "] HF -> torch_dist import",
-                  f"] start {nproc} colocated rollout engine(s)", "KV pool of rank 0's engine",
+                  f"] start {engines} colocated rollout engine(s)", "KV pool of rank 0's engine",
                   "] weights to the engine(s)", "] first rollout"):
         assert phase in log, phase
     assert "[startup +" in log
@@ -108,15 +116,16 @@ def test_two_engines_sample_what_one_engine_samples(runs):
                                    atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_engines_serve_the_trainers_weights_after_the_update(runs, inputs, tmp_path, nproc):
+@pytest.mark.parametrize("recipe,nproc", [("dense", 1), ("dense", 2), ("dense-tp2", 2)])
+def test_engines_serve_the_trainers_weights_after_the_update(runs, inputs, tmp_path, recipe, nproc):
     """The greedy eval after the last update, from every engine, is what the trainer's final
     weights (saved, exported with megatron2hf) give under Hugging Face: each token is HF's
     argmax teacher-forced on the same prefix (near-ties excused). Dense rollouts: a compressed
-    cache would rightly differ from HF's full attention."""
+    cache would rightly differ from HF's full attention. With TP=2 the one engine gets the full
+    weights gathered from both tensor-parallel ranks."""
     from transformers import AutoModelForCausalLM
 
-    save, rc, log = runs["dense", nproc]
+    save, rc, log = runs[recipe, nproc]
     assert rc == 0, log[-4000:]
     hf_dir = tmp_path / "hf"
     proc = subprocess.run([sys.executable, "-m", "checkpoint_tools.megatron2hf", "--load", str(save),
@@ -126,7 +135,7 @@ def test_engines_serve_the_trainers_weights_after_the_update(runs, inputs, tmp_p
     assert proc.returncode == 0, proc.stderr[-2000:]
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     rows = _rows(save / "logs" / "eval_samples" / "math500_rollout2.jsonl")
-    assert sorted({r["engine"] for r in rows}) == list(range(nproc))
+    assert sorted({r["engine"] for r in rows}) == list(range(_engines(recipe, nproc)))
     assert all(r["weight_version"] == "rollout-2" for r in rows)
     for r in rows:
         ids = torch.tensor([r["prompt_ids"] + r["response_ids"]])

@@ -6,24 +6,72 @@ the same bad inputs with the same messages (ValueError -> HTTP 400).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from .sampling_params import SamplingParams
 
+log = logging.getLogger(__name__)
+
 GENERATE_KEYS = {
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
     "top_logprobs_num", "return_text_in_logprobs", "stream", "token_ids_logprob",
 }
-# SGLang fields accepted for compatibility as long as they carry no value we would ignore.
+# SGLang fields that would change the result, accepted at their default (what every stock client
+# sends) and refused otherwise: a value we would silently ignore is a wrong answer.
 _NEUTRAL_KEYS = {
     "input_embeds": None, "image_data": None, "video_data": None, "audio_data": None,
     "lora_path": None, "custom_logit_processor": None, "return_hidden_states": False,
     "return_routed_experts": False, "modalities": None, "session_params": None,
-    "data_parallel_rank": None, "log_metrics": True, "bootstrap_host": None,
-    "bootstrap_port": None, "bootstrap_room": None,
+    "return_entropy": False, "return_sampling_mask": False, "return_flat_raw_top_logprobs": False,
+    "return_flat_raw_top_logprobs_b64": False, "return_prompt_token_ids": False,
+    "return_indexer_topk": False, "routed_experts_start_len": 0, "mm_hashes": None,
+    "mm_content_hashes": None, "use_audio_in_video": False, "video_config": None,
+    "positional_embed_overrides": None, "require_reasoning": False, "max_thinking_tokens": None,
+    "multi_item_delimiter_indices": None, "images_config": None, "max_dynamic_patch": None,
+    "min_dynamic_patch": None, "image_max_dynamic_patch": None, "video_max_dynamic_patch": None,
 }
+# Fields that only route, label, prioritise or log a request (SGLang's, and what sglang-router
+# adds when forwarding): they cannot change a single-model server's answer, so they are accepted
+# with their type checked and otherwise ignored. Value: the allowed types (None always is).
+_IGNORED_KEYS: dict[str, tuple[type, ...]] = {
+    "model": (str,), "background": (bool,), "no_logs": (bool,), "return_bytes": (bool,),
+    "log_metrics": (bool,), "session_id": (str,), "conversation_id": (str,), "routing_key": (str,),
+    "priority": (int,), "extra_key": (str, list), "custom_labels": (dict,),
+    "external_trace_header": (dict,), "received_time": (int, float), "data_parallel_rank": (int,),
+    "routed_dp_rank": (int,), "disagg_prefill_dp_rank": (int,), "bootstrap_host": (str, list),
+    "bootstrap_port": (int, list), "bootstrap_room": (int, list), "bootstrap_pair_key": (str, list),
+    "decode_tp_size": (int, list), "http_worker_ipc": (str,), "lora_id": (str, list),
+    "kv_router_hint": (dict,), "cache_salt": (str, list), "need_wait_for_mm_inputs": (bool,),
+    "num_items_assigned": (dict,), "encoder_urls": (list,),
+}
+_logged_ignored: set[str] = set()
+
+
+def _check_extra_fields(body: dict) -> None:
+    known = GENERATE_KEYS | set(_NEUTRAL_KEYS) | set(_IGNORED_KEYS)
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise ValueError(f"unknown request field(s): {', '.join(unknown)}")
+    for k, neutral in _NEUTRAL_KEYS.items():
+        if k in body and body[k] not in (neutral, None):
+            raise ValueError(f"{k}={body[k]!r} is not supported by this server")
+    for k, types in _IGNORED_KEYS.items():
+        value = body.get(k)
+        if value is not None and (not isinstance(value, types) or
+                                  (isinstance(value, bool) and bool not in types)):
+            names = " or ".join(t.__name__ for t in types)
+            raise ValueError(f"{k} must be {names}, got {type(value).__name__}")
+    _log_ignored(sorted(k for k in body if k in _IGNORED_KEYS and k not in _logged_ignored))
+
+
+def _log_ignored(names: list[str]) -> None:
+    if names:
+        _logged_ignored.update(names)
+        log.info("accepting and ignoring request field(s) %s: they route or label a request and "
+                 "do not change this server's output (logged once per field)", ", ".join(names))
 
 
 @dataclass
@@ -52,12 +100,7 @@ def parse_generate(body: Any, sampling_defaults: dict | None = None) -> tuple[li
     """Validate a /generate body. Returns the items and whether the input was a batch."""
     if not isinstance(body, dict):
         raise ValueError("request body must be a JSON object")
-    unknown = sorted(set(body) - GENERATE_KEYS - set(_NEUTRAL_KEYS))
-    if unknown:
-        raise ValueError(f"unknown request field(s): {', '.join(unknown)}")
-    for k, neutral in _NEUTRAL_KEYS.items():
-        if k in body and body[k] not in (neutral, None):
-            raise ValueError(f"{k} is not supported by this server")
+    _check_extra_fields(body)
     if body.get("token_ids_logprob") is not None:
         raise ValueError("token_ids_logprob is not supported by this server")
     text, ids = body.get("text"), body.get("input_ids")

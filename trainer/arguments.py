@@ -220,6 +220,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                      f"--rollout-batch-size x --n-samples-per-prompt = {samples}")
     if not Path(args.hf_checkpoint, "config.json").is_file():
         parser.error(f"--hf-checkpoint {args.hf_checkpoint}: no config.json there")
+    # The engine reports log_softmax(logits / T) over the whole vocabulary, before truncation,
+    # and the trainer replays only T: truncated sampling would make every importance ratio wrong.
+    if args.rollout_top_p < 1.0 or args.rollout_top_k > 0:
+        parser.error(f"--rollout-top-p {args.rollout_top_p} / --rollout-top-k {args.rollout_top_k}: "
+                     "truncated sampling is not supported for training rollouts (the behaviour "
+                     "log-probs and the trainer's recompute are over the full vocabulary); use "
+                     "--rollout-top-p 1.0 --rollout-top-k -1 (eval may truncate: --eval-top-p)")
     if args.rollout_temperature <= 0:
         parser.error("--rollout-temperature must be > 0 (the trainer divides logits by it)")
     if args.eval_prompt_data and len(args.eval_prompt_data) % 2:

@@ -85,6 +85,21 @@ def test_dense_weight_sync_keeps_engine_and_trainer_identical(setup, tmp_path):
     assert rows[0]["sync_bytes"] > 0
 
 
+def test_first_update_starts_on_policy(setup, tmp_path):
+    """slime's first-step check: dense rollouts, one optimizer step per rollout, π_old recomputed
+    from the same weights: the first step's PPO KL is 0 (π_θ = π_old) and the engine-vs-trainer
+    log-prob difference is at its floor (fp32: ~1e-7)."""
+    hf, data, _ = setup
+    flags = _flags(hf, data, tmp_path, rollouts=1)
+    flags[flags.index("--global-batch-size") + 1] = "16"  # the whole rollout: one step
+    rc, log = _run(flags)
+    assert rc == 0, log[-3000:]
+    row = _metrics(tmp_path)[0]
+    assert abs(row["train/ppo_kl"]) < 1e-6, row["train/ppo_kl"]
+    assert row["train/clipfrac"] == 0.0
+    assert row["train_rollout_logprob_abs_diff"] < 1e-5, row["train_rollout_logprob_abs_diff"]
+
+
 def test_resume_equals_uninterrupted(setup, tmp_path):
     hf, data, _ = setup
     full, half = tmp_path / "full", tmp_path / "half"
@@ -148,6 +163,8 @@ def test_bad_data_names_file_and_line(setup, tmp_path, content, message):
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--sglang-compress-algorithm", "bogus"], "--sglang-compress-algorithm"),
     (["--weight-sync", "tensor"], "--weight-sync tensor needs --rollout-server-urls"),
+    (["--rollout-top-p", "0.9"], "--rollout-top-p 0.9 / --rollout-top-k -1: truncated sampling"),
+    (["--rollout-top-k", "20"], "--rollout-top-k 20: truncated sampling is not supported"),
 ])
 def test_bad_flags_fail_at_once(setup, tmp_path, extra, message):
     hf, data, _ = setup

@@ -39,8 +39,9 @@ class Generation:
 
 
 def _sampling_params(cfg: RolloutConfig, seed: int | None, **overrides) -> dict:
+    # every truncation explicit: a model's generation_config must not slip in a min_p
     params = {"max_new_tokens": cfg.max_response_len, "temperature": cfg.temperature,
-              "top_p": cfg.top_p, "top_k": cfg.top_k, "no_stop_trim": True,
+              "top_p": cfg.top_p, "top_k": cfg.top_k, "min_p": 0.0, "no_stop_trim": True,
               "skip_special_tokens": False, "spaces_between_special_tokens": False}
     if cfg.stop_token_ids:
         params["stop_token_ids"] = cfg.stop_token_ids

@@ -278,7 +278,8 @@ def init_parallel(args: argparse.Namespace) -> None:
         raise RendezvousError(
             f"WORLD_SIZE={launch.world_size} is not divisible by --tensor-model-parallel-size x "
             f"--pipeline-model-parallel-size = {model_parallel}")
-    with phase(f"process group: rank 0 of {launch.world_size} ({launch.launcher} launch)") as info:
+    how = "no launcher" if launch.launcher == "none" else f"{launch.launcher} launch"
+    with phase(f"process group: rank 0 of {launch.world_size} ({how})") as info:
         device = select_device(launch)
         init_process_group(launch, rendezvous_timeout=args.rendezvous_timeout,
                            timeout_minutes=args.distributed_timeout_minutes)

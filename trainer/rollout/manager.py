@@ -66,6 +66,8 @@ def sample_stats(gens: list[Generation], rewards: list[float]) -> dict:
     return {"reward_mean": float(r.mean()), "reward_std": float(r.std()) if len(r) > 1 else 0.0,
             "accuracy": float((r > 0).double().mean()),
             "response_len_mean": sum(lengths) / len(lengths),
+            # a dense sample holds prompt + response KV slots: its peak, next to kv_peak_slots_*
+            "prompt_len_mean": sum(g.meta.get("prompt_tokens", 0) for g in gens) / len(gens),
             "response_len_max": float(max(lengths)),
             "response_truncated_fraction": sum(g.finish_reason == "length" for g in gens) / len(gens),
             "aborted": float(sum(g.finish_reason == "abort" for g in gens))}

@@ -26,9 +26,9 @@ def _write_gguf(path: Path, arch: str, raw_dtype=None) -> Path:
     if raw_dtype is None:
         writer.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
     else:  # one block of raw bytes of the given type
-        block, nbytes = gguf.GGML_QUANT_SIZES[raw_dtype]
+        _, nbytes = gguf.GGML_QUANT_SIZES[raw_dtype]
         writer.add_tensor("token_embd.weight", np.zeros(nbytes, dtype=np.uint8),
-                          raw_shape=(block,), raw_dtype=raw_dtype)
+                          raw_shape=(nbytes,), raw_dtype=raw_dtype)  # byte shape
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from .model_config import CheckpointError
+from .model_config import CheckpointError, run_converter
 
 # GGUF architecture -> what transformers builds from it (families this project trains)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -98,14 +97,8 @@ def main(argv=None) -> int:
     p.add_argument("--output-dir", required=True, help="HF checkpoint directory to write")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     args = p.parse_args(argv)
-    start = time.perf_counter()
-    try:
-        out = convert(args.gguf, args.output_dir, getattr(torch, args.dtype))
-    except CheckpointError as e:
-        print(f"gguf2hf: error: {e}", file=sys.stderr)
-        return 2
-    print(f"gguf2hf: wrote {out} ({args.dtype}) in {time.perf_counter() - start:.1f}s")
-    return 0
+    return run_converter("gguf2hf", lambda: convert(
+        args.gguf, args.output_dir, getattr(torch, args.dtype)))
 
 
 if __name__ == "__main__":

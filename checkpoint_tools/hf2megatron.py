@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import time
 from argparse import Namespace
 from pathlib import Path
 
@@ -23,7 +22,8 @@ from . import cpu_megatron
 from .hf_io import HFCheckpointReader
 from .mapping import (EMBEDDING, FINAL_NORM, HF_EMBEDDING, HF_FINAL_NORM, HF_LM_HEAD, LAYER_PREFIX,
                       OUTPUT_LAYER, hf_to_megatron_layer, pad_vocab)
-from .model_config import CheckpointError, load_arch, megatron_args, read_config_json
+from .model_config import (CheckpointError, load_arch, megatron_args, read_config_json,
+                           run_converter)
 from .torch_dist import METADATA, iteration_dir_name, write_tracker
 
 
@@ -158,20 +158,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    start = time.perf_counter()
-    try:
-        out = convert_hf_to_torch_dist(
-            args.hf_checkpoint, args.save, tp=args.tp, pp=args.pp,
-            iteration=args.iteration if args.iteration == "release" else int(args.iteration),
-            padded_vocab_size=args.padded_vocab_size,
-            make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-            dtype=None if args.dtype == "auto" else getattr(torch, args.dtype),
-            overwrite=args.overwrite)
-    except CheckpointError as e:
-        print(f"hf2megatron: error: {e}", file=sys.stderr)
-        return 2
-    print(f"hf2megatron: wrote {out} in {time.perf_counter() - start:.1f}s")
-    return 0
+    return run_converter('hf2megatron', lambda: convert_hf_to_torch_dist(
+        args.hf_checkpoint, args.save, tp=args.tp, pp=args.pp,
+        iteration=args.iteration if args.iteration == "release" else int(args.iteration),
+        padded_vocab_size=args.padded_vocab_size,
+        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+        dtype=None if args.dtype == "auto" else getattr(torch, args.dtype),
+        overwrite=args.overwrite))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,7 +23,8 @@ from tqdm import tqdm
 from .hf_io import SAFE_INDEX, ShardedSafetensorsWriter, copy_tokenizer_files
 from .mapping import (EMBEDDING, FINAL_NORM, HF_EMBEDDING, HF_FINAL_NORM, HF_LM_HEAD, LAYER_PREFIX,
                       OUTPUT_LAYER, layer_suffixes, megatron_to_hf_tensor)
-from .model_config import CheckpointError, ModelArch, arch_from_hf_config, read_config_json
+from .model_config import (CheckpointError, ModelArch, arch_from_hf_config, read_config_json,
+                           run_converter)
 from .torch_dist import read_common, resolve_checkpoint_dir, tensor_metadata
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -177,17 +177,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    start = time.perf_counter()
-    try:
-        out = convert_torch_dist_to_hf(
-            args.load, args.output_dir, origin_hf_dir=args.origin_hf_dir,
-            vocab_size=args.vocab_size, max_shard_bytes=int(args.chunk_size * 1024**3),
-            overwrite=args.force)
-    except CheckpointError as e:
-        print(f"megatron2hf: error: {e}", file=sys.stderr)
-        return 2
-    print(f"megatron2hf: wrote {out} in {time.perf_counter() - start:.1f}s")
-    return 0
+    return run_converter('megatron2hf', lambda: convert_torch_dist_to_hf(
+        args.load, args.output_dir, origin_hf_dir=args.origin_hf_dir,
+        vocab_size=args.vocab_size, max_shard_bytes=int(args.chunk_size * 1024**3),
+        overwrite=args.force))
 
 
 if __name__ == "__main__":

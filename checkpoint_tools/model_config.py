@@ -27,6 +27,23 @@ SUPPORTED_MODEL_TYPES = {
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+
+def run_converter(prog: str, convert) -> int:
+    """A converter CLI's tail: ``convert()`` returns the path written; a CheckpointError (the
+    user's input) is one ``prog: error: ...`` line and exit status 2, never a traceback."""
+    import sys
+    import time
+
+    start = time.perf_counter()
+    try:
+        out = convert()
+    except CheckpointError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{prog}: wrote {out} in {time.perf_counter() - start:.1f}s")
+    return 0
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelArch:
     """Dense decoder facts shared by HF and Megatron. Sizes are the HF (unpadded) ones."""

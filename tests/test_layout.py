@@ -8,11 +8,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"sglang_kvc": ROOT / "sglang-kvc" / "sglang_kvc", "checkpoint_tools": ROOT / "checkpoint_tools",
-            "dataset": ROOT / "dataset", "evaluation": ROOT / "evaluation", "trainer": ROOT / "trainer"}
+            "dataset": ROOT / "dataset", "evaluation": ROOT / "evaluation", "trainer": ROOT / "trainer",
+            "recipes": ROOT / "recipes"}
 # README "Architecture": what each package may import of the others
 ALLOWED = {"sglang_kvc": set(), "checkpoint_tools": set(), "dataset": set(),
            "evaluation": {"dataset"},
-           "trainer": {"sglang_kvc", "checkpoint_tools", "evaluation", "dataset"}}
+           "trainer": {"sglang_kvc", "checkpoint_tools", "evaluation", "dataset"},
+           "recipes": {"sglang_kvc", "checkpoint_tools", "evaluation", "dataset", "trainer"}}
 
 
 def _imports(path: Path, package: str) -> set[str]:

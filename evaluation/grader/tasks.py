@@ -107,6 +107,29 @@ def score_countdown(response: str, label) -> float:
         return 0.0
 
 
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def score_countdown_r1(response: str, label, format_score: float = 0.1) -> float:
+    """R1-style Countdown (TinyZero's rule, our parser): the last complete ``<answer>...</answer>``
+    holds the equation. No such tag (none, or unbalanced): 0.0. A tag whose equation is not the
+    given numbers each used once, does not parse, divides by zero or misses the target:
+    ``format_score``. The target reached exactly: 1.0."""
+    numbers, target = countdown_spec(label)
+    tags = _ANSWER_TAG.findall(response or "")
+    if not tags:
+        return 0.0
+    answer = tags[-1].strip()
+    if len(answer) > _MAX_ANSWER_CHARS or not re.fullmatch(r"[\d+\-*/().\s=]*", answer):
+        return format_score
+    if sorted(int(d) for d in re.findall(r"\d+", answer.split("=")[0])) != sorted(numbers):
+        return format_score
+    try:
+        return 1.0 if check_countdown(answer, numbers, target) else format_score
+    except (RecursionError, MemoryError, OverflowError, TypeError):
+        return format_score
+
+
 def score_gsm8k(response: str, label) -> float:
     """1.0 when the response's number (after ``####``, else its last) equals the label's."""
     gold_text = str(label)

@@ -166,7 +166,8 @@ class Run:
         samples = [Sample(prompts[i // n].input_ids, g.response_ids or [self._pad_id()])
                    for i, g in enumerate(gens)]
         rollout_logp = [torch.tensor(g.logprobs or [0.0]) for g in gens]
-        batch = RolloutBatch(samples, torch.tensor(rewards, dtype=torch.float32), rollout_logp, n)
+        shaped = (torch.tensor(rewards, dtype=torch.float32) + a.reward_bias) * a.reward_scaling
+        batch = RolloutBatch(samples, shaped, rollout_logp, n)
 
         mid = time.perf_counter()
         ref = None

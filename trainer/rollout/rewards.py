@@ -311,6 +311,10 @@ def add_reward_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "parameter is annotated as a list; sync or async; replaces --rm-type")
     g.add_argument("--reward-timeout", type=float, default=5.0,
                    help="seconds each math answer may take to grade; a timeout scores 0 (default: 5)")
+    g.add_argument("--reward-scaling", type=float, default=1.0,
+                   help="training rewards become (reward + --reward-bias) x this (AReaL's "
+                        "reward_scaling); eval scores and the logged reward_mean stay raw")
+    g.add_argument("--reward-bias", type=float, default=0.0, help="see --reward-scaling")
     g.add_argument("--reward-workers", type=int, default=None,
                    help=f"grader worker processes (default: min({DEFAULT_MAX_WORKERS}, CPU count))")
     return parser

@@ -72,9 +72,10 @@ class Run:
             info["detail"] = f"{len(self.prompts.prompts)} prompts, {len(self.eval_sets)} eval set(s)"
         self.save_dir = Path(args.save) if args.save else None
         self.log_dir = Path(args.log_dir or (self.save_dir / "logs" if self.save_dir else "runs/train"))
-        self.trainer, self.reference = self._build_models()
+        resume = _is_trainer_checkpoint(args.load)  # reads the checkpoint's common.pt: once
+        self.trainer, self.reference = self._build_models(resume)
         self.start_rollout = 0
-        if _is_trainer_checkpoint(args.load):
+        if resume:
             with phase(f"resume from {args.load}"):
                 extra = load_checkpoint(self.trainer, args.load)
             self.start_rollout = int(extra.get("rollout_id", 0))
@@ -96,9 +97,8 @@ class Run:
                                     config=vars(args)) if _rank() == 0 else None
         self.history: list[dict] = []
 
-    def _build_models(self):
+    def _build_models(self, resume: bool):
         a = self.args
-        resume = _is_trainer_checkpoint(a.load)
         cache = (self.save_dir or self.log_dir) / "hf_import"
         model_cfg = ModelConfig(hf_checkpoint=a.hf_checkpoint, load=None if resume else a.load,
                                 attention_backend=a.attention_backend)

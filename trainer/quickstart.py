@@ -101,7 +101,7 @@ def tiny_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     loss = warm_up(model_dir, args.warmup_steps, args.seed)
     print(f"[quickstart] warm-up: {args.warmup_steps} supervised steps, final loss {loss:.3f}")
     flags = ["--rollout-batch-size", "16", "--n-samples-per-prompt", "8", "--global-batch-size", "128",
-             "--rollout-max-response-len", "40", "--lr", str(args.lr or 3e-4), "--rm-type", "math",
+             "--rollout-max-response-len", "40", "--rm-type", "math",
              "--max-tokens-per-gpu", "4096", "--sglang-max-total-tokens", "16384",
              "--sglang-max-running-requests", "128"]
     # R-KV keeps 20 tokens (+ a 4-token buffer): responses run 10-40 tokens, and the average
@@ -127,7 +127,7 @@ def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     prompts = 64 if torch.cuda.is_available() else 4
     flags = ["--rollout-batch-size", str(prompts), "--n-samples-per-prompt", "8",
              "--global-batch-size", str(prompts * 8), "--rollout-max-response-len", "160",
-             "--lr", str(args.lr or 2e-6), "--rm-type", "gsm8k",
+             "--rm-type", "gsm8k",
              # micro-batch logits are tokens x 49,152 vocab: 4k tokens keep a CPU run in memory
              "--max-tokens-per-gpu", "16384" if torch.cuda.is_available() else "4096",
              "--sglang-max-total-tokens", str(prompts * 8 * 220 + 4096),
@@ -144,6 +144,7 @@ def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
 
 
 SETUPS = {"tiny": tiny_setup, "smollm2": smollm2_setup}
+DEFAULT_LR = {"tiny": 3e-4, "smollm2": 2e-6}
 
 
 def main(argv=None) -> int:
@@ -167,6 +168,7 @@ def main(argv=None) -> int:
                                  else "runs/quickstart-smollm2"))
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    lr = args.lr or DEFAULT_LR[args.model]
     model_dir, rows, flags = SETUPS[args.model](work, args)
     rollouts = args.num_rollout or (40 if args.model == "tiny" else
                                     30 if torch.cuda.is_available() else 4)
@@ -178,12 +180,11 @@ def main(argv=None) -> int:
     train_args = [
         "--hf-checkpoint", str(model_dir), "--prompt-data", str(data),
         "--save", str(work / "ckpt"), "--log-dir", str(work / "logs"),
-        "--num-rollout", str(rollouts), "--rollout-temperature", "1.0", "--lr-decay-style", "cosine",
+        "--num-rollout", str(rollouts), "--rollout-temperature", "1.0", "--lr", str(lr),
+        "--min-lr", str(lr / 10), "--lr-decay-style", "cosine",
         "--lr-decay-iters", str(rollouts), "--adam-beta2", "0.99", "--weight-decay", "0.0",
         "--kl-loss-coef", "0", "--seed", str(args.seed), *flags,
     ]
-    lr = float(flags[flags.index("--lr") + 1])
-    train_args += ["--min-lr", str(lr / 10)]
     rc = train_main(train_args + extra)
     if rc:
         return rc

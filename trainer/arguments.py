@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-server-urls", nargs="*", default=None,
                    help="SGLang-API servers (sglang-kvc or stock SGLang); default: an in-process "
                         "engine on every data-parallel rank, colocated with the trainer")
+    g.add_argument("--rollout-engine-urls", nargs="*", default=None,
+                   help="the engines behind a router given as --rollout-server-urls: weight "
+                        "updates go to each of them, since a router forwards only generation "
+                        "(default: the --rollout-server-urls themselves; python -m "
+                        "trainer.ray_job sets it)")
     g.add_argument("--rollout-concurrency", type=int, default=64,
                    help="in-flight HTTP requests per server")
     g.add_argument("--weight-sync", default="auto",
@@ -111,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save-debug-rollout-data", default=None,
                    help="write each rollout's samples (ids, log-probs, reward, engine) as JSONL to "
                         "this path; '{rollout_id}' in it is replaced (slime's flag)")
+    g.add_argument("--custom-generate-function-path", default=None,
+                   help="generate plug-in 'pkg.module:func_or_class' (slime's flag): decides the "
+                        "requests of a rollout and returns traces (trainer/rollout/generate.py; "
+                        "recipes: recipes.rc:ReasoningCache, recipes.apr:APRSubcalls)")
+    g.add_argument("--custom-generate-args", nargs="*", default=None, metavar="KEY=VALUE",
+                   help="options of a plug-in class (values parsed as JSON when they parse)")
     g.add_argument("--offload-rollout", action=argparse.BooleanOptionalAction, default=None,
                    help="release the colocated engine's KV memory while training (default: on "
                         "with a GPU)")
@@ -229,6 +240,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                      "--rollout-top-p 1.0 --rollout-top-k -1 (eval may truncate: --eval-top-p)")
     if args.rollout_temperature <= 0:
         parser.error("--rollout-temperature must be > 0 (the trainer divides logits by it)")
+    if args.custom_generate_args and not args.custom_generate_function_path:
+        parser.error("--custom-generate-args needs --custom-generate-function-path")
     if args.eval_prompt_data and len(args.eval_prompt_data) % 2:
         parser.error("--eval-prompt-data takes name path pairs")
     if args.weight_sync == "auto":
@@ -236,6 +249,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.weight_sync == "inprocess" and args.rollout_server_urls:
         parser.error("--weight-sync inprocess needs the in-process engine; drop "
                      "--rollout-server-urls or pick tensor/disk/distributed")
+    if args.rollout_engine_urls and not args.rollout_server_urls:
+        parser.error("--rollout-engine-urls names the engines behind --rollout-server-urls; "
+                     "give --rollout-server-urls too")
     if args.weight_sync != "inprocess" and not args.rollout_server_urls:
         parser.error(f"--weight-sync {args.weight_sync} needs --rollout-server-urls")
     if not args.rollout_server_urls:

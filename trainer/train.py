@@ -33,8 +33,9 @@ from .learner.grpo_update import RolloutBatch, gather_dp, prepare_update, run_up
 from .learner.model_provider import ModelConfig
 from .learner.packing import Sample
 from .learner.policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
-from .rollout.backends import RolloutConfig
+from .rollout.backends import HTTPRollout, RolloutConfig
 from .rollout.data import DataError, PromptStream, load_prompts
+from .rollout.generate import load_generate_plugin, needs_reference, parse_options
 from .rollout.manager import RolloutManager
 from .rollout.rewards import reward_config_from_args
 from .rollout.sharding import placement
@@ -70,6 +71,9 @@ class Run:
                 seed=args.seed, shuffle=args.rollout_shuffle)
             self.eval_sets = self._load_eval_sets()
             info["detail"] = f"{len(self.prompts.prompts)} prompts, {len(self.eval_sets)} eval set(s)"
+        self.plugin_options = parse_options(args.custom_generate_args)
+        self.plugin = load_generate_plugin(args.custom_generate_function_path, self.plugin_options) \
+            if args.custom_generate_function_path else None
         self.save_dir = Path(args.save) if args.save else None
         self.log_dir = Path(args.log_dir or (self.save_dir / "logs" if self.save_dir else "runs/train"))
         resume = _is_trainer_checkpoint(args.load)  # reads the checkpoint's common.pt: once
@@ -87,7 +91,7 @@ class Run:
             concurrency=args.rollout_concurrency)
         self.rollouts = self._start_rollouts()
         self.sync = WeightSync(args.weight_sync, engine=self.rollouts.engine,
-                               http=self.rollouts.backend if args.rollout_server_urls else None,
+                               http=self._control_backend(),
                                bucket_bytes=args.weight_sync_bucket_mb << 20,
                                disk_dir=(self.save_dir or self.log_dir) / "weight_sync",
                                hf_config_dir=args.hf_checkpoint)
@@ -113,7 +117,7 @@ class Run:
                         temperature=a.rollout_temperature, seed=a.seed),
             cache_dir=cache, load_weights=not resume)
         reference = None
-        if self.algo.loss.needs_ref_logp:
+        if self.algo.loss.needs_ref_logp or needs_reference(self.plugin):
             ref_cfg = ModelConfig(hf_checkpoint=a.hf_checkpoint, load=a.ref_load,
                                   attention_backend=a.attention_backend, role="reference")
             reference = PolicyTrainer(ref_cfg, OptimConfig(), trainer.train_cfg, cache_dir=cache,
@@ -130,13 +134,22 @@ class Run:
             manager = RolloutManager(
                 place, reward_config_from_args(a),
                 server_args=None if remote else server_args_from(a, device=_engine_device()),
-                server_urls=a.rollout_server_urls,
+                server_urls=a.rollout_server_urls, generate_plugin=self.plugin,
+                plugin_options=self.plugin_options, tokenizer=self.tokenizer,
                 offload=a.offload_rollout if a.offload_rollout is not None else torch.cuda.is_available())
             pool = manager.pool_stats()
             if pool:
                 gib = pool["capacity"] * pool["bytes_per_slot"] / 2**30
                 info["detail"] = f"KV pool of rank 0's engine: {pool['capacity']} tokens, {gib:.2f} GiB"
         return manager
+
+    def _control_backend(self):
+        """Where weight updates go: the servers, or the engines behind a router
+        (``--rollout-engine-urls``), since a router forwards generation only."""
+        backend = self.rollouts.backend if self.args.rollout_server_urls else None
+        if backend is not None and self.args.rollout_engine_urls:
+            return HTTPRollout(self.args.rollout_engine_urls)
+        return backend
 
     def _load_eval_sets(self) -> dict:
         a = self.args
@@ -158,16 +171,12 @@ class Run:
         result = self.rollouts.run(prompts, n, cfg)
         if a.save_debug_rollout_data and _rank() == 0:
             _write_rows(Path(a.save_debug_rollout_data.format(rollout_id=rollout_id)),
-                        result.rows(prompts, n))
+                        result.rows(prompts))
         stats = result.stats()
         t["time_rollout"] = time.perf_counter() - start - stats["time_reward"]
-        gens, rewards = result.gens, result.rewards
-        stats["rollout_tokens_per_s"] = sum(len(g.response_ids) for g in gens) / t["time_rollout"]
-        samples = [Sample(prompts[i // n].input_ids, g.response_ids or [self._pad_id()])
-                   for i, g in enumerate(gens)]
-        rollout_logp = [torch.tensor(g.logprobs or [0.0]) for g in gens]
-        shaped = (torch.tensor(rewards, dtype=torch.float32) + a.reward_bias) * a.reward_scaling
-        batch = RolloutBatch(samples, shaped, rollout_logp, n)
+        stats["rollout_tokens_per_s"] = sum(len(g.response_ids) for g in result.gens) / t["time_rollout"]
+        batch = self._batch(result)
+        samples = batch.samples
 
         mid = time.perf_counter()
         ref = None
@@ -183,6 +192,21 @@ class Run:
         train = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
         return {**stats, **prep.metrics, **{f"train/{k}": v for k, v in train.items()}, **sync,
                 **t, "time_total": time.perf_counter() - start}
+
+    def _batch(self, result) -> RolloutBatch:
+        """The learner's view of a rollout: every call a sample, advantages per trace."""
+        a, traces = self.args, result.traces
+        calls = [c for t in traces for c in t.calls]
+        rewards = torch.tensor(result.rewards, dtype=torch.float32)
+        shaped = (rewards + a.reward_bias) * a.reward_scaling
+        plain = all(len(t.calls) == 1 and t.group is None for t in traces)
+        return RolloutBatch(
+            [Sample(c.prompt_ids, c.gen.response_ids or [self._pad_id()]) for c in calls], shaped,
+            [torch.tensor(c.gen.logprobs or [0.0]) for c in calls],
+            group_index=[t.group_label for t in traces],
+            trace_index=None if plain else [i for i, t in enumerate(traces) for _ in t.calls],
+            loss_weights=None if plain else [c.loss_weight for c in calls],
+            kl_coefs=_kl_coefs(calls, self.algo.loss.kl_loss_coef))
 
     def push_weights(self, version: str) -> dict:
         """The trainer's weights to every engine; their next samples must report ``version``."""
@@ -202,13 +226,13 @@ class Run:
                             concurrency=a.rollout_concurrency)
         out = {}
         for name, prompts in self.eval_sets.items():
-            result = self.rollouts.run(prompts, a.n_samples_per_eval_prompt, cfg)
-            gens = result.gens
-            out[f"eval/{name}/score"] = sum(result.rewards) / len(gens)
+            result = self.rollouts.run(prompts, a.n_samples_per_eval_prompt, cfg, mode="eval")
+            gens, final = result.gens, result.final_rewards()
+            out[f"eval/{name}/score"] = sum(final) / len(final)
             out[f"eval/{name}/response_len"] = sum(len(g.response_ids) for g in gens) / len(gens)
             if _rank() == 0:  # what each engine answered, for people and tests to read
                 _write_rows(self.log_dir / "eval_samples" / f"{name}_rollout{rollout_id}.jsonl",
-                            result.rows(prompts, a.n_samples_per_eval_prompt))
+                            result.rows(prompts))
         return out
 
     def save(self, rollout_id: int) -> None:
@@ -224,6 +248,13 @@ class Run:
         self.rollouts.close()
         if self.logger is not None:
             self.logger.close()
+
+
+def _kl_coefs(calls, default: float) -> list[float] | None:
+    """Per-call KL coefficients when a plug-in set any (None: --kl-loss-coef for all)."""
+    if all(c.kl_coef is None for c in calls):
+        return None
+    return [default if c.kl_coef is None else c.kl_coef for c in calls]
 
 
 def _write_rows(path: Path, rows: list[dict]) -> None:

@@ -95,21 +95,36 @@ class LossScale:
     num_sequences: float | None = None
 
     @classmethod
-    def for_batch(cls, loss_mask: torch.Tensor, num_sequences: int | None = None) -> "LossScale":
-        """Denominators of a whole global batch given its [B, T] loss mask (rows = sequences)."""
+    def for_batch(cls, loss_mask: torch.Tensor, num_sequences: int | None = None,
+                  row_weights: torch.Tensor | None = None) -> "LossScale":
+        """Denominators of a whole global batch given its [B, T] loss mask (rows = sequences).
+
+        With ``row_weights`` [B] the counts are weighted (a row of weight w counts as w
+        sequences), so weighted rows still average to the batch's loss."""
+        if row_weights is not None:
+            w = row_weights.float()
+            return cls(num_tokens=float((loss_mask.bool().float() * w[:, None]).sum()),
+                       num_sequences=float(w.sum()))
         return cls(num_tokens=float(loss_mask.bool().sum().item()),
                    num_sequences=float(loss_mask.shape[0] if num_sequences is None else num_sequences))
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, *, scale: LossScale | None = None,
-              norm_length: int | None = None) -> torch.Tensor:
-    """Reduce per-token ``values`` [B, T] to a scalar (fp32); masked entries are ignored, even NaN."""
+              norm_length: int | None = None, row_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Reduce per-token ``values`` [B, T] to a scalar (fp32); masked entries are ignored, even NaN.
+
+    ``row_weights`` [B] weight whole rows (APR: each call of a trace counts 1 / its number of
+    calls); the default denominators are then weighted counts, as in ``LossScale.for_batch``."""
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {AGG_MODES}")
-    scale = scale or LossScale()
     mask = mask.bool()
+    if row_weights is not None and scale is None:
+        scale = LossScale.for_batch(mask, row_weights=row_weights)
+    scale = scale or LossScale()
     # where() rather than multiplication: padding may hold inf/NaN, and NaN·0 = NaN.
     v = torch.where(mask, values.float(), torch.zeros((), dtype=torch.float32, device=values.device))
+    if row_weights is not None:
+        v = v * row_weights.detach().float().to(v.device)[:, None]
     if mode == "token_mean":
         denom = scale.num_tokens if scale.num_tokens is not None else mask.sum().clamp_min(1)
         return v.sum() / denom
@@ -128,6 +143,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                 response_mask: torch.Tensor, cfg: PolicyLossConfig, *,
                 mis_weights: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
                 entropy: torch.Tensor | None = None, loss_scale: LossScale | None = None,
+                row_weights: torch.Tensor | None = None, kl_coefs: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Total loss (0-d fp32, differentiable w.r.t. ``logp`` and ``entropy``) and metrics.
 
@@ -142,12 +158,17 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     (when ``entropy`` is given), ``ppo_kl`` (mean log π_old − log π_θ), ``ratio_mean``,
     ``clipfrac``, ``clipfrac_high`` (A > 0, r > 1 + eps_high), ``clipfrac_low`` (A < 0,
     r < 1 − eps_clip), ``dual_clipfrac`` (A < 0 and the dual-clip bound is the active one).
+
+    ``row_weights`` [B] weight every term of a row (see ``aggregate``); ``kl_coefs`` [B] replace
+    ``cfg.kl_loss_coef`` row by row (Reasoning Cache: one coefficient for summary calls, another
+    for thinking calls).
     """
     mask = response_mask.bool()
     zero = torch.zeros((), dtype=torch.float32, device=logp.device)
 
     def agg(x: torch.Tensor) -> torch.Tensor:
-        return aggregate(x, mask, cfg.loss_agg_mode, scale=loss_scale, norm_length=cfg.loss_agg_norm_length)
+        return aggregate(x, mask, cfg.loss_agg_mode, scale=loss_scale,
+                         norm_length=cfg.loss_agg_norm_length, row_weights=row_weights)
 
     logp32 = logp.float()
     adv = advantages.detach().float()
@@ -178,11 +199,13 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         kl = kl_estimate(torch.where(mask, logp32, zero), torch.where(mask, ref_logp.detach().float(), zero),
                          cfg.kl_loss_type)
         kl_loss = agg(kl)
-        if cfg.kl_loss_coef != 0.0:
+        if kl_coefs is not None:
+            loss = loss + agg(kl * kl_coefs.detach().float().to(kl.device)[:, None])
+        elif cfg.kl_loss_coef != 0.0:
             loss = loss + cfg.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss.detach()
-    elif cfg.kl_loss_coef != 0.0:
-        raise ValueError("kl_loss_coef != 0 needs ref_logp")
+    elif cfg.kl_loss_coef != 0.0 or (kl_coefs is not None and bool((kl_coefs != 0).any())):
+        raise ValueError("a non-zero KL coefficient needs ref_logp")
 
     if entropy is not None:
         ent = agg(entropy)

@@ -24,12 +24,30 @@ from .packing import Sample
 
 @dataclasses.dataclass
 class RolloutBatch:
-    """A rollout's samples in global order (samples of one prompt contiguous)."""
+    """A rollout's trained samples (LM calls) in global order, and the traces they belong to.
+
+    A trace is what gets a reward and an advantage; by default every sample is its own trace
+    and the groups are blocks of ``n_samples_per_prompt``. A generate plug-in may give several
+    calls per trace (APR: parent and child threads share the trace's advantage) and its own
+    groups (Reasoning Cache: the samples conditioned on one summary)."""
 
     samples: list[Sample]
-    rewards: torch.Tensor  # [B]
+    rewards: torch.Tensor  # [num_traces]
     rollout_logp: list[torch.Tensor]  # π_sparse, per sample [R_i] (from the rollout server)
-    n_samples_per_prompt: int
+    n_samples_per_prompt: int | None = None  # groups = contiguous blocks of traces
+    group_index: list | None = None  # [num_traces] group label of each trace, instead
+    trace_index: list[int] | None = None  # [B] the trace of each sample; None = sample i is trace i
+    loss_weights: list[float] | None = None  # [B] row weight in the loss (None = all 1)
+    kl_coefs: list[float] | None = None  # [B] per-row KL coefficient (None = --kl-loss-coef)
+
+    @property
+    def num_traces(self) -> int:
+        return len(self.rewards)
+
+    def trace_of_sample(self) -> torch.Tensor:
+        if self.trace_index is None:
+            return torch.arange(len(self.samples))
+        return torch.tensor(self.trace_index, dtype=torch.long)
 
 
 def pad_rows(rows: list[torch.Tensor], width: int | None = None) -> torch.Tensor:
@@ -71,6 +89,34 @@ class PreparedUpdate:
     loss_mask: torch.Tensor
     ref_logp: torch.Tensor | None
     metrics: dict
+    row_weights: torch.Tensor | None = None  # [B] (plug-in loss weights)
+    kl_coefs: torch.Tensor | None = None  # [B]
+
+
+def trace_advantages(batch: RolloutBatch, adv_cfg: AdvantageConfig, mask: torch.Tensor
+                     ) -> torch.Tensor:
+    """[B, T] advantages: computed over traces within their groups, then given to every sample
+    (LM call) of the trace."""
+    rewards = batch.rewards.float()
+    groups = dict(n_samples_per_prompt=batch.n_samples_per_prompt) if batch.group_index is None \
+        else dict(group_index=_dense_labels(batch.group_index))
+    if batch.trace_index is None:
+        return adv_cfg.compute(rewards, mask, **groups)
+    if adv_cfg.estimator == "reinforce_plus_plus":
+        raise ValueError("--advantage-estimator reinforce_plus_plus gives token-level returns and "
+                         "cannot share one advantage over the calls of a trace; use a group estimator")
+    per_trace = adv_cfg.compute(rewards, torch.ones(len(rewards), 1, dtype=torch.bool), **groups)
+    return per_trace[batch.trace_of_sample(), 0][:, None] * mask
+
+
+def _dense_labels(labels: list) -> list[int]:
+    """Any hashable group labels -> 0..G-1 in order of first appearance."""
+    ids: dict = {}
+    return [ids.setdefault(label, len(ids)) for label in labels]
+
+
+def _optional_rows(values: list[float] | None) -> torch.Tensor | None:
+    return None if values is None else torch.tensor(values, dtype=torch.float32)
 
 
 def prepare_update(trainer, batch: RolloutBatch, adv_cfg: AdvantageConfig,
@@ -79,8 +125,7 @@ def prepare_update(trainer, batch: RolloutBatch, adv_cfg: AdvantageConfig,
     width = max(len(s.response_ids) for s in batch.samples)
     mask = response_mask(batch.samples, width)
     rollout = pad_rows(batch.rollout_logp, width)
-    advantages = adv_cfg.compute(batch.rewards.float(), mask,
-                                 n_samples_per_prompt=batch.n_samples_per_prompt)
+    advantages = trace_advantages(batch, adv_cfg, mask)
     old = None
     if corr_cfg is None or corr_cfg.needs_dense_recompute:
         old = pad_rows(gather_dp(trainer.compute_logprobs(batch.samples), trainer), width)
@@ -95,7 +140,8 @@ def prepare_update(trainer, batch: RolloutBatch, adv_cfg: AdvantageConfig,
         diff = (old - rollout)[mask]
         metrics["train_rollout_logprob_abs_diff"] = float(diff.abs().mean()) if diff.numel() else 0.0
     ref = pad_rows(ref_logp, width) if ref_logp is not None else None
-    return PreparedUpdate(advantages, old, weights, loss_mask, ref, metrics)
+    return PreparedUpdate(advantages, old, weights, loss_mask, ref, metrics,
+                          _optional_rows(batch.loss_weights), _optional_rows(batch.kl_coefs))
 
 
 def make_loss_fn(prep: PreparedUpdate, loss_cfg: PolicyLossConfig, scale: LossScale):
@@ -111,7 +157,8 @@ def make_loss_fn(prep: PreparedUpdate, loss_cfg: PolicyLossConfig, scale: LossSc
         pick = lambda t: None if t is None else t[rows].to(device)  # noqa: E731
         return policy_loss(logp, pick(prep.old_logp), pick(prep.advantages),
                            pick(prep.loss_mask), loss_cfg, mis_weights=pick(prep.weights),
-                           ref_logp=pick(prep.ref_logp), entropy=entropy, loss_scale=scale)
+                           ref_logp=pick(prep.ref_logp), entropy=entropy, loss_scale=scale,
+                           row_weights=pick(prep.row_weights), kl_coefs=pick(prep.kl_coefs))
 
     return loss_fn
 
@@ -122,22 +169,39 @@ def _scatter_rows(base: torch.Tensor, rows: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(padded) if padded else base
 
 
+def step_bounds(batch: RolloutBatch, global_batch_size: int) -> list[tuple[int, int]]:
+    """Sample ranges of the optimizer steps: ``num_traces // global_batch_size`` steps of
+    (nearly) equal numbers of traces, cut at trace boundaries (a trace's calls are never split
+    over two steps). A plug-in's rollout may hold any number of traces."""
+    n = batch.num_traces
+    if global_batch_size <= 0:
+        raise ValueError(f"--global-batch-size must be positive, got {global_batch_size}")
+    steps = max(1, n // global_batch_size)
+    first_sample = _first_sample_of_traces(batch) + [len(batch.samples)]
+    cuts = [first_sample[(n * k) // steps] for k in range(steps + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def _first_sample_of_traces(batch: RolloutBatch) -> list[int]:
+    traces = batch.trace_of_sample().tolist()
+    if traces != sorted(traces):
+        raise ValueError("the calls of a trace must be contiguous and traces in order")
+    first: dict[int, int] = {}
+    for i, t in enumerate(traces):
+        first.setdefault(t, i)
+    return [first[t] for t in range(batch.num_traces)]
+
+
 def run_updates(trainer, batch: RolloutBatch, prep: PreparedUpdate, loss_cfg: PolicyLossConfig,
                 global_batch_size: int) -> list[dict]:
     """Optimizer steps over consecutive global batches of the rollout; one metrics dict each."""
-    n = len(batch.samples)
-    if global_batch_size <= 0 or n % global_batch_size:
-        raise ValueError(f"--global-batch-size {global_batch_size} must divide the rollout's "
-                         f"{n} samples")
     history = []
-    for start in range(0, n, global_batch_size):
-        ids = list(range(start, start + global_batch_size))
-        sub = [batch.samples[i] for i in ids]
+    for start, stop in step_bounds(batch, global_batch_size):
+        sub = batch.samples[start:stop]
         sub_prep = dataclasses.replace(
-            prep, **{f.name: getattr(prep, f.name)[start:start + global_batch_size]
-                     for f in dataclasses.fields(prep)
+            prep, **{f.name: getattr(prep, f.name)[start:stop] for f in dataclasses.fields(prep)
                      if isinstance(getattr(prep, f.name), torch.Tensor)})
-        scale = LossScale.for_batch(sub_prep.loss_mask)
+        scale = LossScale.for_batch(sub_prep.loss_mask, row_weights=sub_prep.row_weights)
         metrics = trainer.train_step(sub, make_loss_fn(sub_prep, loss_cfg, scale),
                                      with_entropy=loss_cfg.entropy_coef != 0)
         history.append(_reduce_over_dp(metrics, trainer))

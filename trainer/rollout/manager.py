@@ -6,7 +6,9 @@ gathered global batch with its statistics.
     result.gens, result.rewards, result.stats()
 
 Each generating rank scores its own samples (the grader runs where the samples are), then all
-ranks receive every shard in engine order.
+ranks receive every shard in engine order. With a generate plug-in
+(``--custom-generate-function-path``, ``rollout/generate.py``) the plug-in decides the requests
+and returns traces of several calls; without one every sample is a one-call trace.
 """
 
 from __future__ import annotations
@@ -15,21 +17,29 @@ import contextlib
 import dataclasses
 import time
 
+import requests
+
 from .backends import EngineRollout, Generation, HTTPRollout, RolloutConfig
 from .data import Prompt
+from .generate import GenerateContext, run_plugin
 from .rewards import RewardConfig, RewardInput, RewardModel
 from .sharding import Placement, gather_shards, shard_bounds
+from .traces import Trace, sample_traces
 
 
 @dataclasses.dataclass
 class Shard:
     """What one engine produced for one rollout."""
 
-    gens: list[Generation]
-    rewards: list[float]
+    traces: list[Trace]  # rewards filled in, prompt indices global
     seconds: float  # generation wall time on that engine
     reward_seconds: float
     kv_pool: dict | None = None  # that engine's pool: peak_used, bytes_per_slot, capacity
+    plugin_stats: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def gens(self) -> list[Generation]:
+        return [c.gen for t in self.traces for c in t.calls]
 
 
 @dataclasses.dataclass
@@ -37,25 +47,64 @@ class RolloutResult:
     shards: list[Shard]
 
     @property
+    def traces(self) -> list[Trace]:
+        return [t for s in self.shards for t in s.traces]
+
+    @property
     def gens(self) -> list[Generation]:
+        """Every call's generation, in trace order."""
         return [g for s in self.shards for g in s.gens]
 
     @property
     def rewards(self) -> list[float]:
-        return [r for s in self.shards for r in s.rewards]
+        """One per trace."""
+        return [t.reward for t in self.traces]
 
-    def rows(self, prompts: list[Prompt], n: int) -> list[dict]:
-        """One JSON-ready row per sample, in global order, naming the engine that made it."""
-        engines = [e for e, s in enumerate(self.shards) for _ in s.gens]
-        return [{"index": i, "engine": e, "prompt": prompts[i // n].text,
-                 "prompt_ids": prompts[i // n].input_ids, "label": prompts[i // n].label,
-                 "response": g.text, "response_ids": g.response_ids, "logprobs": g.logprobs,
-                 "reward": r, "finish_reason": g.finish_reason, "weight_version": g.weight_version}
-                for i, (e, g, r) in enumerate(zip(engines, self.gens, self.rewards))]
+    def final_rewards(self) -> list[float]:
+        """The rewards of the traces that are answers (all of them without a plug-in)."""
+        return [t.reward for t in self.traces if t.final]
+
+    def rows(self, prompts: list[Prompt]) -> list[dict]:
+        """One JSON-ready row per call, in global order, naming its trace and engine."""
+        rows = []
+        for e, shard in enumerate(self.shards):
+            for t in shard.traces:
+                for c in t.calls:
+                    rows.append(_row(len(rows), e, prompts[t.prompt_index], t, c))
+        return _number_traces(rows)
 
     def stats(self) -> dict:
-        return {**sample_stats(self.gens, self.rewards), **compression_stats(self.gens),
-                **engine_stats(self.shards)}
+        out = {**sample_stats(self.gens, self.rewards), **compression_stats(self.gens),
+               **engine_stats(self.shards)}
+        if any(s.plugin_stats for s in self.shards):
+            out.update(plugin_stats(self.shards, self.traces))
+        return out
+
+
+def _row(index: int, engine: int, prompt: Prompt, trace: Trace, call) -> dict:
+    g = call.gen
+    return {"index": index, "engine": engine, "trace": id(trace), "role": call.role,
+            "prompt": prompt.text, "prompt_ids": call.prompt_ids, "label": prompt.label,
+            "response": g.text, "response_ids": g.response_ids, "logprobs": g.logprobs,
+            "reward": trace.reward, "final": trace.final, "loss_weight": call.loss_weight,
+            "finish_reason": g.finish_reason, "weight_version": g.weight_version}
+
+
+def _number_traces(rows: list[dict]) -> list[dict]:
+    """Trace ids 0, 1, ... in order of appearance (object ids mean nothing in a file)."""
+    ids: dict = {}
+    for r in rows:
+        r["trace"] = ids.setdefault(r["trace"], len(ids))
+    return rows
+
+
+def plugin_stats(shards: list[Shard], traces: list[Trace]) -> dict:
+    calls = sum(len(t.calls) for t in traces)
+    final = [t.reward for t in traces if t.final]
+    return {"rollout/traces": float(len(traces)), "rollout/calls_per_trace": calls / len(traces),
+            "rollout/final_reward_mean": sum(final) / max(1, len(final)),
+            "rollout/requests_truncated": float(sum(s.plugin_stats.get("truncated", 0)
+                                                    for s in shards))}
 
 
 def sample_stats(gens: list[Generation], rewards: list[float]) -> dict:
@@ -104,7 +153,8 @@ class RolloutManager:
     (``server_urls``, global rank 0 only), or nothing (ranks that only train)."""
 
     def __init__(self, place: Placement, reward_cfg: RewardConfig, *, server_args=None,
-                 server_urls: list[str] | None = None, offload: bool = False):
+                 server_urls: list[str] | None = None, offload: bool = False,
+                 generate_plugin=None, plugin_options: dict | None = None, tokenizer=None):
         self.place = place
         self.engine = self.backend = self.rewards = None
         if place.generates:
@@ -113,31 +163,61 @@ class RolloutManager:
             self.rewards = RewardModel(reward_cfg)
         self.offload = offload and self.engine is not None
         self.version: str | None = None  # the weight version the engine(s) must report
+        self.plugin, self.plugin_options = generate_plugin, plugin_options or {}
+        self.tokenizer = tokenizer
 
-    def run(self, prompts: list[Prompt], n: int, cfg: RolloutConfig) -> RolloutResult:
-        """The whole batch's samples and rewards, in prompt order, on every rank."""
-        shard = self._shard(prompts, n, cfg) if self.place.generates else None
+    def run(self, prompts: list[Prompt], n: int, cfg: RolloutConfig, mode: str = "train"
+            ) -> RolloutResult:
+        """The whole batch's traces and rewards, in prompt order, on every rank."""
+        shard = self._shard(prompts, n, cfg, mode) if self.place.generates else None
         return RolloutResult(gather_shards(shard, self.place))
 
-    def _shard(self, prompts: list[Prompt], n: int, cfg: RolloutConfig) -> Shard:
+    def _shard(self, prompts: list[Prompt], n: int, cfg: RolloutConfig, mode: str) -> Shard:
         start, stop = shard_bounds(len(prompts), self.place.num_generators, self.place.index)
         local = prompts[start:stop]
         if cfg.seed is not None:  # seeds by global sample index: same samples on any engine count
             cfg = dataclasses.replace(cfg, seed=cfg.seed + start * n)
         with self.kv_memory():
             begin = time.perf_counter()
-            gens = self.backend.generate([p.input_ids for p in local], n, cfg) if local else []
+            traces, extra = self._generate(local, n, cfg, mode) if local else ([], {})
             seconds = time.perf_counter() - begin
-        self._check_version(gens)
+        self._check_version([c.gen for t in traces for c in t.calls])
         begin = time.perf_counter()
-        rewards = self.score(local, gens, n)
-        return Shard(gens, rewards, seconds, time.perf_counter() - begin, self.pool_stats())
+        self.score(local, traces)
+        for t in traces:
+            t.prompt_index += start
+            t.group = None if t.group is None else ("shard", start, t.group)  # unique over shards
+        return Shard(traces, seconds, time.perf_counter() - begin, self.pool_stats(), extra)
 
-    def score(self, prompts: list[Prompt], gens: list[Generation], n: int) -> list[float]:
-        inputs = [RewardInput(prompt=prompts[i // n].text, response=g.text,
-                              label=prompts[i // n].label, metadata=prompts[i // n].metadata)
-                  for i, g in enumerate(gens)]
-        return self.rewards.score(inputs) if inputs else []
+    def _generate(self, local: list[Prompt], n: int, cfg: RolloutConfig, mode: str):
+        if self.plugin is None:
+            gens = self.backend.generate([p.input_ids for p in local], n, cfg)
+            return sample_traces([p.input_ids for p in local], gens, n), {}
+        ctx = GenerateContext(self.backend, cfg, self.tokenizer, self.rewards, mode=mode,
+                              options=self.plugin_options, context_length=self.context_length())
+        traces = run_plugin(self.plugin, ctx, local, n)
+        return traces, {"truncated": ctx.truncated, "waves": ctx.waves}
+
+    def score(self, prompts: list[Prompt], traces: list[Trace]) -> None:
+        """Fill in the rewards of traces the plug-in did not score itself."""
+        todo = [t for t in traces if t.reward is None]
+        inputs = [RewardInput(prompt=prompts[t.prompt_index].text, response=t.text,
+                              label=prompts[t.prompt_index].label,
+                              metadata=prompts[t.prompt_index].metadata) for t in todo]
+        for t, r in zip(todo, self.rewards.score(inputs) if inputs else []):
+            t.reward = r
+
+    def context_length(self) -> int | None:
+        """Tokens a request may span (prompt + generation), when the engine says."""
+        if "context_length" in self.plugin_options:
+            return int(self.plugin_options["context_length"])
+        if self.engine is not None:
+            return self.engine.max_seq_len
+        try:
+            info = requests.get(self.backend.urls[0] + "/get_server_info", timeout=10).json()
+            return int(info["context_length"])
+        except Exception:  # noqa: BLE001 - a stock server may not say; plug-ins then do not clamp
+            return None
 
     @contextlib.contextmanager
     def kv_memory(self):

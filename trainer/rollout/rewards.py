@@ -44,18 +44,16 @@ import asyncio
 import collections.abc
 import concurrent.futures
 import dataclasses
-import importlib
-import importlib.util
 import inspect
 import math
 import os
 import re
-import sys
 import typing
-from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from evaluation.grader.tasks import math_gold, score_arithmetic, score_countdown, score_gsm8k
+
+from .plugins import load_dotted
 
 RM_TYPES = ("math", "gsm8k", "countdown", "arithmetic")
 DEFAULT_MAX_WORKERS = 8  # grader processes when --reward-workers is not given (each imports sympy)
@@ -92,41 +90,7 @@ def load_custom_reward(path: str) -> Callable:
 
     Errors name ``--custom-rm-path`` so a bad flag fails at start-up, not at the first rollout.
     """
-    flag = f"--custom-rm-path {path!r}"
-    if ":" in path:
-        module_name, attr = path.split(":", 1)
-    elif "." in path:
-        module_name, attr = path.rsplit(".", 1)
-    else:
-        raise ValueError(f"{flag}: expected 'pkg.module:func' or 'pkg.module.func'")
-    if not module_name or not attr:
-        raise ValueError(f"{flag}: expected 'pkg.module:func' or 'pkg.module.func'")
-    if module_name.endswith(".py"):
-        file = Path(module_name)
-        if not file.is_file():
-            raise ValueError(f"{flag}: file {file} not found")
-        spec = importlib.util.spec_from_file_location(f"_custom_rm_{file.stem}", file)
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            raise ValueError(f"{flag}: importing {file} failed: {type(exc).__name__}: {exc}") from exc
-    else:
-        if "" not in sys.path and os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())  # as `python -m` does, so local modules are found
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:
-            raise ValueError(f"{flag}: cannot import module {module_name!r}: "
-                             f"{type(exc).__name__}: {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{flag}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"{flag}: {attr!r} is not callable")
-    return obj
+    return load_dotted(path, "--custom-rm-path")
 
 
 def _is_batched(fn: Callable) -> bool:

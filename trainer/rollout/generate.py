@@ -1,0 +1,146 @@
+"""Generate plug-ins (``--custom-generate-function-path``): a user function that decides which
+requests a rollout makes, as slime's custom generate functions do, without forking the loop.
+
+    def generate(ctx: GenerateContext, prompts: list[Prompt], n: int) -> list[Trace]: ...
+
+It runs on every rank that hosts an engine, over that engine's shard of the prompts, and returns
+the traces to train on (``rollout/traces.py``). It talks to the engine in *waves*:
+``ctx.generate(requests)`` sends a list of requests at once (they are batched by the engine) and
+returns their generations in order. A class works too: it is built once with the options of
+``--custom-generate-args key=value ...`` and then called like the function, so it can keep state
+between rollouts (a replay buffer). ``ctx.mode`` is ``"train"`` or ``"eval"``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import inspect
+import json
+
+from .backends import Generation, RolloutConfig
+from .data import Prompt
+from .plugins import load_dotted
+from .rewards import RewardInput
+from .traces import Trace
+
+FLAG = "--custom-generate-function-path"
+_WAVE_STRIDE, _GROUP_STRIDE = 1_000_003, 100_003  # distinct sampling seeds per wave and group
+
+
+@dataclasses.dataclass
+class Request:
+    input_ids: list[int]
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()  # stop strings (kept in the text: no_stop_trim)
+
+
+class GenerateContext:
+    """What a plug-in may use on this rank: its engine(s), the tokenizer, the reward model."""
+
+    def __init__(self, backend, cfg: RolloutConfig, tokenizer, rewards, *, options: dict,
+                 mode: str = "train", first_prompt: int = 0, context_length: int | None = None):
+        self.backend, self.cfg, self.tokenizer, self.rewards = backend, cfg, tokenizer, rewards
+        self.options, self.mode, self.first_prompt = options, mode, first_prompt
+        self.context_length = context_length
+        self.waves = 0
+        self.truncated = 0  # requests shortened to fit the context (APR's over-length children)
+
+    # --- the engine --------------------------------------------------------------------------
+    def generate(self, requests: list[Request]) -> list[Generation]:
+        """One wave: every request in flight at once; generations in request order."""
+        fitted = [self.fit(r) for r in requests]
+        groups: dict[tuple, list[int]] = {}
+        for i, (r, _) in enumerate(fitted):
+            groups.setdefault((r.max_new_tokens, r.stop), []).append(i)
+        out: list[Generation | None] = [None] * len(requests)
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(groups))) as pool:
+            jobs = {pool.submit(self._generate_group, g, [fitted[i][0] for i in idx]): idx
+                    for g, idx in enumerate(groups.values())}
+            for job, idx in jobs.items():
+                for i, gen in zip(idx, job.result()):
+                    gen.meta["truncated"] = fitted[i][1]
+                    out[i] = gen
+        self.waves += 1
+        return out  # type: ignore[return-value]
+
+    def _generate_group(self, g: int, requests: list[Request]) -> list[Generation]:
+        r = requests[0]  # a group shares its sampling parameters
+        seed = None if self.cfg.seed is None else \
+            (self.cfg.seed + self.waves * _WAVE_STRIDE + g * _GROUP_STRIDE) % 2**31
+        cfg = dataclasses.replace(self.cfg, seed=seed)
+        extra = {"stop": list(r.stop)} if r.stop else {}
+        return self.backend.generate([q.input_ids for q in requests], 1, cfg,
+                                     max_new_tokens=r.max_new_tokens, **extra)
+
+    def fit(self, r: Request) -> tuple[Request, bool]:
+        """Shorten a request that would overrun the context (flagged, never rejected): the
+        prompt keeps its last tokens, the generation what room is left."""
+        limit = self.context_length
+        if not limit or len(r.input_ids) + r.max_new_tokens < limit:
+            return r, False
+        ids = r.input_ids[-(limit // 2):] if len(r.input_ids) >= limit // 2 else r.input_ids
+        self.truncated += 1
+        return dataclasses.replace(r, input_ids=ids,
+                                   max_new_tokens=max(1, min(r.max_new_tokens, limit - len(ids) - 1))), True
+
+    # --- text and rewards --------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def chat(self, content: str) -> list[int]:
+        """A user turn through the tokenizer's chat template (plain text without one)."""
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                                      tokenize=False, add_generation_prompt=True)
+            return self.encode(text)
+        return self.encode(content)
+
+    def score(self, prompts: list[Prompt], texts: list[str]) -> list[float]:
+        """The run's reward (``--rm-type`` / ``--custom-rm-path``) of each text."""
+        items = [RewardInput(prompt=p.text, response=t, label=p.label, metadata=p.metadata)
+                 for p, t in zip(prompts, texts)]
+        return self.rewards.score(items) if items else []
+
+
+# --- loading ---------------------------------------------------------------------------------
+def parse_options(pairs: list[str] | None) -> dict:
+    """``key=value`` strings -> dict; values read as JSON when they parse (numbers, booleans)."""
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--custom-generate-args {pair!r}: expected key=value")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def load_generate_plugin(path: str, options: dict):
+    """The plug-in callable: a function (options must be empty) or a class built with them."""
+    obj = load_dotted(path, FLAG)
+    if inspect.isclass(obj):
+        try:
+            return obj(**options)
+        except TypeError as e:
+            raise ValueError(f"{FLAG} {path!r}: bad --custom-generate-args: {e}") from None
+    if options:
+        raise ValueError(f"{FLAG} {path!r} is a function; --custom-generate-args need a class")
+    return obj
+
+
+def needs_reference(plugin) -> bool:
+    """Whether the plug-in's calls carry KL coefficients (the reference model must exist)."""
+    return bool(getattr(plugin, "needs_reference", False))
+
+
+def run_plugin(plugin, ctx: GenerateContext, prompts: list[Prompt], n: int) -> list[Trace]:
+    traces = plugin(ctx, prompts, n)
+    if not isinstance(traces, list) or not all(isinstance(t, Trace) for t in traces):
+        raise TypeError(f"{FLAG}: the plug-in must return a list of Trace, got {type(traces).__name__}")
+    return traces

@@ -28,6 +28,7 @@ class Prompt:
     input_ids: list[int]
     label: object
     metadata: dict
+    source: object = None  # the row's input before the chat template (plug-ins rebuild prompts)
 
 
 def parse_data_spec(spec: str) -> tuple[Path, slice]:
@@ -68,7 +69,7 @@ def load_prompts(spec: str, tokenizer, *, input_key: str = "prompt", label_key: 
         if max_prompt_len and len(ids) > max_prompt_len:
             ids = ids[-max_prompt_len:]  # keep the end, where the question and template are
         meta = {k: v for k, v in row.items() if k not in (input_key, label_key)}
-        prompts.append(Prompt(text, ids, row[label_key], meta))
+        prompts.append(Prompt(text, ids, row[label_key], meta, row[input_key]))
     return prompts
 
 

@@ -22,7 +22,7 @@ from .backends import Generation, RolloutConfig
 from .data import Prompt
 from .plugins import load_dotted
 from .rewards import RewardInput
-from .traces import Trace
+from .traces import Call, Trace
 
 FLAG = "--custom-generate-function-path"
 _WAVE_STRIDE, _GROUP_STRIDE = 1_000_003, 100_003  # distinct sampling seeds per wave and group
@@ -60,6 +60,7 @@ class GenerateContext:
             for job, idx in jobs.items():
                 for i, gen in zip(idx, job.result()):
                     gen.meta["truncated"] = fitted[i][1]
+                    gen.meta["input_ids"] = fitted[i][0].input_ids  # what was really sent
                     out[i] = gen
         self.waves += 1
         return out  # type: ignore[return-value]
@@ -83,6 +84,11 @@ class GenerateContext:
         self.truncated += 1
         return dataclasses.replace(r, input_ids=ids,
                                    max_new_tokens=max(1, min(r.max_new_tokens, limit - len(ids) - 1))), True
+
+    @staticmethod
+    def call(gen: Generation, **fields) -> Call:
+        """The trained view of a generation: the prompt it was really given (after ``fit``)."""
+        return Call(gen.meta["input_ids"], gen, **fields)
 
     # --- text and rewards --------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

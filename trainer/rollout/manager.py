@@ -209,8 +209,8 @@ class RolloutManager:
 
     def context_length(self) -> int | None:
         """Tokens a request may span (prompt + generation), when the engine says."""
-        if "context_length" in self.plugin_options:
-            return int(self.plugin_options["context_length"])
+        if getattr(self.plugin, "context_length", None):  # the plug-in may set it (stock servers)
+            return int(self.plugin.context_length)
         if self.engine is not None:
             return self.engine.max_seq_len
         try:

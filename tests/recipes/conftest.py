@@ -1,0 +1,62 @@
+"""A scripted engine for the generate plug-ins' hand-computed cases: the response to a request
+is a function of its prompt text (and of how many identical prompts came before it in the
+call), with the engine's stop-string and max-token rules, so every wave can be checked."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from trainer.rollout.backends import Generation, RolloutConfig
+from trainer.rollout.generate import GenerateContext
+from trainer.rollout.rewards import RewardConfig, RewardModel
+
+
+@dataclasses.dataclass
+class ScriptedBackend:
+    tokenizer: object
+    script: object  # (prompt_text, repeat_index) -> response text
+    requests: list = dataclasses.field(default_factory=list)  # (prompt_text, params) received
+
+    def generate(self, prompts, n, cfg, **overrides):
+        out, seen = [], {}
+        for ids in prompts:
+            text = self.tokenizer.decode(ids)
+            for _ in range(n):
+                k = seen[text] = seen.get(text, -1) + 1
+                self.requests.append((text, dict(overrides)))
+                out.append(self._respond(self.script(text, k), overrides))
+        return out
+
+    def _respond(self, response: str, params: dict) -> Generation:
+        finish = "stop"
+        for s in params.get("stop", []):  # stop strings stay in the text (no_stop_trim)
+            if s in response:
+                response = response[: response.index(s) + len(s)]
+        ids = self.tokenizer(response, add_special_tokens=False)["input_ids"]
+        if len(ids) > params["max_new_tokens"]:
+            ids, finish = ids[: params["max_new_tokens"]], "length"
+        return Generation(ids, [-0.5] * len(ids), self.tokenizer.decode(ids), finish, "v0", {})
+
+
+@pytest.fixture
+def scripted():
+    """``scripted(script, mode=..., max_response_len=..., context_length=...) -> (ctx, backend)``."""
+    from checkpoint_tools.tiny_models import train_tokenizer
+
+    tokenizer = train_tokenizer()
+    models = []
+
+    def make(script, mode="train", max_response_len=256, context_length=None, rm_type="arithmetic"):
+        backend = ScriptedBackend(tokenizer, script)
+        rewards = RewardModel(RewardConfig(rm_type=rm_type))
+        models.append(rewards)
+        ctx = GenerateContext(backend, RolloutConfig(max_response_len=max_response_len, seed=7),
+                              tokenizer, rewards, options={}, mode=mode,
+                              context_length=context_length)
+        return ctx, backend
+
+    yield make
+    for m in models:
+        m.close()

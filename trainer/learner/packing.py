@@ -8,6 +8,7 @@ P + j - 1; the last position of each sequence predicts nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -27,40 +28,57 @@ class PackedBatch:
     tokens: torch.Tensor  # [1, T] long: the sequences back to back (plus padding)
     targets: torch.Tensor  # [T] long: next token of the same sequence (0 where none)
     response_positions: torch.Tensor  # [T] bool: position whose target is a response token
-    cu_seqlens: torch.Tensor  # [n + 1] int32
+    cu_seqlens: torch.Tensor  # [n + 1] int32, always on the CPU (host-side bounds)
     max_seqlen: int
     response_lengths: list[int]
     sample_indices: list[int]  # which samples of the global batch, in pack order
     response_index: torch.Tensor  # [sum(response_lengths)] long: positions of response_positions
+    cu_seqlens_device: torch.Tensor | None = None  # cu_seqlens on the compute device (``to``)
+    bounds_on_device: bool = False  # Megatron's kernels (Transformer Engine's) read the device copy
 
     @property
     def num_tokens(self) -> int:
         return int(self.cu_seqlens[-1])
 
     def packed_seq_params(self):
-        from megatron.core.packed_seq_params import PackedSeqParams
+        """Megatron's ``thd`` parameters, with the host-side facts attention needs (bounds,
+        longest sequence, token count) so no layer has to read them back from the GPU."""
+        from .attention import PackedAttentionParams
 
-        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=self.cu_seqlens,
-                               cu_seqlens_kv=self.cu_seqlens, max_seqlen_q=self.max_seqlen,
-                               max_seqlen_kv=self.max_seqlen)
+        device_cu = self.cu_seqlens_device if self.cu_seqlens_device is not None else self.cu_seqlens
+        cu = device_cu if self.bounds_on_device else self.cu_seqlens
+        return PackedAttentionParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                     max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen,
+                                     cu_seqlens_host=self.cu_seqlens, cu_seqlens_device=device_cu,
+                                     num_tokens=self.num_tokens)
 
     def to(self, device) -> "PackedBatch":
-        # cu_seqlens stays on the CPU: RoPE's thd path and SDPACoreAttention turn it into Python
-        # lists in every layer, which on a GPU tensor would be a host sync each time (measured:
-        # ~20% of a train step idle). Transformer Engine's kernels want it on the GPU.
+        # Megatron gets the CPU cu_seqlens: our RoPE builds its tables from it once per
+        # micro-batch, and a GPU copy would cost a host sync there (measured: ~20% of a train
+        # step idle). Attention takes the device copy made here, once, before the micro-batch
+        # loop. Transformer Engine's kernels want cu_seqlens on the GPU.
         from .model_provider import transformer_engine_available
 
-        cu = self.cu_seqlens.to(device) if transformer_engine_available() else self.cu_seqlens
-        return dataclasses.replace(self, tokens=self.tokens.to(device),
-                                   targets=self.targets.to(device),
-                                   response_positions=self.response_positions.to(device),
-                                   response_index=self.response_index.to(device), cu_seqlens=cu)
+        move = functools.partial(_to_device, device=torch.device(device))
+        return dataclasses.replace(self, tokens=move(self.tokens), targets=move(self.targets),
+                                   response_positions=move(self.response_positions),
+                                   response_index=move(self.response_index),
+                                   cu_seqlens_device=move(self.cu_seqlens),
+                                   bounds_on_device=transformer_engine_available())
 
     def split_per_sample(self, values: torch.Tensor) -> list[torch.Tensor]:
         """Per-position values ``[T]`` -> one ``[response_len]`` tensor per sample (pack order)."""
         # precomputed positions: indexing with the boolean mask would sync with the GPU
         picked = values.index_select(0, self.response_index.to(values.device))
         return list(torch.split(picked, self.response_lengths))
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device without blocking the host: a plain ``.to(cuda)`` of pageable memory waits
+    for the GPU to finish its queued work first (a sync); from pinned memory it does not."""
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def pack(samples: list[Sample], indices: list[int] | None = None, pad_to_multiple: int = 1

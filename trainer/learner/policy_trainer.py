@@ -187,10 +187,11 @@ class PolicyTrainer:
         self.model.eval()
         out: list[torch.Tensor | None] = [None] * len(samples)
         zero = lambda logp, ent, idx: (logp[0].sum() * 0.0, {})  # noqa: E731
-        for sample_ids, logps, _ in self._run(self._micro_batches(samples, ids), zero,
-                                              forward_only=True, with_entropy=False):
-            for i, lp in zip(sample_ids, logps):
-                out[i] = lp.float().cpu()
+        results = self._run(self._micro_batches(samples, ids), zero, forward_only=True,
+                            with_entropy=False)
+        order = [i for sample_ids, _, _ in results for i in sample_ids]
+        for i, lp in zip(order, _to_host([lp for _, logps, _ in results for lp in logps])):
+            out[i] = lp
         self.model.train()
         return out
 
@@ -207,11 +208,30 @@ class PolicyTrainer:
         if update_ok:
             self.scheduler.step(increment=1)
         self.step += 1
-        metrics = defaultdict(float)
-        for _, _, m in results:
-            for k, v in m.items():
-                metrics[k] += float(v)
+        metrics = _sum_metrics([m for _, _, m in results])
         metrics.update(grad_norm=float(grad_norm or 0.0),
                        lr=float(self.optimizer.param_groups[0]["lr"]),
                        update_skipped=float(not update_ok))
         return dict(metrics)
+
+
+def _to_host(rows: list[torch.Tensor]) -> list[torch.Tensor]:
+    """fp32 CPU copies of per-sample rows: one device-to-host copy (one sync) for all of them."""
+    if not rows:
+        return []
+    flat = torch.cat([r.float() for r in rows]).cpu()
+    return [x.clone() for x in torch.split(flat, [r.shape[0] for r in rows])]  # own storage each
+
+
+def _sum_metrics(per_micro_batch: list[dict]) -> dict:
+    """Sum each metric over the micro-batches, in order, as Python floats; the tensor values
+    (0-d, on the device) come back in one copy instead of one sync per value."""
+    keys = [(k, v) for m in per_micro_batch for k, v in m.items()]
+    tensors = [v for _, v in keys if torch.is_tensor(v)]
+    device = tensors[0].device if tensors else None
+    host = iter(torch.stack([t.detach().reshape(()).to(device, torch.float64) for t in tensors]
+                            ).tolist() if tensors else [])
+    metrics = defaultdict(float)
+    for k, v in keys:
+        metrics[k] += next(host) if torch.is_tensor(v) else float(v)
+    return metrics

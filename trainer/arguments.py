@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 from pathlib import Path
 
@@ -258,4 +259,4 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         try:
             server_args_from(args)
         except ValueError as e:  # the server's own validation names its flag without the prefix
-            parser.error(str(e).replace("--", "--sglang-", 1))
+            parser.error(re.sub(r"--(?!sglang-)", "--sglang-", str(e)))

@@ -79,8 +79,10 @@ def sync() -> None:
 
 
 def spread(values: list[float], digits: int = 4) -> dict:
-    return {"min": round(min(values), digits), "median": round(statistics.median(values), digits),
-            "max": round(max(values), digits)}
+    """min / median / max, to ``digits`` significant digits."""
+    sig = lambda x: float(f"{x:.{digits}g}")  # noqa: E731
+    return {"min": sig(min(values)), "median": sig(statistics.median(values)),
+            "max": sig(max(values))}
 
 
 @dataclasses.dataclass
@@ -93,7 +95,7 @@ class Timing:
 
     def summary(self, peak: float | None) -> dict:
         out = {"step_s": spread(self.seconds),
-               "tokens_per_s": spread([self.tokens / s for s in self.seconds], 0)}
+               "tokens_per_s": spread([self.tokens / s for s in self.seconds], 6)}
         if peak:
             out["mfu"] = spread([self.flops / s / peak for s in self.seconds])
         return out

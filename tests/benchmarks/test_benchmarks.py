@@ -1,0 +1,110 @@
+"""The training benchmarks run end to end on a CPU with tiny shapes and report every number
+(performance is printed, never asserted: only presence and sign are checked here), plus the
+formulas they report against."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(script: str, *flags: str, timeout: int = 120) -> tuple[dict, str]:
+    proc = subprocess.run([sys.executable, str(BENCH / script), *flags], cwd=ROOT, text=True,
+                          capture_output=True, timeout=timeout,
+                          env={**__import__("os").environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("{")][-1]
+    return json.loads(line), proc.stdout
+
+
+def _spread_ok(s: dict) -> bool:
+    return 0 < s["min"] <= s["median"] <= s["max"]
+
+
+def test_bench_rl_step_tiny_on_cpu(tmp_path):
+    out = tmp_path / "rl.json"
+    result, stdout = _run("bench_rl_step.py", "--shape", "tiny", "--prompts", "4", "--samples", "2",
+                          "--response-len", "16", "--steps", "2", "--peak-tflops", "1",
+                          "--peak-hbm-gbps", "100", "--workdir", str(tmp_path / "w"),
+                          "--json", str(out))
+    assert json.loads(out.read_text()) == result
+    assert result["gpu"] and len(result["steps"]) == 2
+    positive = ["rollout_s", "recompute_s", "update_s", "sync_s", "total_s", "rollout_tokens",
+                "rollout_tokens_per_s", "recompute_tokens_per_s", "update_tokens_per_s",
+                "recompute_mfu", "update_mfu", "rollout_hbm_roofline_fraction"]
+    for step in result["steps"]:
+        for key in positive:
+            assert step[key] > 0, key
+    for key in positive:
+        assert _spread_ok(result["summary"][key]), key
+    assert "rollout_hbm_roofline_fraction" in stdout and "update_mfu" in stdout
+
+
+def test_bench_train_tiny_on_cpu(tmp_path):
+    result, stdout = _run("bench_train.py", "--shape", "tiny", "--seq-len", "48", "--vary-lengths",
+                          "--seqs-per-step", "6", "--max-tokens-per-gpu", "128", "--steps", "1",
+                          "--warmup", "1", "--repeats", "2", "--peak-tflops", "1")
+    assert result["micro_batches"] > 1 and result["repeats"] == 2
+    for phase in ("forward", "train"):
+        for key in ("step_s", "tokens_per_s", "mfu"):
+            assert _spread_ok(result[phase][key]), (phase, key)
+    assert result["tokens_per_s"] > 0 and math.isfinite(result["loss"])
+    assert "min / median / max" in stdout
+
+
+def test_vary_lengths_are_seeded_and_in_range():
+    bench = _load("bench_train")
+    args = bench.parse_args(["--seq-len", "800", "--vary-lengths", "--seqs-per-step", "200"])
+    lengths = bench.sequence_lengths(args)
+    assert lengths == bench.sequence_lengths(args) and len(set(lengths)) > 50
+    assert min(lengths) >= 200 and max(lengths) <= 1400
+    fixed = bench.parse_args(["--seq-len", "800", "--seqs-per-step", "3"])
+    assert bench.sequence_lengths(fixed) == [800] * 3
+
+
+def test_train_flops_reduce_to_the_fixed_length_formula():
+    bench = _load("bench_train")
+    from checkpoint_tools.model_config import arch_from_hf_config
+
+    arch = arch_from_hf_config(dict(bench.SMOLLM2_135M), source="test")
+    assert bench.train_flops(arch, [800] * 4) == 4 * 800 * bench.flops_per_token(arch, 800)
+    # matmul params of SmolLM2-135M (lm head tied, counted once): ~134.5M
+    assert 6 * 134e6 < bench.flops_per_token(arch, 0) < 6 * 135e6
+
+
+def test_decode_bytes_formula():
+    rl = _load("bench_rl_step")
+    dense = rl.DecodeModel(weight_bytes=1000.0, kv_bytes_per_token=10.0, max_running=2,
+                           kv_cap=math.inf)
+    # steps = max(3, ceil(5 / 2)) = 3; KV tokens read: (4 + 5 + 6) + (1 + 2) = 18
+    assert dense.bytes([4, 1], [3, 2]) == 3 * 1000 + 18 * 10
+    capped = rl.DecodeModel(1000.0, 10.0, max_running=1, kv_cap=5)
+    # steps = max(3, 5) = 5; KV tokens: min(4,5) + min(5,5) + min(6,5) + 1 + 2 = 17
+    assert capped.bytes([4, 1], [3, 2]) == 5 * 1000 + 17 * 10
+
+
+@pytest.mark.parametrize("shape", ["smollm2-135m", "qwen2.5-0.5b"])
+def test_rl_step_shapes_match_bench_train(shape):
+    """The random checkpoint bench_rl_step builds has the architecture bench_train measures."""
+    rl, bench = _load("bench_rl_step"), _load("bench_train")
+    _, overrides = rl.shape_spec(shape)
+    for key, value in overrides.items():
+        if key in bench.SHAPES[shape]:
+            assert bench.SHAPES[shape][key] == value, key

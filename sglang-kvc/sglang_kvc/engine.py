@@ -28,7 +28,9 @@ from .model_runner import ModelRunner, StepOutput
 from .scheduler import Batch, Scheduler, SchedulerConfig
 from .sequence import Sequence, Status
 from .server_args import ServerArgs
-from .weight_sync import WeightUpdateGroup, deserialize_named_tensors
+from .weight_sync import (WeightUpdateGroup, bucket_layout, deserialize_ipc_bucket,
+                          deserialize_named_tensors, receive_each, receive_flattened)
+from .weights import _destination as weight_destination
 from .weights import iter_safetensors, safetensors_shapes, validate_shapes
 
 log = logging.getLogger(__name__)
@@ -182,18 +184,25 @@ class Engine:
     def update_weights_from_tensor(self, named_tensors=None, serialized_named_tensors=None,
                                    load_format: str | None = None, weight_version: str | None = None,
                                    abort_all_requests: bool = False, flush_cache: bool = True) -> dict:
-        """`named_tensors`: list of (hf_name, tensor) in process; or the HTTP payload format
-        (weight_sync.py) as `serialized_named_tensors`."""
-        if load_format not in (None, "direct"):
-            raise ValueError(f"load_format {load_format!r} not supported")
+        """`named_tensors`: list of (hf_name, tensor) in process; or the HTTP payload formats
+        (weight_sync.py) as `serialized_named_tensors`: base64 torch.save, or with
+        `load_format="ipc"` a handle to a flattened bucket in another process on this host."""
+        if load_format not in (None, "direct", "ipc"):
+            raise ValueError(f"load_format {load_format!r} not supported (None, direct or ipc)")
         if named_tensors is None:
-            if not isinstance(serialized_named_tensors, list) or not serialized_named_tensors:
+            if (not isinstance(serialized_named_tensors, list) or not serialized_named_tensors
+                    or not isinstance(serialized_named_tensors[0], str)):
                 raise ValueError("serialized_named_tensors must be a non-empty list of strings")
-            named_tensors = deserialize_named_tensors(serialized_named_tensors[0])
-        named_tensors = list(named_tensors)
-        validate_shapes(self.runner.model, [(n, tuple(t.shape)) for n, t in named_tensors])
-        return self._call(self._update_weights, lambda: iter(named_tensors), weight_version,
-                          abort_all_requests)
+            decode = deserialize_ipc_bucket if load_format == "ipc" else deserialize_named_tensors
+            named_tensors = decode(serialized_named_tensors[0])
+        named = list(named_tensors)
+        try:
+            validate_shapes(self.runner.model, [(n, tuple(t.shape)) for n, t in named])
+            return self._call(self._update_weights, lambda: iter(named), weight_version,
+                              abort_all_requests)
+        finally:
+            # drop the views into an IPC buffer before answering: the sender frees it on the answer
+            named.clear()
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
                                   world_size: int, group_name: str = "weight_update_group",
@@ -213,27 +222,28 @@ class Engine:
                                         weight_version: str | None = None,
                                         abort_all_requests: bool = False, flush_cache: bool = True,
                                         load_format: str | None = None) -> dict:
+        """Receive `names` from the group's rank 0: one broadcast per tensor, or with
+        `load_format="flattened_bucket"` one broadcast of all their bytes back to back."""
         group = self.weight_groups.get(group_name)
         if group is None:
             raise ValueError(f"no weight update group named {group_name!r}")
-        if not (len(names) == len(dtypes) == len(shapes)):
-            raise ValueError("names, dtypes and shapes must have the same length")
-        specs = []
-        for n, d, s in zip(names, dtypes, shapes):
-            dtype = getattr(torch, str(d).removeprefix("torch."), None)
-            if not isinstance(dtype, torch.dtype):
-                raise ValueError(f"unknown dtype {d!r} for {n}")
-            specs.append((n, dtype, tuple(int(x) for x in s)))
-        validate_shapes(self.runner.model, [(n, s) for n, _, s in specs])
+        if load_format not in (None, "flattened_bucket"):
+            raise ValueError(f"load_format {load_format!r} not supported (None or flattened_bucket)")
+        entries = bucket_layout(names, dtypes, shapes)
+        validate_shapes(self.runner.model, [(e.name, e.shape) for e in entries])
         device = self.runner.device if group.backend == "nccl" else torch.device("cpu")
+        receive = receive_flattened if load_format == "flattened_bucket" else receive_each
+        return self._call(self._update_weights, lambda: receive(group, entries, device),
+                          weight_version, abort_all_requests)
 
-        def receive():
-            for n, dtype, shape in specs:
-                t = torch.empty(shape, dtype=dtype, device=device)
-                group.broadcast(t, src=0)
-                yield n, t
-
-        return self._call(self._update_weights, receive, weight_version, abort_all_requests)
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """SGLang's /get_weights_by_name: the first `truncate_size` rows of an HF-named weight as
+        the engine holds it (after any update), as nested lists."""
+        if not isinstance(name, str):
+            raise ValueError(f"name must be a string, got {name!r}")
+        if not isinstance(truncate_size, int) or isinstance(truncate_size, bool) or truncate_size < 1:
+            raise ValueError(f"truncate_size must be a positive integer, got {truncate_size!r}")
+        return self._call(self._weight_rows, name, truncate_size)
 
     def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict:
         group = self.weight_groups.pop(group_name, None)
@@ -521,6 +531,12 @@ class Engine:
         if weight_version is not None:
             self.weight_version = str(weight_version)
         return {"success": True, "message": f"Updated {n} tensors.", "num_paused_requests": 0}
+
+    def _weight_rows(self, name: str, rows: int) -> list:
+        dst = weight_destination(self.runner.model, name)
+        if dst is None:
+            raise ValueError(f"{name} is not stored by this engine (tied to another weight, or a buffer)")
+        return dst[:rows].tolist()
 
     def _release(self, tags: set[str]) -> None:
         unknown = tags - _MEMORY_TAGS

@@ -221,6 +221,12 @@ def create_app(engine: Engine) -> FastAPI:
         body = await read_object(request)
         return await _weights_call(engine.destroy_weights_update_group, body, ("group_name",))
 
+    @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
+    async def get_weights_by_name(request: Request):
+        body = await read_object(request)
+        return await _weights_call(engine.get_weights_by_name, body, ("name", "truncate_size"),
+                                   ("name",))
+
     @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
     async def release_memory_occupation(request: Request):
         body = await read_object(request)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import itertools
+import threading
 import time
 
 import requests
 from tqdm import tqdm
+
+from .failover import AllEnginesDown, EngineSet, RestartHook
 
 
 @dataclasses.dataclass
@@ -89,45 +91,124 @@ class EngineRollout:
         return [parse_output(f.result()) for f in futures]
 
 
-class HTTPRollout:
-    """One or more SGLang-API servers (sglang-kvc or stock SGLang), round-robin, with retries."""
+class _Transient(Exception):
+    """A failed attempt that another attempt (maybe on another engine) may not repeat."""
 
-    def __init__(self, urls: list[str], timeout: float = 3600.0):
+
+class HTTPRollout:
+    """One or more SGLang-API servers (sglang-kvc or stock SGLang), round-robin. A request that
+    fails (connection error, timeout, 5xx) goes to another engine; an engine that does not answer
+    ``/health`` is marked down and handed to ``on_engine_failure`` (``failover.py``). Every sample
+    keeps its index and its ``sampling_seed`` wherever it runs, so a re-issued sample is the one
+    the first engine would have produced. ``fault_metrics()`` counts what happened."""
+
+    def __init__(self, urls: list[str], timeout: float = 3600.0,
+                 on_engine_failure: RestartHook | None = None, health_timeout: float = 5.0,
+                 restart_wait: float = 600.0):
         if not urls:
             raise ValueError("--rollout-server-urls needs at least one URL")
-        self.urls = [u.rstrip("/") for u in urls]
-        self.timeout = timeout
+        self.engines = EngineSet([u.rstrip("/") for u in urls], on_engine_failure, restart_wait)
+        self.timeout, self.health_timeout = timeout, health_timeout
         self.session = requests.Session()
 
-    def _post(self, url: str, payload: dict, retries: int) -> dict:
+    @property
+    def urls(self) -> list[str]:
+        """The engines up now (weight pushes go to these)."""
+        return self.engines.live()
+
+    @property
+    def on_engine_failure(self) -> RestartHook | None:
+        return self.engines.on_failure
+
+    @on_engine_failure.setter
+    def on_engine_failure(self, hook: RestartHook | None) -> None:
+        self.engines.on_failure = hook
+
+    def fault_metrics(self) -> dict[str, float]:
+        """``rollout/requests_reissued``, ``rollout/engine_failures``, ``rollout/engine_restarts``
+        since the previous call."""
+        return self.engines.take_counts().metrics()
+
+    def wait_for_restarts(self, timeout: float | None = None) -> bool:
+        return self.engines.wait_for_restarts(timeout)
+
+    def generate(self, prompts: list[list[int]], n: int, cfg: RolloutConfig, **overrides
+                 ) -> list[Generation]:
+        jobs = []
+        for i, ids in enumerate(prompts):
+            for j in range(n):
+                seed = None if cfg.seed is None else cfg.seed + i * n + j
+                jobs.append({"input_ids": ids, "return_logprob": True,
+                             "sampling_params": _sampling_params(cfg, seed, **overrides)})
+        stop = threading.Event()  # one request failed for good: the others stop waiting
+        pool = concurrent.futures.ThreadPoolExecutor(max(1, cfg.concurrency * self.engines.size))
+        try:
+            futures = [pool.submit(self._request, k % self.engines.size, job, cfg.retries, stop)
+                       for k, job in enumerate(jobs)]
+            outs = [f.result() for f in futures]
+        except BaseException:
+            stop.set()
+            raise
+        finally:
+            pool.shutdown(wait=not stop.is_set(), cancel_futures=True)
+        return [parse_output(o) for o in outs]
+
+    def _request(self, slot: int, payload: dict, retries: int, stop: threading.Event) -> dict:
+        """One sample: its slot's engine, or the next one up after each failure."""
+        failures = 0
+        while True:
+            slot, url = self.engines.pick(slot, stop)
+            try:
+                return self._send(url + "/generate", payload)
+            except _Transient as e:
+                failures += 1
+                # a budget per request: a request that kills every engine it touches must end
+                if failures > retries + self.engines.size or stop.is_set():
+                    raise RuntimeError(f"{url}/generate: failed after {failures} attempts: {e}") from e
+                self._failed(slot, url, str(e), failures)
+                self.engines.reissued()
+                slot += 1
+
+    def _failed(self, slot: int, url: str, error: str, failures: int) -> None:
+        if self._healthy(url):
+            time.sleep(min(2 ** (failures - 1), 10))  # up but failing: let it breathe
+        else:
+            self.engines.failed(slot, url, error)
+
+    def _healthy(self, url: str) -> bool:
+        try:
+            return requests.get(url + "/health", timeout=self.health_timeout).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def _send(self, url: str, payload: dict) -> dict:
+        try:
+            r = self.session.post(url, json=payload, timeout=self.timeout)
+        except (requests.ConnectionError, requests.Timeout) as e:
+            raise _Transient(str(e)) from e
+        if r.status_code >= 500:
+            raise _Transient(f"HTTP {r.status_code}: {r.text[:200]}")
+        if r.status_code >= 400:  # our request is wrong: no engine will take it
+            raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text[:500]}")
+        return r.json()
+
+    def post(self, url: str, payload: dict, retries: int = 1) -> dict:
+        """One control request to one server, retried there (no failover: it is about that one)."""
         for attempt in range(retries + 1):
             try:
-                r = self.session.post(url, json=payload, timeout=self.timeout)
-                if r.status_code < 500:
-                    r.raise_for_status()  # 4xx: our request is wrong, retrying will not help
-                    return r.json()
-                err = f"HTTP {r.status_code}: {r.text[:200]}"
-            except (requests.ConnectionError, requests.Timeout) as e:
+                return self._send(url, payload)
+            except _Transient as e:
                 err = str(e)
             if attempt < retries:
                 time.sleep(min(2 ** attempt, 10))
         raise RuntimeError(f"{url}: failed after {retries + 1} attempts: {err}")
 
-    def generate(self, prompts: list[list[int]], n: int, cfg: RolloutConfig, **overrides
-                 ) -> list[Generation]:
-        jobs = []
-        servers = itertools.cycle(self.urls)
-        for i, ids in enumerate(prompts):
-            for j in range(n):
-                seed = None if cfg.seed is None else cfg.seed + i * n + j
-                payload = {"input_ids": ids, "return_logprob": True,
-                           "sampling_params": _sampling_params(cfg, seed, **overrides)}
-                jobs.append((next(servers) + "/generate", payload))
-        workers = max(1, cfg.concurrency * len(self.urls))
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            outs = list(pool.map(lambda job: self._post(*job, cfg.retries), jobs))
-        return [parse_output(o) for o in outs]
-
-    def call(self, path: str, payload: dict | None = None) -> list[dict]:
-        """POST a control request to every server (weight updates, memory release, ...)."""
-        return [self._post(u + path, payload or {}, retries=1) for u in self.urls]
+    def call(self, path: str, payload: dict | None = None, urls: list[str] | None = None
+             ) -> list[dict]:
+        """POST a control request (weight updates, memory release, ...) to every server up (or to
+        ``urls``), all at once."""
+        urls = self.urls if urls is None else urls
+        if not urls:
+            raise AllEnginesDown(f"no rollout engine is up to take {path}")
+        with concurrent.futures.ThreadPoolExecutor(len(urls)) as pool:
+            return list(pool.map(lambda u: self.post(u + path, payload or {}), urls))

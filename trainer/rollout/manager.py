@@ -36,6 +36,7 @@ class Shard:
     reward_seconds: float
     kv_pool: dict | None = None  # that engine's pool: peak_used, bytes_per_slot, capacity
     plugin_stats: dict = dataclasses.field(default_factory=dict)
+    faults: dict = dataclasses.field(default_factory=dict)  # HTTP engines: rollout/engine_failures, ...
 
     @property
     def gens(self) -> list[Generation]:
@@ -140,6 +141,8 @@ def engine_stats(shards: list[Shard]) -> dict:
         tokens = sum(len(g.response_ids) for g in s.gens)
         out[f"rollout_engine{i}/samples"] = float(len(s.gens))
         out[f"rollout_engine{i}/tokens_per_s"] = tokens / s.seconds if s.seconds > 0 else 0.0
+    for key, count in ((k, v) for s in shards for k, v in s.faults.items()):
+        out[key] = out.get(key, 0.0) + count
     pools = [s.kv_pool for s in shards if s.kv_pool]
     if pools:
         out["kv_pool_peak_used"] = float(max(p["peak_used"] for p in pools))
@@ -187,7 +190,8 @@ class RolloutManager:
         for t in traces:
             t.prompt_index += start
             t.group = None if t.group is None else ("shard", start, t.group)  # unique over shards
-        return Shard(traces, seconds, time.perf_counter() - begin, self.pool_stats(), extra)
+        faults = self.backend.fault_metrics() if hasattr(self.backend, "fault_metrics") else {}
+        return Shard(traces, seconds, time.perf_counter() - begin, self.pool_stats(), extra, faults)
 
     def _generate(self, local: list[Prompt], n: int, cfg: RolloutConfig, mode: str):
         if self.plugin is None:

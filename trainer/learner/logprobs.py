@@ -22,6 +22,9 @@ softmax probabilities only depend on the global normaliser, already known).
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 import torch
 import torch.distributed as dist
 
@@ -81,13 +84,14 @@ def _chunk_grad(logits, targets, lse, entropy, grad_logp, grad_entropy, temperat
 
 
 def _use_triton(logits: torch.Tensor) -> bool:
-    if not logits.is_cuda:
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return logits.is_cuda and _triton_installed()
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_installed() -> bool:
+    # asked once: a failed import is retried (a sys.path scan) on every call, twice per
+    # micro-batch, otherwise
+    return importlib.util.find_spec("triton") is not None
 
 
 def _row_stats(logits, targets, temperature, vocab_start, vocab_size, chunk_size):

@@ -15,6 +15,10 @@
 #   USE_WANDB (0)  WANDB_PROJECT (sparse-rl)  TORCHRUN_ARGS (--standalone; e.g. --nnodes/--rdzv-* for
 #   several nodes)  TORCHRUN (the launcher; default: .venv/bin/python -m torch.distributed.run, else torchrun)
 #   DRY_RUN=1: print the command instead of running it (the eval prompts are still written).
+#   RAY=1: launch with Ray (python -m trainer.ray_job) instead of torchrun: NUM_GPUS trainer GPUs on
+#     each of NUM_NODES (1) nodes; ROLLOUT_GPUS (0) > 0 starts that many disaggregated engines
+#     behind sglang-router (0: one engine inside each data-parallel trainer rank, --colocate);
+#     RAY_ARGS for the job's other flags (e.g. "--ray-address auto" for a `ray start` cluster).
 # The eval sets are converted to prompt/label rows under $SAVE_DIR/eval_data before launching.
 # Extra arguments to the script go last to the trainer, so they override the values here.
 
@@ -30,6 +34,8 @@ die() {
 }
 
 NUM_GPUS="${NUM_GPUS:-8}"
+NUM_NODES="${NUM_NODES:-1}"
+ROLLOUT_GPUS="${ROLLOUT_GPUS:-0}"
 MODEL_DIR="${MODEL_DIR:-$PARENT/models/$MODEL_NAME}"
 DATA_DIR="${DATA_DIR:-$PARENT/shared/data/train}"
 SAVE_DIR="${SAVE_DIR:-$ROOT/runs/$SCRIPT_NAME}"
@@ -58,6 +64,10 @@ check_inputs() {
     [[ "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] || die "NUM_GPUS=$NUM_GPUS is not a positive integer"
     [[ "$TP" =~ ^[1-9][0-9]*$ && "$PP" =~ ^[1-9][0-9]*$ ]] || die "TP=$TP and PP=$PP must be positive integers"
     (( NUM_GPUS % (TP * PP) == 0 )) || die "NUM_GPUS=$NUM_GPUS is not divisible by TP*PP=$((TP * PP))"
+    if [[ "${RAY:-0}" == 1 ]]; then
+        [[ "$NUM_NODES" =~ ^[1-9][0-9]*$ ]] || die "NUM_NODES=$NUM_NODES is not a positive integer"
+        [[ "$ROLLOUT_GPUS" =~ ^[0-9]+$ ]] || die "ROLLOUT_GPUS=$ROLLOUT_GPUS is not a non-negative integer"
+    fi
     [[ -d "$MODEL_DIR" ]] || die "MODEL_DIR=$MODEL_DIR does not exist; download $MODEL_NAME (Hugging Face format) and set MODEL_DIR to it"
     [[ -f "$MODEL_DIR/config.json" ]] || die "MODEL_DIR=$MODEL_DIR has no config.json; it must be a Hugging Face checkpoint of $MODEL_NAME"
     [[ -e "$REF_LOAD" ]] || die "REF_LOAD=$REF_LOAD does not exist (the reference model for the KL loss; default: MODEL_DIR)"
@@ -163,11 +173,7 @@ PY
     ) || die "could not prepare the eval data from EVAL_DIR=$EVAL_DIR (EVAL_SETS=$EVAL_SETS)"
 }
 
-run_trainer() {
-    check_inputs
-    trainer_args
-    # written in dry runs too: the printed command refers to these files
-    prepare_eval_data
+torchrun_command() {
     local launcher=(torchrun)
     if [[ -n "${TORCHRUN:-}" ]]; then
         # shellcheck disable=SC2206  # a command with its arguments
@@ -177,7 +183,32 @@ run_trainer() {
     fi
     # shellcheck disable=SC2206  # TORCHRUN_ARGS is a list of words on purpose
     local torchrun_args=(${TORCHRUN_ARGS:---standalone})
-    local cmd=("${launcher[@]}" "${torchrun_args[@]}" --nproc-per-node "$NUM_GPUS" -m trainer.train "${ARGS[@]}" "$@")
+    LAUNCH=("${launcher[@]}" "${torchrun_args[@]}" --nproc-per-node "$NUM_GPUS" -m trainer.train)
+}
+
+ray_command() {
+    # slime's flags: trainer GPUs per node and nodes; engines colocated or on GPUs of their own
+    LAUNCH=("$PYTHON" -m trainer.ray_job --actor-num-nodes "$NUM_NODES" --actor-num-gpus-per-node "$NUM_GPUS")
+    if (( ROLLOUT_GPUS > 0 )); then
+        LAUNCH+=(--rollout-num-gpus "$ROLLOUT_GPUS" --rollout-num-gpus-per-engine 1)
+    else
+        LAUNCH+=(--colocate)
+    fi
+    # shellcheck disable=SC2206  # RAY_ARGS is a list of words on purpose
+    LAUNCH+=(${RAY_ARGS:-})
+}
+
+run_trainer() {
+    check_inputs
+    trainer_args
+    # written in dry runs too: the printed command refers to these files
+    prepare_eval_data
+    if [[ "${RAY:-0}" == 1 ]]; then
+        ray_command
+    else
+        torchrun_command
+    fi
+    local cmd=("${LAUNCH[@]}" "${ARGS[@]}" "$@")
     if [[ "${DRY_RUN:-0}" == 1 ]]; then
         printf '%q ' "${cmd[@]}"
         echo

@@ -1,0 +1,356 @@
+"""``python -m trainer.ray_job`` on a local Ray cluster with declared (fake) GPU slots, the trainer
+ranks on the CPU with gloo: the RAY=1 run-script launch with two colocated ranks, one rank with two
+disaggregated engines behind sglang-router, a rank that fails, Ctrl-C, and the errors that must
+come before anything is reserved. Every job runs in a session of its own, under a timeout, and
+must leave no process of that session behind (trainer ranks, engine servers, the router, Ray)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+pytest.importorskip("ray")
+
+from trainer.ray import options  # noqa: E402
+from trainer.ray.node import local_gpu_index  # noqa: E402
+from trainer.ray.placement import order_bundles  # noqa: E402
+from trainer.ray.trainer_actor import _ErrorTail  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "run-qwen2.5-1.5b.sh"
+TINY = ["--rollout-batch-size", "5", "--n-samples-per-prompt", "2", "--global-batch-size", "10",
+        "--rollout-max-response-len", "10", "--max-tokens-per-gpu", "512",
+        "--sglang-max-total-tokens", "4096", "--reward-workers", "1", "--lr", "1e-3",
+        "--rendezvous-timeout", "60", "--distributed-timeout-minutes", "10"]
+JOB_TIMEOUT = 240
+
+
+@pytest.fixture(scope="module")
+def inputs(tiny_model_factory, tmp_path_factory):
+    """A tiny HF checkpoint and a training set in the run scripts' layout."""
+    tmp = tmp_path_factory.mktemp("ray")
+    train = tmp / "data" / "simplelr_qwen_level3to5" / "train.jsonl"
+    train.parent.mkdir(parents=True)
+    train.write_text("".join(json.dumps({
+        "prompt": f"<|im_start|>user\nadd {i % 9 + 1} {i % 7 + 3}<|im_end|>\n<|im_start|>assistant\n",
+        "label": str(i % 9 + 1 + i % 7 + 3)}) + "\n" for i in range(40)))
+    return tiny_model_factory("qwen2.5"), tmp
+
+
+def _env(**extra) -> dict:
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RAY_ADDRESS")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(PYTHONWARNINGS="ignore", **extra)
+    return env
+
+
+def _session_left(sid: int) -> list[str]:
+    """Live processes of session ``sid`` (zombies are dead, whoever must reap them)."""
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[3]) == sid and fields[0] != "Z":
+                left.append((proc / "cmdline").read_text().replace("\0", " ")[:120])
+        except (OSError, ValueError):
+            continue
+    return left
+
+
+def _wait_session_empty(sid: int, timeout: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := _session_left(sid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+class Job:
+    """A job in its own session: output in a file, killed whole (SIGKILL to the session's group)
+    if it outlives its timeout or the test fails."""
+
+    def __init__(self, argv: list[str], env: dict, log: Path):
+        self.log = log
+        self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log.open("w"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.begin = time.monotonic()
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            assert self.proc.poll() is None, f"job ended before {text!r}:\n{self.output[-3000:]}"
+            assert time.monotonic() < deadline, f"no {text!r} in {timeout}s:\n{self.output[-3000:]}"
+            time.sleep(0.5)
+
+    def finish(self, timeout: float = JOB_TIMEOUT) -> tuple[int, str, list[str]]:
+        """(exit code, output, processes of the session still alive afterwards)."""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        left = _wait_session_empty(self.proc.pid)
+        self.kill()
+        assert rc is not None, f"job still running after {timeout}s:\n{self.output[-3000:]}"
+        return rc, self.output, left
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid_dir in Path("/proc").iterdir():  # members that left the group, not the session
+            try:
+                stat = (pid_dir / "stat").read_text()
+                if int(stat[stat.rindex(")") + 2:].split()[3]) == self.proc.pid:
+                    os.kill(int(pid_dir.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue
+
+
+@pytest.fixture
+def jobs():
+    started: list[Job] = []
+    yield lambda argv, env, log: started.append(Job(argv, env, log)) or started[-1]
+    for job in started:
+        job.kill()
+
+
+def _ray_job(inputs, save: Path, *flags: str) -> list[str]:
+    model, tmp = inputs
+    return [sys.executable, "-m", "trainer.ray_job", *flags, "--hf-checkpoint", str(model),
+            "--prompt-data", str(tmp / "data" / "simplelr_qwen_level3to5" / "train.jsonl"),
+            "--rm-type", "math", "--num-rollout", "2", "--save", str(save), *TINY]
+
+
+def _metrics(save: Path) -> list[dict]:
+    return [json.loads(line) for line in (save / "logs" / "metrics.jsonl").read_text().splitlines()]
+
+
+def _engine_report(log: str) -> dict[str, tuple[int, int]]:
+    """url -> (/generate requests, weight update requests), from the job's closing lines."""
+    found = re.findall(r"rollout engine \d+ \((http://[^)]+)\) served (\d+) /generate and (\d+) "
+                       r"weight update", log)
+    return {url: (int(g), int(u)) for url, g, u in found}
+
+
+def _refuses(url: str) -> bool:
+    try:
+        requests.get(url + "/health", timeout=2)
+    except requests.ConnectionError:
+        return True
+    return False
+
+
+# --------------------------------------------------------------------------- jobs on Ray
+
+def test_run_script_with_ray_two_colocated_ranks(inputs, tmp_path, jobs):
+    """RAY=1 NUM_GPUS=2: two trainer actors, each hosting its engine, finish 2 rollouts."""
+    model, tmp = inputs
+    save = tmp_path / "save"
+    env = _env(RAY="1", NUM_GPUS="2", MODEL_DIR=str(model), DATA_DIR=str(tmp / "data"),
+               EVAL_SETS="", NUM_ROLLOUT="2", SAVE_DIR=str(save))
+    job = jobs(["bash", str(SCRIPT), *TINY], env, tmp_path / "job.log")
+    rc, log, left = job.finish()
+    assert rc == 0, log[-4000:]
+    metrics = _metrics(save)
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:  # both ranks' engines generated their shard: 5 prompts x 2 samples
+        counts = [m[f"rollout_engine{i}/samples"] for i in range(2)]
+        assert sum(counts) == 10 and min(counts) >= 4, counts
+        assert "rollout_engine2/samples" not in m and m["time_update"] > 0
+    for phase in ("] connect to Ray: ", "local cluster: 2 GPU (declared", "] reserve 2 GPU(s) for "
+                  "trainer ranks (STRICT_PACK): ", "] start 2 trainer rank actor(s): ",
+                  "TrainerRank0 pid=", "process group: rank 0 of 2 (env launch)",
+                  "gloo on cpu, TP 1 x PP 1 x DP 2", "] start 2 colocated rollout engine(s)"):
+        assert phase in log, phase
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert left == [], left
+
+
+def test_disaggregated_engines_behind_the_router(inputs, tmp_path, jobs):
+    """One trainer actor, two engine actors behind sglang-router: every engine generated and
+    took every weight update (the trainer checks each sample's weight version), and no engine
+    server is left listening afterwards."""
+    pytest.importorskip("sglang_router")
+    save = tmp_path / "save"
+    argv = _ray_job(inputs, save, "--actor-num-gpus-per-node", "1", "--rollout-num-gpus", "2")
+    rc, log, left = jobs(argv, _env(), tmp_path / "job.log").finish()
+    assert rc == 0, log[-4000:]
+    assert [m["step"] for m in _metrics(save)] == [1, 2]
+    assert all(m["rollout_engine0/samples"] == 10 for m in _metrics(save))  # one router URL
+    report = _engine_report(log)
+    assert len(report) == 2, log[-3000:]
+    assert sum(g for g, _ in report.values()) == 20  # 2 rollouts x 10 samples
+    assert all(g >= 5 and u >= 2 for g, u in report.values()), report  # round robin; a push per rollout
+    for phase in ("] reserve 2 GPU(s) for rollout engines (PACK): ",
+                  "] start 2 rollout engine(s) (sglang-kvc HTTP servers): ",
+                  "] start sglang-router: ", "-> 2 engine(s), round robin",
+                  "] start 1 rollout server(s)"):
+        assert phase in log, phase
+    assert all(_refuses(url) for url in report), "an engine server outlived the job"
+    assert left == [], left
+
+
+def test_failing_rank_ends_the_job_naming_it(inputs, tmp_path, jobs):
+    """Rank 1's reward function raises in the first rollout while rank 0 waits in a collective:
+    the job ends (not after the 10-minute collective timeout) with the rank and its error."""
+    faulty = tmp_path / "faulty_reward.py"
+    faulty.write_text("import os\n\ndef reward(sample):\n    if os.environ['RANK'] == '1':\n"
+                      "        raise ValueError('bad label on rank 1')\n    return 0.0\n")
+    save = tmp_path / "save"
+    argv = _ray_job(inputs, save, "--actor-num-gpus-per-node", "2", "--colocate",
+                    "--custom-rm-path", f"{faulty}:reward")
+    job = jobs(argv, _env(), tmp_path / "job.log")
+    rc, log, left = job.finish()
+    assert rc == 1, log[-4000:]
+    assert "trainer.ray_job: error: trainer rank 1 failed" in log
+    assert "ValueError: bad label on rank 1" in log
+    assert f"run the same command with --load {save} to resume" in log
+    assert time.monotonic() - job.begin < 200
+    assert left == [], left
+
+
+def test_ctrl_c_stops_engines_router_and_ranks(inputs, tmp_path, jobs):
+    """SIGINT once the engines and the router serve: exit 130, nothing of the job survives."""
+    pytest.importorskip("sglang_router")
+    argv = _ray_job(inputs, tmp_path / "save", "--rollout-num-gpus", "1")
+    job = jobs(argv, _env(), tmp_path / "job.log")
+    job.wait_for("] start sglang-router: ", timeout=150)
+    engine = re.search(r"sglang-kvc HTTP servers\): [\d.]+s \((http://[^,)]+)\)", job.output)[1]
+    os.killpg(job.proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
+    rc, log, left = job.finish(timeout=60)
+    assert rc == 130 and "interrupted: stopping every trainer rank and engine" in log, log[-3000:]
+    assert _refuses(engine) and left == [], left
+
+
+def test_too_few_gpus_is_an_error_naming_the_flags(inputs, tmp_path, jobs):
+    argv = _ray_job(inputs, tmp_path / "save", "--actor-num-gpus-per-node", "2",
+                    "--rollout-num-gpus", "1", "--local-num-gpus", "2")
+    rc, log, left = jobs(argv, _env(), tmp_path / "job.log").finish(timeout=120)
+    assert rc == 1, log[-3000:]
+    assert ("has 2 GPU(s) but the job needs 3: --actor-num-nodes 1 x --actor-num-gpus-per-node 2 "
+            "trainer GPU(s) + --rollout-num-gpus 1 engine GPU(s)") in log
+    assert "Traceback" not in log and left == [], left
+
+
+PLACEMENT_TIMEOUT = """
+import os, time
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+import ray
+from trainer.ray.options import RayJobError
+from trainer.ray.placement import reserve
+ray.init(num_cpus=4, num_gpus=1, include_dashboard=False)
+begin = time.monotonic()
+try:
+    reserve("trainer ranks", 2, "STRICT_PACK", timeout=2)
+except RayJobError as e:
+    print("ERROR", e, "after", round(time.monotonic() - begin))
+ray.shutdown()
+"""
+
+
+def test_placement_that_cannot_be_met_fails_with_what_is_free(tmp_path, jobs):
+    job = jobs([sys.executable, "-c", PLACEMENT_TIMEOUT], _env(), tmp_path / "job.log")
+    rc, log, left = job.finish(timeout=90)
+    assert rc == 0, log[-3000:]
+    line = next(x for x in log.splitlines() if x.startswith("ERROR"))
+    assert "trainer ranks: 2 bundle(s) of {'GPU': 1, 'CPU': 1} (STRICT_PACK) not placed within 2s" in line
+    assert "free now: 1 GPU" in line and "nodes: 127.0.0.1 (1 GPU, 4 CPU)" in line
+    assert int(line.rsplit(" ", 1)[1]) < 10 and left == [], left
+
+
+# --------------------------------------------------------------------------- flags, no cluster
+
+def test_flags_split_between_the_job_and_the_trainer():
+    opts, rest = options.parse(["--actor-num-nodes", "2", "--actor-num-gpus-per-node", "4",
+                                "--lr", "1e-3", "--rollout-num-gpus", "4", "--save", "x"])
+    assert rest == ["--lr", "1e-3", "--save", "x"]
+    assert (opts.trainer_gpus, opts.num_engines, opts.gpus_needed, opts.colocate) == (8, 4, 12, False)
+    opts, _ = options.parse(["--actor-num-gpus-per-node", "4"])
+    assert opts.colocate and opts.num_engines == 0 and opts.gpus_needed == 4
+    opts, _ = options.parse(["--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "4", "--colocate"])
+    assert opts.colocate and opts.gpus_needed == 4  # slime's colocated form
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"],
+     "--rollout-num-gpus 3 is not divisible by --rollout-num-gpus-per-engine 2"),
+    (["--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "2"],
+     "--rollout-num-gpus-per-engine 2: an sglang-kvc engine serves the model on one GPU"),
+    (["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "3", "--colocate"],
+     "--rollout-num-gpus must be left out or equal 2"),
+    (["--rollout-num-gpus", "2", "--rollout-server-urls", "http://x"],
+     "--rollout-server-urls and --rollout-num-gpus 2: the job starts the engines"),
+    (["--actor-num-gpus-per-node", "0"], "--actor-num-gpus-per-node must be >= 1"),
+])
+def test_bad_flags_exit_naming_the_flag(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        options.parse(flags)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_trainer_flags_are_checked_before_the_cluster(inputs, tmp_path):
+    """The trainer's own rules (and TP x PP against the ranks) fail in seconds, before Ray."""
+    model, tmp = inputs
+    base = [sys.executable, "-m", "trainer.ray_job", "--hf-checkpoint", str(model),
+            "--prompt-data", str(tmp / "data" / "simplelr_qwen_level3to5" / "train.jsonl")]
+    run = lambda *f: subprocess.run([*base, *f], cwd=ROOT, env=_env(), text=True,  # noqa: E731
+                                    capture_output=True, timeout=120)
+    proc = run("--actor-num-gpus-per-node", "3", "--tensor-model-parallel-size", "2")
+    assert proc.returncode == 1 and "3 trainer GPU(s)" in proc.stderr
+    assert "not divisible by --tensor-model-parallel-size" in proc.stderr
+    proc = run("--rollout-top-p", "0.9")
+    assert proc.returncode == 2 and "truncated sampling is not supported" in proc.stderr
+    assert "connect to Ray" not in proc.stdout + proc.stderr
+
+
+def test_ray_mode_of_the_run_scripts(inputs, tmp_path):
+    """RAY=1 maps NUM_GPUS / NUM_NODES / ROLLOUT_GPUS / RAY_ARGS onto the job's flags."""
+    model, tmp = inputs
+    env = _env(RAY="1", DRY_RUN="1", MODEL_DIR=str(model), DATA_DIR=str(tmp / "data"),
+               EVAL_SETS="", SAVE_DIR=str(tmp_path / "s"))
+    run = lambda **e: subprocess.run(["bash", str(SCRIPT)], env={**env, **e}, text=True,  # noqa: E731
+                                     capture_output=True, timeout=60)
+    head = run(NUM_GPUS="4").stdout.split(" --hf-checkpoint")[0].split()
+    assert head[1:] == ["-m", "trainer.ray_job", "--actor-num-nodes", "1",
+                        "--actor-num-gpus-per-node", "4", "--colocate"]
+    head = run(NUM_GPUS="4", NUM_NODES="2", ROLLOUT_GPUS="8", RAY_ARGS="--ray-address auto")
+    assert head.stdout.split(" --hf-checkpoint")[0].split()[3:] == [
+        "--actor-num-nodes", "2", "--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "8",
+        "--rollout-num-gpus-per-engine", "1", "--ray-address", "auto"]
+    bad = run(ROLLOUT_GPUS="two")
+    assert bad.returncode == 1 and "ROLLOUT_GPUS=two is not a non-negative integer" in bad.stderr
+
+
+def test_bundles_are_ordered_by_node_then_index():
+    assert order_bundles({0: "10.0.0.2", 1: "10.0.0.1", 2: "10.0.0.2", 3: "10.0.0.1"}) == [1, 3, 0, 2]
+
+
+def test_local_gpu_index_follows_cuda_visible_devices():
+    assert local_gpu_index([3], None) == 3
+    assert local_gpu_index(["5"], "4,5,6") == 1
+    assert local_gpu_index([], "0,1") == 0
+
+
+def test_error_tail_reports_the_error_line():
+    class Sink:
+        def write(self, text):
+            return len(text)
+
+    tail = _ErrorTail(Sink())
+    tail.write("rollouts:  50%\rrollouts: 100%\n")
+    tail.write("trainer.train: error: rank 1/2: could not reach the store\nbye\n")
+    assert tail.last_error() == "trainer.train: error: rank 1/2: could not reach the store"

@@ -1,0 +1,94 @@
+"""A disaggregated rollout engine: the sglang-kvc HTTP server (its ``Engine`` and ``create_app``,
+as ``python -m sglang_kvc.launch_server`` runs them) inside a Ray actor, so the server dies with
+the actor and no process outlives the job. Ray gives the actor its GPU through
+``CUDA_VISIBLE_DEVICES``, so the engine's ``auto`` device is that GPU.
+
+The actor counts the requests it served by path (``/generate``, ``/update_weights_from_tensor``),
+which the job reports at the end: every engine must have had its share.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+
+import requests
+
+from .node import free_port, node_ip
+from .options import RayJobError
+
+
+class EngineServer:
+    def __init__(self, index: int, server_args):
+        self.index, self.server_args = index, server_args
+        self.counts: collections.Counter = collections.Counter()
+        self.server = self.thread = self.engine = None
+
+    def __repr__(self) -> str:  # the prefix of this engine's output: (RolloutEngine0 pid=...)
+        return f"RolloutEngine{self.index}"
+
+    def start(self) -> str:
+        """Load the model, serve it on this node, return the URL (once uvicorn listens)."""
+        import uvicorn
+        from sglang_kvc.engine import Engine
+        from sglang_kvc.http_server import create_app
+
+        host = node_ip()
+        args = dataclasses.replace(self.server_args, host=host, port=free_port(host))
+        self.engine = Engine(server_args=args)
+        app = create_app(self.engine)
+        app.middleware("http")(_counter(self.counts))
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=args.port,
+                                                    log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, name="engine-http", daemon=True)
+        self.thread.start()
+        self._wait_listening()
+        return f"http://{host}:{args.port}"
+
+    def _wait_listening(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"{self!r}: the HTTP server did not start listening")
+            time.sleep(0.05)
+
+    def requests_served(self) -> dict[str, int]:
+        return dict(self.counts)
+
+    def serve(self) -> str:
+        """Returns only when the server stops: the job watches this call to notice a dead engine."""
+        self.thread.join()
+        return "the HTTP server stopped"
+
+
+def _counter(counts: collections.Counter):
+    """HTTP middleware counting requests by path. A function, not a method: an ``async def``
+    on the class would make Ray run the actor on one event loop, where :meth:`serve` blocks."""
+
+    async def count(request, call_next):
+        counts[request.url.path] += 1
+        return await call_next(request)
+
+    return count
+
+
+def wait_healthy(urls: list[str], timeout: float) -> None:
+    """Every engine answers ``/health`` within ``timeout`` seconds, or an error naming the silent."""
+    deadline = time.monotonic() + timeout
+    waiting = list(urls)
+    while waiting:
+        waiting = [u for u in waiting if not _healthy(u)]
+        if waiting and time.monotonic() > deadline:
+            raise RayJobError(f"rollout engine(s) {waiting} did not answer /health within "
+                              f"{timeout:.0f}s (--engine-start-timeout)")
+        if waiting:
+            time.sleep(0.5)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/health", timeout=5).status_code == 200
+    except requests.RequestException:
+        return False

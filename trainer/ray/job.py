@@ -1,0 +1,289 @@
+"""``python -m trainer.ray_job [Ray flags] [trainer flags]``: the trainer on a Ray cluster.
+
+Order: connect (or start a local cluster) -> disaggregated only: reserve engine GPUs, start the
+engine actors, wait for /health, put sglang-router in front -> reserve trainer GPUs, start one
+actor per rank, rank 0 picks the rendezvous address -> every rank runs ``trainer.train.main``.
+Each phase prints; each wait has a deadline. The first failure (a rank, an engine, the router)
+ends the job with a message naming it; the job's end, an error or Ctrl-C kill every actor, and
+with them the engine servers and the router.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from ..launch import phase
+from . import cluster, options, placement
+from .engines import EngineServer, wait_healthy
+from .options import RayJobError, RayOptions
+from .router import RouterProcess, router_available, wait_routing
+from .trainer_actor import ENV as TRAINER_ENV
+from .trainer_actor import RankResult, TrainerRank
+
+ROUTER_TIMEOUT = 120.0  # seconds for the router to start and register the (healthy) engines
+
+
+class RayJob:
+    def __init__(self, opts: RayOptions, argv: list[str], trainer_args):
+        self.opts, self.argv, self.trainer_args = opts, argv, trainer_args
+        self.actors: list = []  # every actor of the job: killed at its end
+        self.reservations: list = []
+        self.watch: dict = {}  # ref of a call that returns only when its actor stops -> its name
+        self.engines: list = []
+        self.engine_urls: list[str] = []
+
+    # --- the phases ----------------------------------------------------------------------
+    def run(self) -> None:
+        bundles = self.opts.trainer_gpus + self.opts.num_engines
+        with phase("connect to Ray") as info:
+            self.cluster = cluster.connect(self.opts, bundles)
+            info["detail"] = self.cluster.describe()
+        cluster.check_capacity(self.cluster, self.opts)
+        extra = [] if self.opts.colocate else self._start_rollout()
+        self._train(extra)
+        self._report()
+
+    def _start_rollout(self) -> list[str]:
+        """Engines (and the router): the trainer flags that point the trainer at them."""
+        n = self.opts.num_engines
+        reservation = self._reserve("rollout engines", n, "PACK")
+        with phase(f"start {n} rollout engine(s) (sglang-kvc HTTP servers)") as info:
+            self.engine_urls = self._start_engines(reservation)
+            info["detail"] = ", ".join(self.engine_urls)
+        if not router_available():
+            print("[ray] sglang-router is not installed: the trainer round-robins over the "
+                  "engines itself", flush=True)
+            return ["--rollout-server-urls", *self.engine_urls]
+        with phase("start sglang-router") as info:
+            url = self._start_router()
+            info["detail"] = f"{url} -> {len(self.engine_urls)} engine(s), round robin"
+        return ["--rollout-server-urls", url, "--rollout-engine-urls", *self.engine_urls]
+
+    def _start_engines(self, reservation) -> list[str]:
+        from ..arguments import server_args_from
+
+        server_args = server_args_from(self.trainer_args)  # the --sglang-* flags, device auto
+        self.engines = [self._actor(EngineServer, reservation, i, max_concurrency=2)
+                        .remote(i, server_args) for i in range(len(reservation.order))]
+        begin = time.monotonic()
+        urls = self._await([e.start.remote() for e in self.engines], "rollout engine",
+                           self.opts.engine_start_timeout)
+        wait_healthy(urls, max(1.0, self.opts.engine_start_timeout - (time.monotonic() - begin)))
+        for i, (engine, url) in enumerate(zip(self.engines, urls)):
+            self.watch[engine.serve.remote()] = f"rollout engine {i} ({url})"
+        return urls
+
+    def _start_router(self) -> str:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        router = ray.remote(RouterProcess).options(num_cpus=0, scheduling_strategy=here).remote(
+            self.engine_urls)
+        self.actors.append(router)
+        url = self._await([router.start.remote()], "sglang-router", ROUTER_TIMEOUT)[0]
+        self.watch[router.wait.remote()] = f"sglang-router ({url})"
+        wait_routing(url, self.engine_urls, ROUTER_TIMEOUT)
+        return url
+
+    def _train(self, extra: list[str]) -> None:
+        n = self.opts.trainer_gpus
+        strategy = "STRICT_PACK" if self.opts.actor_num_nodes == 1 else "PACK"
+        reservation = self._reserve("trainer ranks", n, strategy)
+        with phase(f"start {n} trainer rank actor(s)") as info:
+            env = {**cluster.worker_env(), **TRAINER_ENV}
+            ranks = [self._actor(TrainerRank, reservation, r, runtime_env={"env_vars": env})
+                     .remote(r, n) for r in range(n)]
+            master = self._await([ranks[0].master_address.remote()], "trainer rank", 120.0)[0]
+            info["detail"] = f"rendezvous at {master[0]}:{master[1]}"
+        runs = {rank.run.remote(self.argv + extra, master, os.getcwd()): r
+                for r, rank in enumerate(ranks)}
+        self._monitor(runs)
+
+    # --- waiting and watching --------------------------------------------------------------
+    def _monitor(self, runs: dict) -> None:
+        """Until every rank has returned; the first failure of a rank, an engine or the router
+        ends the job."""
+        import ray
+
+        pending = dict(runs)
+        while pending:
+            ready, _ = ray.wait([*pending, *self.watch], num_returns=1, timeout=1.0)
+            for ref in ready:
+                if ref in self.watch:
+                    raise RayJobError(f"{self.watch[ref]} stopped during training: "
+                                      f"{_outcome(ref)}{self._resume_hint()}")
+                self._check_rank(_rank_result(ref, pending.pop(ref)))
+
+    def _check_rank(self, result: RankResult) -> None:
+        if result.ok:
+            return
+        if result.detail:
+            print(f"[ray] trainer rank {result.rank} traceback:\n{result.detail}", file=sys.stderr)
+        raise RayJobError(f"trainer rank {result.rank} failed (exit code {result.code}): "
+                          f"{result.error}{self._resume_hint()}")
+
+    def _resume_hint(self) -> str:
+        save = getattr(self.trainer_args, "save", None)
+        if not save:
+            return ""
+        return (f"; the checkpoints in --save {save} stay: run the same command with "
+                f"--load {save} to resume from the last one")
+
+    def _await(self, refs: list, what: str, timeout: float) -> list:
+        """Results of ``refs`` (one per actor) within ``timeout`` s, printing progress."""
+        import ray
+
+        begin = time.monotonic()
+        while True:
+            done, waiting = ray.wait(refs, num_returns=len(refs), timeout=placement.PROGRESS_EVERY)
+            if not waiting:
+                return [_get(ref, f"{what} {i}") for i, ref in enumerate(refs)]
+            for ref in done:  # a failed start ends the wait at once
+                _get(ref, f"{what} {refs.index(ref)}")
+            late = [i for i, ref in enumerate(refs) if ref in waiting]
+            elapsed = time.monotonic() - begin
+            if elapsed > timeout:
+                raise RayJobError(f"{what}(s) {late} not started within {timeout:.0f}s")
+            print(f"[ray] waiting for {what}(s) {late}: {elapsed:.0f}s of {timeout:.0f}s",
+                  flush=True)
+
+    # --- actors and reservations -----------------------------------------------------------
+    def _reserve(self, name: str, count: int, strategy: str):
+        with phase(f"reserve {count} GPU(s) for {name} ({strategy})") as info:
+            reservation = placement.reserve(name, count, strategy, self.opts.placement_timeout)
+            self.reservations.append(reservation)
+            info["detail"] = "on " + ", ".join(sorted(set(reservation.nodes)))
+        return reservation
+
+    def _actor(self, cls, reservation, position: int, **options):
+        import ray
+
+        handle = ray.remote(cls).options(num_cpus=1, num_gpus=1,
+                                         scheduling_strategy=reservation.strategy(position),
+                                         **options)
+        return _Tracked(handle, self.actors)
+
+    def _report(self) -> None:
+        """What each engine served: the proof that the router spread the work."""
+        import ray
+
+        for i, (engine, url) in enumerate(zip(self.engines, self.engine_urls)):
+            counts = ray.get(engine.requests_served.remote(), timeout=30)
+            updates = sum(v for k, v in counts.items() if k.startswith("/update_weights"))
+            print(f"[ray] rollout engine {i} ({url}) served {counts.get('/generate', 0)} "
+                  f"/generate and {updates} weight update request(s)", flush=True)
+
+    def stop(self) -> None:
+        """Kill every actor (engine servers and the router go with them), free the GPUs."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead is fine
+                pass
+        for reservation in self.reservations:
+            placement.release(reservation)
+        cluster.shutdown()
+
+
+class _Tracked:
+    """``.remote(...)`` that records the new actor, so that :meth:`RayJob.stop` can kill it."""
+
+    def __init__(self, handle, actors: list):
+        self.handle, self.actors = handle, actors
+
+    def remote(self, *args):
+        actor = self.handle.remote(*args)
+        self.actors.append(actor)
+        return actor
+
+
+def _get(ref, what: str):
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as e:
+        raise RayJobError(f"{what}: its process died ({_first_line(e)})") from None
+    except ray.exceptions.RayTaskError as e:
+        raise RayJobError(f"{what} failed to start: {_cause(e)}") from None
+
+
+def _rank_result(ref, rank: int) -> RankResult:
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as e:  # killed, out of memory, crashed
+        return RankResult(rank, 1, f"its process died ({_first_line(e)})")
+    except ray.exceptions.RayTaskError as e:
+        return RankResult(rank, 1, _cause(e))
+
+
+def _outcome(ref) -> str:
+    import ray
+
+    try:
+        return str(ray.get(ref))
+    except ray.exceptions.RayActorError as e:
+        return f"its process died ({_first_line(e)})"
+    except ray.exceptions.RayTaskError as e:
+        return _cause(e)
+
+
+def _cause(e) -> str:
+    cause = getattr(e, "cause", None)
+    return f"{type(cause).__name__}: {cause}" if cause is not None else _first_line(e)
+
+
+def _first_line(e) -> str:
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def trainer_args(opts: RayOptions, argv: list[str]):
+    """The trainer's flags, parsed and checked by the trainer's own rules before any GPU is
+    reserved (argparse exits naming the flag)."""
+    from ..arguments import parse_args
+
+    probe = [] if opts.colocate else ["--rollout-server-urls", "http://engines.invalid"]
+    args = parse_args(argv + probe)
+    model_parallel = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+    if opts.trainer_gpus % model_parallel:
+        raise RayJobError(f"{opts.trainer_gpus} trainer GPU(s) (--actor-num-nodes x "
+                          f"--actor-num-gpus-per-node) are not divisible by "
+                          f"--tensor-model-parallel-size x --pipeline-model-parallel-size = "
+                          f"{model_parallel}")
+    return args
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    opts, rest = options.parse(argv)
+    job = None
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` / a scheduler ends the job like Ctrl-C
+    try:
+        job = RayJob(opts, rest, trainer_args(opts, rest))
+        job.run()
+        return 0
+    except RayJobError as e:
+        print(f"trainer.ray_job: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("trainer.ray_job: interrupted: stopping every trainer rank and engine",
+              file=sys.stderr, flush=True)
+        return 130
+    finally:
+        if job is not None:
+            job.stop()

@@ -1,0 +1,85 @@
+"""sglang-router in front of the engines, in a Ray actor that owns its process.
+
+The router is a process of its own (its Rust server blocks the thread that starts it); it is
+started from the actor's main thread with a parent-death signal, so it ends with the actor.
+Its health checks and circuit breaker are off, as slime runs it: an engine busy with a long
+batch must not be dropped from the rotation, and a dead engine ends the job anyway.
+Weight updates do not go through it (it forwards generation only): the trainer sends them to
+each engine (``--rollout-engine-urls``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import subprocess
+import sys
+import time
+
+import requests
+
+from .node import free_port, node_ip
+from .options import RayJobError
+
+
+def router_available() -> bool:
+    return importlib.util.find_spec("sglang_router") is not None
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class RouterProcess:
+    def __init__(self, worker_urls: list[str]):
+        self.worker_urls = worker_urls
+        self.proc = None
+
+    def __repr__(self) -> str:
+        return "Router"
+
+    def start(self) -> str:
+        host = node_ip()
+        port = free_port(host)
+        argv = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls",
+                *self.worker_urls, "--policy", "round_robin", "--host", host, "--port", str(port),
+                "--prometheus-host", host, "--prometheus-port", str(free_port(host)),
+                "--disable-health-check", "--disable-circuit-breaker",
+                "--request-timeout-secs", "3600", "--log-level", "error"]
+        preexec = _die_with_parent if sys.platform.startswith("linux") else None
+        # the hook only calls prctl between fork and exec: safe in a process with threads
+        self.proc = subprocess.Popen(argv, preexec_fn=preexec)  # noqa: PLW1509
+        return f"http://{host}:{port}"
+
+    def wait(self) -> str:
+        """Returns only when the router exits: the job watches this call."""
+        return f"the router exited with code {self.proc.wait()}"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+
+
+def wait_routing(url: str, engines: list[str], timeout: float) -> None:
+    """The router lists every engine as a healthy worker (it answers before it has registered
+    them), within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    listed: set = set()
+    while time.monotonic() < deadline:
+        listed = _healthy_workers(url)
+        if listed >= set(engines):
+            return
+        time.sleep(0.5)
+    raise RayJobError(f"sglang-router at {url} did not register the engines within {timeout:.0f}s "
+                      f"(registered: {sorted(listed)}, expected: {engines})")
+
+
+def _healthy_workers(url: str) -> set:
+    try:
+        body = requests.get(url + "/workers", timeout=5).json()
+    except (requests.RequestException, ValueError):
+        return set()
+    return {w.get("url") for w in body.get("workers", []) if w.get("is_healthy", True)}

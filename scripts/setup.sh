@@ -4,6 +4,8 @@
 #     (venv over the system site-packages);  GPU without torch: PyPI's CUDA build
 #   - megatron-core==0.16.1 and the packages of pyproject.toml + sglang-kvc (editable)
 #   - torch is pinned through a constraints file so no dependency can pull another build
+#   - SPARSE_RL_TORCH=system: reuse $PYTHON's torch whatever it is, GPU seen or not (a CUDA
+#     PyTorch image at `docker build` time, where no GPU is visible; docker/Dockerfile sets it)
 # Re-running is cheap: it reinstalls only when a pyproject.toml changed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,9 +22,18 @@ sys.exit(0 if torch.cuda.is_available() else 1)
 PY
 }
 
+use_system_torch() {
+  case "${SPARSE_RL_TORCH:-auto}" in
+    auto) system_cuda_torch ;;
+    system) "$PYTHON" -c "import torch" 2>/dev/null \
+              || { log "SPARSE_RL_TORCH=system but $PYTHON has no torch"; exit 1; } ;;
+    *) log "SPARSE_RL_TORCH=${SPARSE_RL_TORCH}: expected auto or system"; exit 1 ;;
+  esac
+}
+
 if [[ ! -x "$VENV/bin/python" ]]; then
-  if system_cuda_torch; then
-    log "CUDA torch found in $PYTHON: creating $VENV on top of the system site-packages"
+  if use_system_torch; then
+    log "torch found in $PYTHON: creating $VENV on top of the system site-packages"
     "$PYTHON" -m venv --system-site-packages "$VENV"
   else
     log "creating $VENV"

@@ -232,6 +232,8 @@ def parse_args(argv=None):
     p.add_argument("--compress", default="none", choices=["none", "rkv", "snapkv", "streamingllm"])
     p.add_argument("--kv-budget", type=int, default=128, help="--sglang-compress-max-prompt")
     p.add_argument("--compress-divide-length", type=int, default=64)
+    p.add_argument("--packed-attention", default="auto", choices=["auto", "varlen", "loop", "mask"],
+                   help="how the learner attends packed micro-batches (loop: the old per-sequence path)")
     p.add_argument("--steps", type=int, default=3, help="measured steps, after one warm-up")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak (MFU)")
@@ -245,8 +247,10 @@ def parse_args(argv=None):
 
 def start_run(args, extra: list[str], work: Path):
     from trainer.arguments import parse_args as trainer_args
+    from trainer.learner.attention import set_packed_attention
     from trainer.train import Run, init_parallel
 
+    set_packed_attention(args.packed_attention)
     hf = Path(args.hf_checkpoint) if args.hf_checkpoint else build_checkpoint(args.shape, work / "hf")
     data = write_prompts(work / "prompts.jsonl", args.prompts * (args.steps + 2) * 4, args.seed)
     rollouts = 1 + args.steps + bool(args.profile)
@@ -290,6 +294,7 @@ def main(argv=None) -> dict:
     result = dict(gpu=machine.name, shape=None if args.hf_checkpoint else args.shape,
                   hf_checkpoint=targs.hf_checkpoint, prompts=args.prompts, samples=args.samples,
                   response_len=args.response_len, compress=args.compress,
+                  packed_attention=args.packed_attention,
                   peak_flops=machine.peak_flops, peak_hbm_bytes_per_s=machine.peak_hbm,
                   steps=steps, summary=summary, profile_trace=str(trace) if trace else None)
     print(json.dumps(result))

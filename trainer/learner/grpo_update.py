@@ -148,13 +148,13 @@ def make_loss_fn(prep: PreparedUpdate, loss_cfg: PolicyLossConfig, scale: LossSc
     """The per-micro-batch loss for ``PolicyTrainer.train_step`` (rows picked by sample id)."""
 
     def loss_fn(logp_list, entropy_list, ids):
-        rows = torch.tensor(ids)
         width = prep.advantages.shape[1]
         device = logp_list[0].device
+        rows = torch.tensor(ids).to(prep.advantages.device, non_blocking=True)
         logp = torch.zeros(len(ids), width, device=device, dtype=torch.float32)
         logp = _scatter_rows(logp, logp_list)
         entropy = _scatter_rows(torch.zeros_like(logp), entropy_list) if entropy_list else None
-        pick = lambda t: None if t is None else t[rows].to(device)  # noqa: E731
+        pick = lambda t: None if t is None else t[rows].to(device)  # noqa: E731  (no-op on the GPU)
         return policy_loss(logp, pick(prep.old_logp), pick(prep.advantages),
                            pick(prep.loss_mask), loss_cfg, mis_weights=pick(prep.weights),
                            ref_logp=pick(prep.ref_logp), entropy=entropy, loss_scale=scale,
@@ -202,10 +202,18 @@ def run_updates(trainer, batch: RolloutBatch, prep: PreparedUpdate, loss_cfg: Po
             prep, **{f.name: getattr(prep, f.name)[start:stop] for f in dataclasses.fields(prep)
                      if isinstance(getattr(prep, f.name), torch.Tensor)})
         scale = LossScale.for_batch(sub_prep.loss_mask, row_weights=sub_prep.row_weights)
+        sub_prep = _on_device(sub_prep)  # once per global batch, not per micro-batch
         metrics = trainer.train_step(sub, make_loss_fn(sub_prep, loss_cfg, scale),
                                      with_entropy=loss_cfg.entropy_coef != 0)
         history.append(_reduce_over_dp(metrics, trainer))
     return history
+
+
+def _on_device(prep: PreparedUpdate) -> PreparedUpdate:
+    device = cpu_megatron.default_device()
+    return dataclasses.replace(prep, **{
+        f.name: getattr(prep, f.name).to(device, non_blocking=True) for f in dataclasses.fields(prep)
+        if isinstance(getattr(prep, f.name), torch.Tensor)})
 
 
 def _reduce_over_dp(metrics: dict, trainer) -> dict:

@@ -49,7 +49,10 @@ def _packed_cos_sin(cu_seqlens: torch.Tensor, freqs: torch.Tensor, dtype: torch.
     bounds = cu_seqlens.to("cpu", torch.long)
     lengths = bounds[1:] - bounds[:-1]
     starts = torch.repeat_interleave(bounds[:-1], lengths)
-    positions = (torch.arange(int(bounds[-1])) - starts).to(freqs.device)
+    positions = torch.arange(int(bounds[-1])) - starts
+    if freqs.is_cuda:  # a pageable host->device copy would wait for the stream: pin it
+        positions = positions.pin_memory()
+    positions = positions.to(freqs.device, non_blocking=True)
     table = freqs.reshape(freqs.shape[0], -1)[positions].unsqueeze(1)  # [t, 1, rot]
     _tables.cu_seqlens, _tables.freqs = cu_seqlens, freqs
     _tables.cos, _tables.sin = table.cos().to(dtype), table.sin().to(dtype)

@@ -111,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-concurrency", type=int, default=64,
                    help="in-flight HTTP requests per server")
     g.add_argument("--weight-sync", default="auto",
-                   choices=["auto", "inprocess", "tensor", "disk", "distributed"],
-                   help="how weights reach the engine (auto: inprocess, or tensor over HTTP)")
+                   choices=["auto", "inprocess", "tensor", "ipc", "disk", "distributed"],
+                   help="how weights reach the engine (auto: inprocess, or tensor over HTTP; ipc: "
+                        "handles to this host's memory, for servers on the same machine)")
     g.add_argument("--weight-sync-bucket-mb", type=int, default=512)
     g.add_argument("--save-debug-rollout-data", default=None,
                    help="write each rollout's samples (ids, log-probs, reward, engine) as JSONL to "

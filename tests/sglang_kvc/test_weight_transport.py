@@ -87,7 +87,7 @@ BAD = {  # request fields -> what the 400 says
                  "not a torch shared-memory name"),
     "gone": (lambda b: dict(b, handle=dict(b["handle"], filename="/torch_1_2_3")),
              "cannot open the cpu_shm IPC buffer"),
-    "growing": (lambda b: dict(b, handle=dict(b["handle"], nbytes=1 << 30)), "larger than"),
+    "growing": (lambda b: dict(b, handle=dict(b["handle"], nbytes=1 << 30)), "bytes of tensor data"),
     "other GPU": (lambda b: dict(b, handle={"kind": "cuda", "device_uuid": "GPU-none"}),
                   "sees no GPU"),
     "lengths": (lambda b: dict(b, names=b["names"] + ["x"]), "same length"),

@@ -171,7 +171,7 @@ class EngineFleet:
             time.sleep(0.25)
         _end(engine.proc)
         raise TimeoutError(f"rollout engine {engine.index} ({engine.url}) did not answer /health "
-                           f"within {self.cfg.start_timeout:.0f} s (FleetConfig.start_timeout); "
+                           f"within {self.cfg.start_timeout:g} s (FleetConfig.start_timeout); "
                            f"{self._tail(engine)}")
 
     def _tail(self, engine: Engine, lines: int = 20) -> str:

@@ -8,8 +8,12 @@ import http.server
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
@@ -169,3 +173,54 @@ def test_bad_request_is_not_retried(fleet):
     with pytest.raises(RuntimeError, match="HTTP 400"):
         HTTPRollout(fleet.urls).generate([[10**6]], 1, RolloutConfig(max_response_len=4))
     assert requests.get(fleet.urls[0] + "/health", timeout=5).status_code == 200
+
+
+# --- the fleet's own failures ----------------------------------------------------------------
+
+def test_engine_that_cannot_start_is_reported_with_its_log(tmp_path):
+    cfg = FleetConfig(str(tmp_path / "no-model"), 1, SERVER, start_timeout=120,
+                      log_dir=str(tmp_path))
+    fleet = EngineFleet(cfg)
+    with pytest.raises(RuntimeError, match="exited with code") as err:
+        fleet.start()
+    assert "engine0.log" in str(err.value) and "no-model" in str(err.value)
+
+
+def test_engine_not_healthy_in_time_is_stopped(tiny_model_factory, tmp_path):
+    cfg = FleetConfig(str(tiny_model_factory("qwen2.5")), 1, SERVER, start_timeout=0.5,
+                      log_dir=str(tmp_path))
+    fleet = EngineFleet(cfg)
+    with pytest.raises(TimeoutError, match="did not answer /health within 0.5 s"):
+        fleet.start()
+    assert fleet.engines[0].proc.poll() is not None  # no server left behind
+
+
+ORPHAN_CHECK = """
+import os, signal, sys
+from trainer.rollout.fleet import EngineFleet, FleetConfig
+fleet = EngineFleet(FleetConfig(sys.argv[1], 1, {server}, start_timeout=120))
+fleet.start()
+print(fleet.engines[0].proc.pid, flush=True)
+if sys.argv[2] == "killed":
+    os.kill(os.getpid(), signal.SIGKILL)  # no atexit, no finally: only PR_SET_PDEATHSIG is left
+"""  # a normal exit without stop(): atexit stops the engines
+
+
+@pytest.mark.parametrize("how", ["exits", "killed"])
+def test_no_engine_outlives_the_trainer(tiny_model_factory, how):
+    script = ORPHAN_CHECK.format(server=SERVER)
+    proc = subprocess.run([sys.executable, "-c", script, str(tiny_model_factory("qwen2.5")), how],
+                          capture_output=True, text=True, timeout=180)
+    pid = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 60
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(pid), f"engine {pid} outlived its trainer ({how})"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has exited (its parent is gone, init reaps it)

@@ -164,7 +164,8 @@ class HTTPRollout:
                 failures += 1
                 # a budget per request: a request that kills every engine it touches must end
                 if failures > retries + self.engines.size or stop.is_set():
-                    raise RuntimeError(f"{url}/generate: failed after {failures} attempts: {e}") from e
+                    raise RuntimeError(f"{url}/generate: failed after {failures} attempts: "
+                                       f"{e}") from e
                 self._failed(slot, url, str(e), failures)
                 self.engines.reissued()
                 slot += 1

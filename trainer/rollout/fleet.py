@@ -61,7 +61,7 @@ class FleetConfig:
 
 
 @dataclasses.dataclass
-class Engine:
+class EngineProcess:
     index: int
     host: str
     port: int
@@ -78,7 +78,8 @@ class EngineFleet:
         if cfg.num_engines < 1:
             raise ValueError("a fleet needs at least one engine")
         self.cfg, self.resync = cfg, resync
-        self.engines = [Engine(i, cfg.host, _free_port(cfg.host)) for i in range(cfg.num_engines)]
+        self.engines = [EngineProcess(i, cfg.host, _free_port(cfg.host))
+                        for i in range(cfg.num_engines)]
         self.log_dir = Path(cfg.log_dir or tempfile.mkdtemp(prefix="engine-fleet-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fleet-spawn")
@@ -141,15 +142,15 @@ class EngineFleet:
         self.stop()
 
     # --- one engine --------------------------------------------------------------------------
-    def log_path(self, engine: Engine) -> Path:
+    def log_path(self, engine: EngineProcess) -> Path:
         return self.log_dir / f"engine{engine.index}.log"
 
-    def _argv(self, engine: Engine) -> list[str]:
+    def _argv(self, engine: EngineProcess) -> list[str]:
         return [sys.executable, "-m", "sglang_kvc.launch_server", "--model-path",
                 str(self.cfg.model_path), "--host", engine.host, "--port", str(engine.port),
                 *self.cfg.server_args]
 
-    def _spawn(self, engine: Engine) -> None:
+    def _spawn(self, engine: EngineProcess) -> None:
         env = {**os.environ, **(self.cfg.env[engine.index] if self.cfg.env else {})}
         with self._lock:
             if self._stopped:
@@ -160,7 +161,7 @@ class EngineFleet:
                     subprocess.Popen, self._argv(engine), stdout=out, stderr=subprocess.STDOUT,
                     env=env, preexec_fn=_die_with_parent).result()
 
-    def _wait_healthy(self, engine: Engine) -> None:
+    def _wait_healthy(self, engine: EngineProcess) -> None:
         deadline = time.monotonic() + self.cfg.start_timeout
         while time.monotonic() < deadline:
             if engine.proc.poll() is not None:
@@ -174,7 +175,7 @@ class EngineFleet:
                            f"within {self.cfg.start_timeout:g} s (FleetConfig.start_timeout); "
                            f"{self._tail(engine)}")
 
-    def _tail(self, engine: Engine, lines: int = 20) -> str:
+    def _tail(self, engine: EngineProcess, lines: int = 20) -> str:
         path = self.log_path(engine)
         text = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
         return f"the end of {path}:\n" + "\n".join(text)

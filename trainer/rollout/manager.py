@@ -36,7 +36,7 @@ class Shard:
     reward_seconds: float
     kv_pool: dict | None = None  # that engine's pool: peak_used, bytes_per_slot, capacity
     plugin_stats: dict = dataclasses.field(default_factory=dict)
-    faults: dict = dataclasses.field(default_factory=dict)  # HTTP engines: rollout/engine_failures, ...
+    faults: dict = dataclasses.field(default_factory=dict)  # HTTP: rollout/engine_failures, ...
 
     @property
     def gens(self) -> list[Generation]:

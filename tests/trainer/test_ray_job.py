@@ -49,7 +49,7 @@ def inputs(tiny_model_factory, tmp_path_factory):
 def _env(**extra) -> dict:
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RAY_ADDRESS")
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(PYTHONWARNINGS="ignore", **extra)
+    env.update(PYTHONWARNINGS="ignore", RAY_USAGE_STATS_ENABLED="0", **extra)
     return env
 
 
@@ -246,13 +246,29 @@ def test_too_few_gpus_is_an_error_naming_the_flags(inputs, tmp_path, jobs):
     assert "Traceback" not in log and left == [], left
 
 
+def test_unreachable_cluster_fails_within_the_connect_timeout(inputs, tmp_path, jobs):
+    """Ray retries a head that does not answer for ever; the job gives up after
+    --ray-connect-timeout naming the address (a loopback port nobody serves)."""
+    from checkpoint_tools.cpu_megatron import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    argv = _ray_job(inputs, tmp_path / "save", "--ray-address", address,
+                    "--ray-connect-timeout", "5")
+    # Ray's own switch to keep 127.0.0.1 as it is (it would swap in this host's address)
+    job = jobs(argv, _env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0"), tmp_path / "job.log")
+    rc, log, left = job.finish(timeout=90)
+    assert rc == 1, log[-3000:]
+    assert f"trainer.ray_job: error: --ray-address {address}: " in log, log[-3000:]
+    assert time.monotonic() - job.begin < 60 and left == [], left
+
+
 PLACEMENT_TIMEOUT = """
 import os, time
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import ray
 from trainer.ray.options import RayJobError
 from trainer.ray.placement import reserve
-ray.init(num_cpus=4, num_gpus=1, include_dashboard=False)
+ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False)
 begin = time.monotonic()
 try:
     reserve("trainer ranks", 2, "STRICT_PACK", timeout=2)

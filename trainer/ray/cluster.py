@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from pathlib import Path
 
 from .options import RayJobError, RayOptions
 
 ROOT = Path(__file__).resolve().parents[2]
+# only small results (a URL, a rank's exit) go through Ray's object store, and a container's
+# /dev/shm may be 64 MiB: do not reserve Ray's default 30% of memory for it
+LOCAL_OBJECT_STORE = 512 << 20
 
 
 @dataclasses.dataclass
@@ -44,24 +48,53 @@ def worker_env() -> dict[str, str]:
 def connect(opts: RayOptions, bundles: int) -> Cluster:
     """``bundles``: how many {GPU, CPU} bundles the job reserves (a local cluster gets the CPUs)."""
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every rank's lines, not "[repeated 2x]"
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # a job sends nothing off the cluster
     if opts.ray_address:
-        return _attach(opts.ray_address)
+        return _attach(opts.ray_address, opts.ray_connect_timeout)
     # set before ray is imported: a one-machine cluster on 127.0.0.1, nothing on the network
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     return _start_local(opts, bundles)
 
 
-def _attach(address: str) -> Cluster:
+def _attach(address: str, timeout: float) -> Cluster:
     import ray
 
+    hint = ("start the head with `ray start --head` (reachable from this host), or leave "
+            "--ray-address out for a local cluster")
     try:
-        ray.init(address=address, runtime_env={"env_vars": worker_env()}, log_to_driver=True)
+        _init_within(timeout, address=address, runtime_env={"env_vars": worker_env()},
+                     log_to_driver=True)
+    except TimeoutError:
+        raise RayJobError(f"--ray-address {address}: no answer from the cluster within "
+                          f"{timeout:.0f}s (--ray-connect-timeout); {hint}") from None
     except (ConnectionError, RuntimeError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else ""
         raise RayJobError(f"--ray-address {address}: cannot connect ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}); start the head with "
-                          f"`ray start --head` or leave --ray-address out for a local cluster") from None
+                          f"{first}); {hint}") from None
     total = ray.cluster_resources()
     return Cluster(False, address, total.get("GPU", 0), total.get("CPU", 0))
+
+
+def _init_within(timeout: float, **kwargs) -> None:
+    """``ray.init`` with a deadline: Ray retries an unreachable head for ever. It runs in a
+    daemon thread, left behind (the job then exits) when the deadline passes."""
+    import ray
+
+    done, errors = threading.Event(), []
+
+    def init():
+        try:
+            ray.init(**kwargs)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            errors.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=init, name="ray-connect", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError
+    if errors:
+        raise errors[0]
 
 
 def _start_local(opts: RayOptions, bundles: int) -> Cluster:
@@ -73,8 +106,10 @@ def _start_local(opts: RayOptions, bundles: int) -> Cluster:
     check_capacity(planned, opts)  # its size is known: fail before starting anything
     import ray
 
-    ray.init(num_cpus=cpus, num_gpus=gpus, include_dashboard=False,
-             runtime_env={"env_vars": worker_env()}, log_to_driver=True)
+    # "local": a new cluster even when `ray start` left one (or its address file) on this machine
+    ray.init(address="local", num_cpus=cpus, num_gpus=gpus, include_dashboard=False,
+             object_store_memory=LOCAL_OBJECT_STORE, runtime_env={"env_vars": worker_env()},
+             log_to_driver=True)
     return planned
 
 

@@ -24,6 +24,7 @@ class RayOptions:
     colocate: bool = False
     ray_address: str | None = None
     local_num_gpus: int | None = None
+    ray_connect_timeout: float = 60.0
     placement_timeout: float = 300.0
     engine_start_timeout: float = 900.0
 
@@ -61,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS"),
                    help="a running cluster ('auto' for the one `ray start` made on this node; "
                         "default $RAY_ADDRESS); none: start a local one for this job")
+    g.add_argument("--ray-connect-timeout", type=float, default=60.0,
+                   help="seconds to reach the cluster at --ray-address before failing")
     g.add_argument("--local-num-gpus", type=int, default=None,
                    help="GPUs a local cluster declares (default: the CUDA devices here; on a "
                         "machine without CUDA, what the job asks for, run on the CPU)")
@@ -103,7 +106,7 @@ def check(opts: RayOptions, trainer_argv: list[str]) -> None:
                           f"must be left out or equal {opts.trainer_gpus} (--actor-num-nodes x "
                           f"--actor-num-gpus-per-node), got {opts.rollout_num_gpus}")
     check_trainer_flags(opts, trainer_argv)
-    for name in ("placement_timeout", "engine_start_timeout"):
+    for name in ("ray_connect_timeout", "placement_timeout", "engine_start_timeout"):
         if getattr(opts, name) <= 0:
             raise RayJobError(f"--{name.replace('_', '-')} must be > 0")
 

@@ -204,23 +204,43 @@ def test_disaggregated_engines_behind_the_router(inputs, tmp_path, jobs):
     assert left == [], left
 
 
-def test_failing_rank_ends_the_job_naming_it(inputs, tmp_path, jobs):
-    """Rank 1's reward function raises in the first rollout while rank 0 waits in a collective:
-    the job ends (not after the 10-minute collective timeout) with the rank and its error."""
+FAULTY_REWARD = """
+import os
+from pathlib import Path
+
+def reward(sample):
+    # rank 1 fails once the first checkpoint is on disk, while FAULT exists
+    if os.environ["RANK"] == "1" and Path("{fault}").exists() and Path("{ckpt}").exists():
+        raise ValueError("bad label on rank 1")
+    return 0.0
+"""
+
+
+def test_failing_rank_ends_the_job_naming_it_and_resubmitting_resumes(inputs, tmp_path, jobs):
+    """Rank 1's reward function raises in rollout 2 while rank 0 waits in a collective: the job
+    ends (not after the 10-minute collective timeout) naming the rank and its error, checkpoint 1
+    stays, and the same command with --load resumes from it to the end."""
+    save, fault = tmp_path / "save", tmp_path / "FAULT"
+    fault.touch()
     faulty = tmp_path / "faulty_reward.py"
-    faulty.write_text("import os\n\ndef reward(sample):\n    if os.environ['RANK'] == '1':\n"
-                      "        raise ValueError('bad label on rank 1')\n    return 0.0\n")
-    save = tmp_path / "save"
+    faulty.write_text(FAULTY_REWARD.format(fault=fault, ckpt=save / "latest_checkpointed_iteration.txt"))
     argv = _ray_job(inputs, save, "--actor-num-gpus-per-node", "2", "--colocate",
-                    "--custom-rm-path", f"{faulty}:reward")
+                    "--custom-rm-path", f"{faulty}:reward", "--save-interval", "1")
     job = jobs(argv, _env(), tmp_path / "job.log")
     rc, log, left = job.finish()
     assert rc == 1, log[-4000:]
     assert "trainer.ray_job: error: trainer rank 1 failed" in log
     assert "ValueError: bad label on rank 1" in log
     assert f"run the same command with --load {save} to resume" in log
-    assert time.monotonic() - job.begin < 200
-    assert left == [], left
+    assert time.monotonic() - job.begin < 200 and left == [], left
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "1"
+
+    fault.unlink()  # the bug fixed: the same command, resuming
+    rc, log, left = jobs([*argv, "--load", str(save)], _env(), tmp_path / "again.log").finish()
+    assert rc == 0, log[-4000:]
+    assert f"] resume from {save}: " in log and left == [], left
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert _metrics(save)[-1]["step"] == 2
 
 
 def test_ctrl_c_stops_engines_router_and_ranks(inputs, tmp_path, jobs):

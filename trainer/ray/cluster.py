@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -49,6 +50,8 @@ def connect(opts: RayOptions, bundles: int) -> Cluster:
     """``bundles``: how many {GPU, CPU} bundles the job reserves (a local cluster gets the CPUs)."""
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every rank's lines, not "[repeated 2x]"
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # a job sends nothing off the cluster
+    # "(TrainerRank0 pid=...)" prefixes in colour on a terminal only, not in log files
+    os.environ.setdefault("RAY_COLOR_PREFIX", "1" if sys.stdout.isatty() else "0")
     if opts.ray_address:
         return _attach(opts.ray_address, opts.ray_connect_timeout)
     # set before ray is imported: a one-machine cluster on 127.0.0.1, nothing on the network

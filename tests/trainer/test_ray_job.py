@@ -353,6 +353,21 @@ def test_trainer_flags_are_checked_before_the_cluster(inputs, tmp_path):
     assert "connect to Ray" not in proc.stdout + proc.stderr
 
 
+def test_engine_urls_need_the_router_url(inputs, capsys):
+    """The trainer's hook for a router: weight updates go to --rollout-engine-urls, which only
+    make sense behind --rollout-server-urls."""
+    from trainer.arguments import parse_args
+
+    model, tmp = inputs
+    base = ["--hf-checkpoint", str(model), "--prompt-data", "unused.jsonl"]
+    args = parse_args([*base, "--rollout-server-urls", "http://router", "--rollout-engine-urls",
+                       "http://e0", "http://e1"])
+    assert args.rollout_engine_urls == ["http://e0", "http://e1"] and args.weight_sync == "tensor"
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--rollout-engine-urls", "http://e0"])
+    assert "--rollout-engine-urls names the engines behind --rollout-server-urls" in capsys.readouterr().err
+
+
 def test_ray_mode_of_the_run_scripts(inputs, tmp_path):
     """RAY=1 maps NUM_GPUS / NUM_NODES / ROLLOUT_GPUS / RAY_ARGS onto the job's flags."""
     model, tmp = inputs

@@ -37,12 +37,18 @@ def summary(runs: dict[str, list[dict]], k: int) -> list[str]:
     lines = [f"first {steps} rollouts of each run; means of rollouts {steps - k + 1}-{steps}"]
     dense_reward = mean_last(runs["dense"][:steps], "reward_mean", k)
     dense_kv = mean_last(runs["dense"][:steps], "peak_kv", k)
+    dense_max = max(r["peak_kv"] for r in runs["dense"][:steps])
+    dense_auc = sum(r["reward_mean"] for r in runs["dense"][:steps])
     for name, rows in runs.items():
         rows = rows[:steps]
         reward, kv = mean_last(rows, "reward_mean", k), mean_last(rows, "peak_kv", k)
+        run_max = max(r["peak_kv"] for r in rows)  # the run's peak: when responses are longest
+        auc = sum(r["reward_mean"] for r in rows)
         lines.append(f"{name:16s} reward {rows[0]['reward_mean']:.3f} -> {reward:.3f} "
-                     f"({reward / dense_reward:.0%} of dense) | peak KV/sample {kv:.0f} "
-                     f"({kv / dense_kv:.0%} of dense) | k3 {mean_last(rows, 'k3_kl', k):.4f} | "
+                     f"({reward / dense_reward:.1%} of dense; mean over all rollouts "
+                     f"{auc / dense_auc:.1%}) | peak KV/sample over the run {run_max:.0f} "
+                     f"({run_max / dense_max:.0%}), at the end {kv:.0f} ({kv / dense_kv:.0%}) | "
+                     f"k3 {mean_last(rows, 'k3_kl', k):.4f} (max {max(r.get('k3_kl', 0) for r in rows):.4f}) | "
                      f"rejected {mean_last(rows, 'rejected_fraction', k):.3f}")
     return lines
 

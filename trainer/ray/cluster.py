@@ -37,7 +37,9 @@ class Cluster:
 
 def worker_env() -> dict[str, str]:
     """What every actor of the job needs in its environment, on any node."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    # the repository's packages importable from a checkout too, not only from an install
+    parts = (str(ROOT), str(ROOT / "sglang-kvc"), os.environ.get("PYTHONPATH"))
+    path = os.pathsep.join(p for p in parts if p)
     env = {"PYTHONPATH": path,
            # Megatron's overlap of communication and compute assumes one CUDA connection
            "CUDA_DEVICE_MAX_CONNECTIONS": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "1")}

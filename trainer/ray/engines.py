@@ -36,16 +36,15 @@ class EngineServer:
         from sglang_kvc.http_server import create_app
 
         host = node_ip()
-        args = dataclasses.replace(self.server_args, host=host, port=free_port(host))
-        self.engine = Engine(server_args=args)
+        self.engine = Engine(server_args=dataclasses.replace(self.server_args, host=host))
         app = create_app(self.engine)
         app.middleware("http")(_counter(self.counts))
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=args.port,
-                                                    log_level="warning"))
+        port = free_port(host)  # after the model loaded: the shortest window for another taker
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, name="engine-http", daemon=True)
         self.thread.start()
         self._wait_listening()
-        return f"http://{host}:{args.port}"
+        return f"http://{host}:{port}"
 
     def _wait_listening(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

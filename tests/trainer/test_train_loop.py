@@ -115,7 +115,7 @@ def test_resume_equals_uninterrupted(setup, tmp_path):
         assert b[2][key] == pytest.approx(a[2][key], abs=1e-6), key
 
 
-@pytest.mark.parametrize("sync", ["tensor", "disk", "distributed"])
+@pytest.mark.parametrize("sync", ["tensor", "ipc", "disk", "distributed"])
 def test_http_server_backend(setup, tmp_path, sync):
     """Rollouts from a separate sglang-kvc server; every weight-sync transport must leave the
     server serving exactly the trainer's weights (π_old recompute == server logprobs)."""

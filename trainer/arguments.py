@@ -106,8 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-engine-urls", nargs="*", default=None,
                    help="the engines behind a router given as --rollout-server-urls: weight "
                         "updates go to each of them, since a router forwards only generation "
-                        "(default: the --rollout-server-urls themselves; python -m "
-                        "trainer.ray_job sets it)")
+                        "(default: the --rollout-server-urls themselves). Behind a router the "
+                        "trainer cannot fail over between engines; python -m trainer.ray_job "
+                        "gives it the engines themselves as --rollout-server-urls")
     g.add_argument("--rollout-concurrency", type=int, default=64,
                    help="in-flight HTTP requests per server")
     g.add_argument("--weight-sync", default="auto",

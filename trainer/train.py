@@ -33,6 +33,7 @@ from .learner.grpo_update import RolloutBatch, gather_dp, prepare_update, run_up
 from .learner.model_provider import ModelConfig
 from .learner.packing import Sample
 from .learner.policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
+from .ray.supervisor import restart_hook_from_env
 from .rollout.backends import HTTPRollout, RolloutConfig
 from .rollout.data import DataError, PromptStream, load_prompts
 from .rollout.generate import load_generate_plugin, needs_reference, parse_options
@@ -95,6 +96,7 @@ class Run:
                                bucket_bytes=args.weight_sync_bucket_mb << 20,
                                disk_dir=(self.save_dir or self.log_dir) / "weight_sync",
                                hf_config_dir=args.hf_checkpoint)
+        self._restart_engines_with(restart_hook_from_env(resync=self.sync.resync))
         self.logger = MetricsLogger(self.log_dir, use_tensorboard=args.use_tensorboard,
                                     use_wandb=args.use_wandb, wandb_project=args.wandb_project,
                                     wandb_mode=args.wandb_mode,
@@ -150,6 +152,12 @@ class Run:
         if backend is not None and self.args.rollout_engine_urls:
             return HTTPRollout(self.args.rollout_engine_urls)
         return backend
+
+    def _restart_engines_with(self, hook) -> None:
+        """Under ``python -m trainer.ray_job``, a dead engine is replaced by the job's supervisor
+        and re-synced (``trainer/ray/supervisor.py``); elsewhere ``hook`` is None: it stays down."""
+        if hook is not None and isinstance(self.rollouts.backend, HTTPRollout):
+            self.rollouts.backend.on_engine_failure = hook
 
     def _load_eval_sets(self) -> dict:
         a = self.args

@@ -1,7 +1,7 @@
 """``python -m trainer.ray_job`` on a local Ray cluster with declared (fake) GPU slots, the trainer
 ranks on the CPU with gloo: the RAY=1 run-script launch with two colocated ranks, one rank with two
-disaggregated engines behind sglang-router, a rank that fails, Ctrl-C, and the errors that must
-come before anything is reserved. Every job runs in a session of its own, under a timeout, and
+disaggregated engines (sglang-router in front), one of them killed mid-rollout and replaced, a rank
+that fails, Ctrl-C, and the errors that must come before anything is reserved. Every job runs in a session of its own, under a timeout, and
 must leave no process of that session behind (trainer ranks, engine servers, the router, Ray)."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import requests
 
 pytest.importorskip("ray")
 
-from trainer.ray import options  # noqa: E402
+from trainer.ray import options, supervisor  # noqa: E402
+from trainer.ray.engines import exit_after  # noqa: E402
 from trainer.ray.node import local_gpu_index  # noqa: E402
 from trainer.ray.placement import order_bundles  # noqa: E402
 from trainer.ray.trainer_actor import _ErrorTail  # noqa: E402
@@ -135,6 +136,31 @@ def _ray_job(inputs, save: Path, *flags: str) -> list[str]:
             "--rm-type", "math", "--num-rollout", "2", "--save", str(save), *TINY]
 
 
+@pytest.fixture(scope="module")
+def disaggregated(inputs, tmp_path_factory):
+    """One fault-free job: a trainer actor and two engine actors (sglang-router in front), three
+    rollouts with their samples saved: (exit code, output, processes left, save dir, samples)."""
+    pytest.importorskip("sglang_router")
+    tmp = tmp_path_factory.mktemp("disaggregated")
+    job = Job(_disaggregated_argv(inputs, tmp), _env(), tmp / "job.log")
+    try:
+        yield (*job.finish(), tmp / "save", _samples(tmp / "debug"))
+    finally:
+        job.kill()
+
+
+def _disaggregated_argv(inputs, tmp: Path) -> list[str]:
+    return [*_ray_job(inputs, tmp / "save", "--rollout-num-gpus", "2"), "--num-rollout", "3",
+            "--save-debug-rollout-data", str(tmp / "debug" / "rollout_{rollout_id}.jsonl"),
+            "--engine-start-timeout", "120"]
+
+
+def _samples(debug: Path) -> list[list[dict]]:
+    """Each rollout's saved samples (--save-debug-rollout-data), in order."""
+    files = sorted(debug.glob("rollout_*.jsonl"), key=lambda f: int(f.stem.split("_")[1]))
+    return [[json.loads(x) for x in f.read_text().splitlines()] for f in files]
+
+
 def _metrics(save: Path) -> list[dict]:
     return [json.loads(line) for line in (save / "logs" / "metrics.jsonl").read_text().splitlines()]
 
@@ -180,27 +206,66 @@ def test_run_script_with_ray_two_colocated_ranks(inputs, tmp_path, jobs):
     assert left == [], left
 
 
-def test_disaggregated_engines_behind_the_router(inputs, tmp_path, jobs):
-    """One trainer actor, two engine actors behind sglang-router: every engine generated and
-    took every weight update (the trainer checks each sample's weight version), and no engine
-    server is left listening afterwards."""
-    pytest.importorskip("sglang_router")
-    save = tmp_path / "save"
-    argv = _ray_job(inputs, save, "--actor-num-gpus-per-node", "1", "--rollout-num-gpus", "2")
-    rc, log, left = jobs(argv, _env(), tmp_path / "job.log").finish()
+def test_disaggregated_engines_behind_the_router(disaggregated):
+    """One trainer actor, two engine actors (sglang-router in front, for other clients): the
+    trainer spread the samples over both engines and each took every weight update (the trainer
+    checks each sample's weight version), and no engine server is left listening afterwards."""
+    rc, log, left, save, samples = disaggregated
     assert rc == 0, log[-4000:]
-    assert [m["step"] for m in _metrics(save)] == [1, 2]
-    assert all(m["rollout_engine0/samples"] == 10 for m in _metrics(save))  # one router URL
+    assert [m["step"] for m in _metrics(save)] == [1, 2, 3]
+    assert all(m["rollout_engine0/samples"] == 10 for m in _metrics(save))  # rank 0 generates
+    assert all(m["rollout/engine_failures"] == 0 for m in _metrics(save))
+    assert [len(rows) for rows in samples] == [10, 10, 10]
     report = _engine_report(log)
     assert len(report) == 2, log[-3000:]
-    assert sum(g for g, _ in report.values()) == 20  # 2 rollouts x 10 samples
-    assert all(g >= 5 and u >= 2 for g, u in report.values()), report  # round robin; a push per rollout
+    assert sum(g for g, _ in report.values()) == 30  # 3 rollouts x 10 samples
+    assert all(g == 15 and u == 3 for g, u in report.values()), report  # round robin; a push per rollout
     for phase in ("] reserve 2 GPU(s) for rollout engines (PACK): ",
                   "] start 2 rollout engine(s) (sglang-kvc HTTP servers): ",
                   "] start sglang-router: ", "-> 2 engine(s), round robin",
-                  "] start 1 rollout server(s)"):
+                  "] start 2 rollout server(s)"):
         assert phase in log, phase
     assert all(_refuses(url) for url in report), "an engine server outlived the job"
+    assert left == [], left
+
+
+def test_engine_killed_mid_rollout_is_replaced_and_no_sample_is_lost(inputs, tmp_path, jobs,
+                                                                   disaggregated):
+    """The drill: engine 0 SIGKILLs itself at its 8th /generate request, in rollout 2 of 3 with
+    requests in flight. The job goes on: the trainer re-issues them to engine 1, the supervisor
+    starts another engine 0 on the same GPU bundle and the trainer re-syncs it (the last weights)
+    before it serves rollout 3. Every rollout has each of its 10 samples once, at the current
+    weight version, equal to the fault-free job's (same index, same seed), and the step log counts
+    the failure, the restart and the re-issued requests."""
+    job = jobs(_disaggregated_argv(inputs, tmp_path), _env(TRAINER_RAY_ENGINE_EXIT_AFTER="0:8"),
+               tmp_path / "job.log")
+    rc, log, left = job.finish()
+    assert rc == 0, log[-4000:]
+    metrics = _metrics(tmp_path / "save")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    faults = {k: sum(m[f"rollout/{k}"] for m in metrics)
+              for k in ("engine_failures", "engine_restarts", "requests_reissued")}
+    assert faults["engine_failures"] == 1 and faults["engine_restarts"] == 1, faults
+    assert faults["requests_reissued"] >= 1 and metrics[1]["rollout/engine_failures"] == 1
+
+    samples, expected = _samples(tmp_path / "debug"), disaggregated[4]
+    for rows, reference, version in zip(samples, expected, ["default", "rollout-1", "rollout-2"],
+                                        strict=True):
+        assert [row["index"] for row in rows] == list(range(10))  # each sample once, in place
+        assert all(row["weight_version"] == version for row in rows), rows
+        assert [row["response_ids"] for row in rows] == [row["response_ids"] for row in reference]
+
+    first = re.search(r"sglang-kvc HTTP servers\): [\d.]+s \((http://[^,)]+), (http://[^)]+)\)",
+                      log)
+    assert first, log[-3000:]
+    assert f"rollout engine 0 ({first[1]}) is down: starting another on its GPU bundle" in log
+    new = re.search(r"rollout engine 0 is back at (http://\S+) after", log)[1]
+    report = _engine_report(log)
+    assert set(report) == {new, first[2]} and new != first[1], report
+    # the replacement served rollout 3 and took the re-sync + the pushes after rollouts 2 and 3
+    assert report[new] == (5, 3) and "since it was restarted (1x)" in log, report
+    assert "sglang-router did not" not in log
+    assert all(_refuses(url) for url in [*first.groups(), new]), "an engine outlived the job"
     assert left == [], left
 
 
@@ -405,3 +470,42 @@ def test_error_tail_reports_the_error_line():
     tail.write("rollouts:  50%\rrollouts: 100%\n")
     tail.write("trainer.train: error: rank 1/2: could not reach the store\nbye\n")
     assert tail.last_error() == "trainer.train: error: rank 1/2: could not reach the store"
+
+
+def test_fault_drill_names_one_engine():
+    assert [exit_after(i, "1:8") for i in range(3)] == [0, 8, 0]
+    assert exit_after(0, None) == exit_after(0, "") == 0
+    with pytest.raises(options.RayJobError, match="expected <engine>:<k>"):
+        exit_after(0, "engine0")
+
+
+def test_restart_hook_only_inside_a_ray_job(monkeypatch):
+    monkeypatch.delenv(supervisor.SUPERVISOR_ENV, raising=False)
+    assert supervisor.restart_hook_from_env() is None  # plain trainer.train: a dead engine stays down
+    monkeypatch.setenv(supervisor.SUPERVISOR_ENV, "engine-supervisor")
+    monkeypatch.setenv(supervisor.TIMEOUT_ENV, "270")
+    hook = supervisor.restart_hook_from_env(resync=print)
+    assert (hook.actor_name, hook.timeout, hook.resync) == ("engine-supervisor", 270.0, print)
+    assert supervisor.supervisor_env(120.0) == {supervisor.SUPERVISOR_ENV: "engine-supervisor",
+                                                supervisor.TIMEOUT_ENV: "270.0"}
+
+
+def test_supervisor_replaces_each_death_once_and_gives_up_after_max_restarts(monkeypatch):
+    """Which report starts a restart (no Ray here: the replacement itself is stubbed)."""
+    sup = supervisor.EngineSupervisor([None, None], ["http://e0", "http://e1"], None, None,
+                                      None, 1.0)
+
+    def replace(slot):  # what _replace records, with a made-up URL
+        sup.restarts[slot] += 1
+        url = f"http://e{slot}-{sup.restarts[slot]}"
+        sup.urls[slot], sup.slot_of[url] = url, slot
+        return url
+
+    monkeypatch.setattr(sup, "_replace", replace)
+    assert sup.restart("http://e0/") == "http://e0-1"
+    assert sup.restart("http://e0") == "http://e0-1"  # the same death again: no second engine
+    assert sup.restart("http://elsewhere") is None
+    for k in range(2, supervisor.MAX_RESTARTS + 1):
+        assert sup.restart(f"http://e0-{k - 1}") == f"http://e0-{k}"
+    assert sup.restart(f"http://e0-{supervisor.MAX_RESTARTS}") is None  # died too often
+    assert sup.restarts == [supervisor.MAX_RESTARTS, 0]

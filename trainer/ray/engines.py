@@ -4,13 +4,21 @@ the actor and no process outlives the job. Ray gives the actor its GPU through
 ``CUDA_VISIBLE_DEVICES``, so the engine's ``auto`` device is that GPU.
 
 The actor counts the requests it served by path (``/generate``, ``/update_weights_from_tensor``),
-which the job reports at the end: every engine must have had its share.
+which the job reports at the end: every engine must have had its share. A dead engine does not end
+the job: the trainer re-issues its requests and the engine supervisor (``supervisor.py``) starts
+another on the same GPU bundle.
+
+A fault drill for tests (and for trying a cluster): ``TRAINER_RAY_ENGINE_EXIT_AFTER=<engine>:<k>``
+in the job's environment makes engine ``<engine>``'s first process SIGKILL itself when its
+``<k>``-th ``/generate`` request arrives, with requests in flight, as a crash would.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import os
+import signal
 import threading
 import time
 
@@ -19,10 +27,32 @@ import requests
 from .node import free_port, node_ip
 from .options import RayJobError
 
+FAULT_ENV = "TRAINER_RAY_ENGINE_EXIT_AFTER"
+
+
+def exit_after(index: int, spec: str | None) -> int:
+    """The drill's ``<k>`` for engine ``index`` from ``TRAINER_RAY_ENGINE_EXIT_AFTER`` (0: none)."""
+    if not spec:
+        return 0
+    engine, _, k = spec.partition(":")
+    if not (engine.strip().isdigit() and k.strip().isdigit() and int(k) > 0):
+        raise RayJobError(f"{FAULT_ENV}={spec!r}: expected <engine>:<k>, e.g. 0:8 (engine 0 "
+                          f"kills itself at its 8th /generate request)")
+    return int(k) if int(engine) == index else 0
+
+
+def new_engine(reservation, position: int, server_args, exit_after: int = 0):
+    """An engine actor on ``reservation``'s bundle for ``position``; ``.start`` serves it."""
+    import ray
+
+    return ray.remote(EngineServer).options(
+        num_cpus=1, num_gpus=1, scheduling_strategy=reservation.strategy(position)
+    ).remote(position, server_args, exit_after)
+
 
 class EngineServer:
-    def __init__(self, index: int, server_args):
-        self.index, self.server_args = index, server_args
+    def __init__(self, index: int, server_args, exit_after: int = 0):
+        self.index, self.server_args, self.exit_after = index, server_args, exit_after
         self.counts: collections.Counter = collections.Counter()
         self.server = self.thread = self.engine = None
 
@@ -38,7 +68,7 @@ class EngineServer:
         host = node_ip()
         self.engine = Engine(server_args=dataclasses.replace(self.server_args, host=host))
         app = create_app(self.engine)
-        app.middleware("http")(_counter(self.counts))
+        app.middleware("http")(_counter(self.counts, self.exit_after))
         port = free_port(host)  # after the model loaded: the shortest window for another taker
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, name="engine-http", daemon=True)
@@ -56,18 +86,15 @@ class EngineServer:
     def requests_served(self) -> dict[str, int]:
         return dict(self.counts)
 
-    def serve(self) -> str:
-        """Returns only when the server stops: the job watches this call to notice a dead engine."""
-        self.thread.join()
-        return "the HTTP server stopped"
 
-
-def _counter(counts: collections.Counter):
-    """HTTP middleware counting requests by path. A function, not a method: an ``async def``
-    on the class would make Ray run the actor on one event loop, where :meth:`serve` blocks."""
+def _counter(counts: collections.Counter, exit_after: int = 0):
+    """HTTP middleware counting requests by path (and running the fault drill). A function, not
+    a method: an ``async def`` on the class would make Ray run the actor on one event loop."""
 
     async def count(request, call_next):
         counts[request.url.path] += 1
+        if exit_after and request.url.path == "/generate" and counts["/generate"] == exit_after:
+            os.kill(os.getpid(), signal.SIGKILL)  # the drill: no clean-up, requests in flight
         return await call_next(request)
 
     return count

@@ -1,11 +1,13 @@
 """``python -m trainer.ray_job [Ray flags] [trainer flags]``: the trainer on a Ray cluster.
 
 Order: connect (or start a local cluster) -> disaggregated only: reserve engine GPUs, start the
-engine actors, wait for /health, put sglang-router in front -> reserve trainer GPUs, start one
-actor per rank, rank 0 picks the rendezvous address -> every rank runs ``trainer.train.main``.
-Each phase prints; each wait has a deadline. The first failure (a rank, an engine, the router)
-ends the job with a message naming it; the job's end, an error or Ctrl-C kill every actor, and
-with them the engine servers and the router.
+engine actors, wait for /health, put sglang-router in front (for other clients), start the engine
+supervisor -> reserve trainer GPUs, start one actor per rank, rank 0 picks the rendezvous address
+-> every rank runs ``trainer.train.main``. Each phase prints; each wait has a deadline. The first
+failure of a rank or the router ends the job with a message naming it; a dead engine does not:
+the trainer re-issues its requests to the others and the supervisor replaces it
+(``supervisor.py``). The job's end, an error or Ctrl-C kill every actor, and with them the engine
+servers and the router.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import time
 
 from ..launch import phase
 from . import cluster, options, placement
-from .engines import EngineServer, wait_healthy
+from .engines import FAULT_ENV, exit_after, new_engine, wait_healthy
 from .options import RayJobError, RayOptions
 from .router import RouterProcess, router_available, wait_routing
+from .supervisor import ACTOR_NAME, EngineSupervisor, supervisor_env
 from .trainer_actor import ENV as TRAINER_ENV
 from .trainer_actor import RankResult, TrainerRank
 
@@ -32,8 +35,9 @@ class RayJob:
         self.actors: list = []  # every actor of the job: killed at its end
         self.reservations: list = []
         self.watch: dict = {}  # ref of a call that returns only when its actor stops -> its name
-        self.engines: list = []
+        self.engines: list = []  # the first engine actors (the supervisor owns replacements)
         self.engine_urls: list[str] = []
+        self.supervisor = None
 
     # --- the phases ----------------------------------------------------------------------
     def run(self) -> None:
@@ -47,47 +51,67 @@ class RayJob:
         self._report()
 
     def _start_rollout(self) -> list[str]:
-        """Engines (and the router): the trainer flags that point the trainer at them."""
-        n = self.opts.num_engines
-        reservation = self._reserve("rollout engines", n, "PACK")
-        with phase(f"start {n} rollout engine(s) (sglang-kvc HTTP servers)") as info:
-            self.engine_urls = self._start_engines(reservation)
-            info["detail"] = ", ".join(self.engine_urls)
-        if not router_available():
-            print("[ray] sglang-router is not installed: the trainer round-robins over the "
-                  "engines itself", flush=True)
-            return ["--rollout-server-urls", *self.engine_urls]
-        with phase("start sglang-router") as info:
-            url = self._start_router()
-            info["detail"] = f"{url} -> {len(self.engine_urls)} engine(s), round robin"
-        return ["--rollout-server-urls", url, "--rollout-engine-urls", *self.engine_urls]
-
-    def _start_engines(self, reservation) -> list[str]:
+        """Engines, the router and the engine supervisor: the trainer flags that point the
+        trainer at the engines. The trainer talks to the engines itself, not through the router:
+        behind one router URL it could not tell which engine died, re-issue that engine's
+        requests elsewhere (same index and seed) or ask for its restart."""
         from ..arguments import server_args_from
 
+        n = self.opts.num_engines
+        reservation = self._reserve("rollout engines", n, "PACK")
         server_args = server_args_from(self.trainer_args)  # the --sglang-* flags, device auto
-        self.engines = [self._actor(EngineServer, reservation, i, max_concurrency=2)
-                        .remote(i, server_args) for i in range(len(reservation.order))]
+        with phase(f"start {n} rollout engine(s) (sglang-kvc HTTP servers)") as info:
+            self.engine_urls = self._start_engines(reservation, server_args)
+            info["detail"] = ", ".join(self.engine_urls)
+        router = self._start_router()
+        self._start_supervisor(reservation, server_args, router)
+        return ["--rollout-server-urls", *self.engine_urls]
+
+    def _start_engines(self, reservation, server_args) -> list[str]:
+        drill = os.environ.get(FAULT_ENV)  # a test's engine that kills itself (engines.py)
+        self.engines = [new_engine(reservation, i, server_args, exit_after(i, drill))
+                        for i in range(len(reservation.order))]
+        self.actors.extend(self.engines)
         begin = time.monotonic()
         urls = self._await([e.start.remote() for e in self.engines], "rollout engine",
                            self.opts.engine_start_timeout)
         wait_healthy(urls, max(1.0, self.opts.engine_start_timeout - (time.monotonic() - begin)))
-        for i, (engine, url) in enumerate(zip(self.engines, urls)):
-            self.watch[engine.serve.remote()] = f"rollout engine {i} ({url})"
         return urls
 
-    def _start_router(self) -> str:
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    def _start_router(self) -> str | None:
+        if not router_available():
+            print("[ray] sglang-router is not installed: no router URL for clients besides the "
+                  "trainer (which talks to the engines itself)", flush=True)
+            return None
+        with phase("start sglang-router") as info:
+            url = self._router()
+            info["detail"] = (f"{url} -> {len(self.engine_urls)} engine(s), round robin, for "
+                              f"clients besides the trainer")
+        return url
 
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        router = ray.remote(RouterProcess).options(num_cpus=0, scheduling_strategy=here).remote(
-            self.engine_urls)
+    def _router(self) -> str:
+        import ray
+
+        router = ray.remote(RouterProcess).options(num_cpus=0, scheduling_strategy=_this_node()
+                                                   ).remote(self.engine_urls)
         self.actors.append(router)
         url = self._await([router.start.remote()], "sglang-router", ROUTER_TIMEOUT)[0]
         self.watch[router.wait.remote()] = f"sglang-router ({url})"
         wait_routing(url, self.engine_urls, ROUTER_TIMEOUT)
         return url
+
+    def _start_supervisor(self, reservation, server_args, router: str | None) -> None:
+        """The named actor the trainer asks for a dead engine's replacement (``supervisor.py``)."""
+        import ray
+
+        supervisor = ray.remote(EngineSupervisor).options(
+            name=ACTOR_NAME, num_cpus=0, max_concurrency=len(self.engines) + 2,
+            scheduling_strategy=_this_node()).remote(
+            self.engines, self.engine_urls, reservation, server_args, router,
+            self.opts.engine_start_timeout)
+        self.actors.append(supervisor)
+        self._await([supervisor.ready.remote()], "engine supervisor", 60.0)
+        self.supervisor = supervisor
 
     def _train(self, extra: list[str]) -> None:
         n = self.opts.trainer_gpus
@@ -95,6 +119,8 @@ class RayJob:
         reservation = self._reserve("trainer ranks", n, strategy)
         with phase(f"start {n} trainer rank actor(s)") as info:
             env = {**cluster.worker_env(), **TRAINER_ENV}
+            if self.supervisor is not None:  # rank 0's restart hook finds it by this name
+                env.update(supervisor_env(self.opts.engine_start_timeout))
             ranks = [self._actor(TrainerRank, reservation, r, runtime_env={"env_vars": env})
                      .remote(r, n) for r in range(n)]
             master = self._await([ranks[0].master_address.remote()], "trainer rank", 120.0)[0]
@@ -105,8 +131,8 @@ class RayJob:
 
     # --- waiting and watching --------------------------------------------------------------
     def _monitor(self, runs: dict) -> None:
-        """Until every rank has returned; the first failure of a rank, an engine or the router
-        ends the job."""
+        """Until every rank has returned; the first failure of a rank or the router ends the job
+        (an engine's does not: the trainer fails over and the supervisor replaces it)."""
         import ray
 
         pending = dict(runs)
@@ -168,14 +194,17 @@ class RayJob:
         return _Tracked(handle, self.actors)
 
     def _report(self) -> None:
-        """What each engine served: the proof that the router spread the work."""
+        """What each engine serving now served: the proof that the work was spread (a replaced
+        engine's earlier process is gone, and its counts with it)."""
         import ray
 
-        for i, (engine, url) in enumerate(zip(self.engines, self.engine_urls)):
-            counts = ray.get(engine.requests_served.remote(), timeout=30)
+        if self.supervisor is None:
+            return
+        for i, url, counts, restarts in ray.get(self.supervisor.report.remote(), timeout=60):
             updates = sum(v for k, v in counts.items() if k.startswith("/update_weights"))
+            again = f" since it was restarted ({restarts}x)" if restarts else ""
             print(f"[ray] rollout engine {i} ({url}) served {counts.get('/generate', 0)} "
-                  f"/generate and {updates} weight update request(s)", flush=True)
+                  f"/generate and {updates} weight update request(s){again}", flush=True)
 
     def stop(self) -> None:
         """Kill every actor (engine servers and the router go with them), free the GPUs."""
@@ -183,6 +212,11 @@ class RayJob:
 
         if not ray.is_initialized():
             return
+        if self.supervisor is not None:  # first its engines: the driver has no handle on them
+            try:
+                ray.get(self.supervisor.stop.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - killing the supervisor ends its engines too
+                pass
         for actor in self.actors:
             try:
                 ray.kill(actor, no_restart=True)
@@ -203,6 +237,14 @@ class _Tracked:
         actor = self.handle.remote(*args)
         self.actors.append(actor)
         return actor
+
+
+def _this_node():
+    """Soft affinity to the driver's node (actors of no GPU: the router, the supervisor)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
 
 
 def _get(ref, what: str):

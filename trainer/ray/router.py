@@ -3,9 +3,12 @@
 The router is a process of its own (its Rust server blocks the thread that starts it); it is
 started from the actor's main thread with a parent-death signal, so it ends with the actor.
 Its health checks and circuit breaker are off, as slime runs it: an engine busy with a long
-batch must not be dropped from the rotation, and a dead engine ends the job anyway.
-Weight updates do not go through it (it forwards generation only): the trainer sends them to
-each engine (``--rollout-engine-urls``).
+batch must not be dropped from the rotation. The engine supervisor (``supervisor.py``) keeps its
+worker list right instead: a dead engine's URL is removed, its replacement's added
+(``remove_worker`` / ``add_worker``: sglang-router 0.3.2 has no ``/add_worker?url=``; it takes
+``POST /workers {"url"}`` and ``DELETE /workers/<id>``, both queued: answered 202, done later).
+The trainer does not generate through it (it fails over between the engines itself); it serves
+other clients (evaluations, people).
 """
 
 from __future__ import annotations
@@ -78,8 +81,32 @@ def wait_routing(url: str, engines: list[str], timeout: float) -> None:
 
 
 def _healthy_workers(url: str) -> set:
+    return {w.get("url") for w in _workers(url) if w.get("is_healthy", True)}
+
+
+def _workers(url: str) -> list[dict]:
     try:
-        body = requests.get(url + "/workers", timeout=5).json()
-    except (requests.RequestException, ValueError):
-        return set()
-    return {w.get("url") for w in body.get("workers", []) if w.get("is_healthy", True)}
+        return requests.get(url + "/workers", timeout=5).json().get("workers", [])
+    except (requests.RequestException, ValueError, AttributeError):
+        return []
+
+
+def add_worker(router: str, engine: str, timeout: float) -> None:
+    """``engine`` in the router's rotation, healthy, within ``timeout`` seconds."""
+    r = requests.post(router + "/workers", json={"url": engine}, timeout=10)
+    if r.status_code >= 400:
+        raise RayJobError(f"sglang-router at {router} refused worker {engine}: HTTP "
+                          f"{r.status_code}: {r.text[:200]}")
+    wait_routing(router, [engine], timeout)
+
+
+def remove_worker(router: str, engine: str, timeout: float) -> None:
+    """``engine`` out of the router's rotation within ``timeout`` seconds (gone already: done)."""
+    deadline = time.monotonic() + timeout
+    for worker in [w for w in _workers(router) if w.get("url") == engine]:
+        requests.delete(f"{router}/workers/{worker['id']}", timeout=10)
+    while any(w.get("url") == engine for w in _workers(router)):
+        if time.monotonic() > deadline:
+            raise RayJobError(f"sglang-router at {router} still lists {engine} {timeout:.0f}s "
+                              f"after its removal was asked for")
+        time.sleep(0.5)

@@ -60,3 +60,30 @@ def scripted():
     yield make
     for m in models:
         m.close()
+
+
+@pytest.fixture
+def run_recipe(tiny_model_factory, tmp_path):
+    """``run_recipe(script, flags, **env) -> metrics rows``: scripts/<script> through torchrun on
+    one CPU rank with a tiny Qwen2.5, 2 rollouts (eval at 2), saving under ``tmp_path/run``."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+
+    def run(script: str, flags: list[str], **env_vars) -> list[dict]:
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+        env.update(NUM_GPUS="1", MODEL_DIR=str(tiny_model_factory("qwen2.5")),
+                   SAVE_DIR=str(tmp_path / "run"), NUM_ROLLOUT="2", EVAL_INTERVAL="2",
+                   TORCHRUN=f"{sys.executable} -m torch.distributed.run", PYTHONWARNINGS="ignore",
+                   **env_vars)
+        proc = subprocess.run(["bash", str(root / "scripts" / script), *flags], env=env, cwd=root,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        log = tmp_path / "run" / "logs" / "metrics.jsonl"
+        return [json.loads(x) for x in log.read_text().splitlines()]
+
+    return run

@@ -6,10 +6,6 @@ scripts/run-apr.sh -> torchrun -> trainer.train with the plug-in."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +18,6 @@ from trainer.learner.packing import Sample
 from trainer.rollout.data import Prompt
 from trainer.rollout.rewards import RewardInput
 
-ROOT = Path(__file__).resolve().parents[2]
 SPAWN = "think <spawn>\n<child>left 8 2 to 16</child>\n<child>left 15 2 to 16</child>\n</spawn>"
 
 
@@ -142,21 +137,14 @@ def test_prompt_rows_are_countdown_tasks_with_the_spawn_instructions():
         assert 3 <= len(label["numbers"]) <= 4
 
 
-def test_run_apr_through_torchrun(tiny_model_factory, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
-    env.update(NUM_GPUS="1", MODEL_DIR=str(tiny_model_factory("qwen2.5")), DATA_DIR=str(tmp_path / "data"),
-               SAVE_DIR=str(tmp_path / "run"), NUM_ROLLOUT="2", EVAL_INTERVAL="2",
-               TORCHRUN=f"{sys.executable} -m torch.distributed.run", PYTHONWARNINGS="ignore")
+def test_run_apr_through_torchrun(run_recipe, tmp_path):
     flags = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
              "--rollout-max-response-len", "12", "--eval-max-response-len", "8",
              "--eval-prompt-data", "countdown", str(tmp_path / "data" / "apr" / "test.jsonl@[0:2]"),
              "--custom-generate-args", "budget=2", "child_tokens=6", "max_spawns=1",
              "--max-tokens-per-gpu", "4096", "--sglang-max-total-tokens", "8192", "--lr", "1e-3",
              "--save-debug-rollout-data", str(tmp_path / "rollout{rollout_id}.jsonl")]
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "run-apr.sh"), *flags], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    metrics = [json.loads(x) for x in (tmp_path / "run" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    metrics = run_recipe("run-apr.sh", flags, DATA_DIR=str(tmp_path / "data"))
     assert [m["step"] for m in metrics] == [1, 2] and "eval/countdown/score" in metrics[1]
     assert all(m["rollout/traces"] == 4 for m in metrics)
     rows = [json.loads(x) for x in (tmp_path / "rollout0.jsonl").read_text().splitlines()]

@@ -5,10 +5,6 @@ scripts/run-countdown.sh -> torchrun -> trainer.train with the plug-in as the re
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +12,6 @@ from dataset.countdown_r1 import make_rows, split_of
 from recipes.countdown import reward, reward_binary
 from trainer.rollout.rewards import RewardInput
 
-ROOT = Path(__file__).resolve().parents[2]
 LABEL = json.dumps({"target": 16, "numbers": [3, 5, 2]})
 
 
@@ -65,20 +60,13 @@ def test_data_split_is_disjoint_and_every_task_solvable():
     assert test[0]["prompt"][1]["role"] == "user" and "<answer>" in test[0]["prompt"][1]["content"]
 
 
-def test_run_countdown_through_torchrun(tiny_model_factory, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
-    env.update(NUM_GPUS="1", MODEL_DIR=str(tiny_model_factory("qwen2.5")), DATA_DIR=str(tmp_path / "data"),
-               SAVE_DIR=str(tmp_path / "run"), NUM_ROLLOUT="2", EVAL_INTERVAL="2",
-               TORCHRUN=f"{sys.executable} -m torch.distributed.run", PYTHONWARNINGS="ignore")
+def test_run_countdown_through_torchrun(run_recipe, tmp_path):
     flags = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--global-batch-size", "8",
              "--rollout-max-response-len", "12", "--eval-max-response-len", "8",
              "--eval-prompt-data", "countdown", str(tmp_path / "data" / "countdown" / "test.jsonl@[0:4]"),
              "--max-tokens-per-gpu", "2048", "--sglang-max-total-tokens", "8192", "--lr", "1e-3",
              "--save-debug-rollout-data", str(tmp_path / "rollout{rollout_id}.jsonl")]
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "run-countdown.sh"), *flags], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    metrics = [json.loads(x) for x in (tmp_path / "run" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    metrics = run_recipe("run-countdown.sh", flags, DATA_DIR=str(tmp_path / "data"))
     assert [m["step"] for m in metrics] == [1, 2] and "eval/countdown/score" in metrics[1]
     for rollout in (0, 1):
         samples = [json.loads(x) for x in (tmp_path / f"rollout{rollout}.jsonl").read_text().splitlines()]

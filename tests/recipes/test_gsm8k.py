@@ -5,16 +5,10 @@ decoupled loss with the behaviour weight capped at 5)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from evaluation.grader import score_gsm8k
 from recipes.gsm8k import HELDOUT, prepare
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _gsm8k_file(path: Path, n: int = HELDOUT + 12) -> Path:
     path.write_text("".join(json.dumps({"question": f"Tom has {i} apples and buys {i + 1} more. How many?",
@@ -36,21 +30,14 @@ def test_prepare_holds_the_eval_slice_apart(tmp_path):
     assert score_gsm8k(f"so #### {2 * i + 1}", train[3]["label"]) == 1.0
 
 
-def test_run_gsm8k_through_torchrun(tiny_model_factory, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
-    env.update(NUM_GPUS="1", MODEL_DIR=str(tiny_model_factory("qwen2.5")), DATA_DIR=str(tmp_path / "data"),
-               GSM8K_FILE=str(_gsm8k_file(tmp_path / "test.jsonl")), SAVE_DIR=str(tmp_path / "run"),
-               NUM_ROLLOUT="2", EVAL_INTERVAL="2", PYTHONWARNINGS="ignore",
-               TORCHRUN=f"{sys.executable} -m torch.distributed.run")
+def test_run_gsm8k_through_torchrun(run_recipe, tmp_path):
     flags = ["--rollout-batch-size", "3", "--global-batch-size", "12", "--rollout-max-response-len", "10",
              "--eval-max-response-len", "6", "--max-tokens-per-gpu", "2048", "--lr", "1e-3",
              "--eval-prompt-data", "gsm8k", str(tmp_path / "data" / "gsm8k" / "heldout.jsonl@[0:4]"),
              "--sglang-max-total-tokens", "8192", "--reward-workers", "1",
              "--save-debug-rollout-data", str(tmp_path / "rollout{rollout_id}.jsonl")]
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "run-gsm8k.sh"), *flags], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    metrics = [json.loads(x) for x in (tmp_path / "run" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    metrics = run_recipe("run-gsm8k.sh", flags, DATA_DIR=str(tmp_path / "data"),
+                         GSM8K_FILE=str(_gsm8k_file(tmp_path / "test.jsonl")))
     assert [m["step"] for m in metrics] == [1, 2] and "eval/gsm8k/score" in metrics[1]
     assert all(0.0 <= m["reward_mean"] <= 1.0 for m in metrics)  # logged raw, trained shaped
     assert all("is_masked_fraction" in m for m in metrics)

@@ -6,10 +6,6 @@ torchrun -> trainer.train, dense and with R-KV compression on at once."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +14,6 @@ from recipes.rc import ReasoningCache
 from trainer.algorithms import PolicyLossConfig, policy_loss
 from trainer.rollout.data import Prompt
 
-ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = "What is 2 + 3?"
 
 
@@ -109,15 +104,11 @@ def test_per_row_kl_coefficients_weight_the_kl_term():
 
 
 @pytest.mark.parametrize("compress", ["", "rkv"])
-def test_run_rc_through_torchrun(tiny_model_factory, tmp_path, compress):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+def test_run_rc_through_torchrun(run_recipe, tmp_path, compress):
     data = tmp_path / "data" / "simplelr_qwen_level3to5" / "train.jsonl"
     data.parent.mkdir(parents=True)
     data.write_text("".join(json.dumps({"prompt": f"What is {a} + {a}?", "label": str(2 * a)}) + "\n"
                             for a in range(1, 9)))
-    env.update(NUM_GPUS="1", MODEL_DIR=str(tiny_model_factory("qwen2.5")), DATA_DIR=str(tmp_path / "data"),
-               SAVE_DIR=str(tmp_path / "run"), NUM_ROLLOUT="2", EVAL_SETS="", COMPRESS=compress,
-               TORCHRUN=f"{sys.executable} -m torch.distributed.run", PYTHONWARNINGS="ignore")
     flags = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
              "--custom-generate-args", "rounds=2", "thinking_tokens=10", "summary_tokens=6",
              "summaries_per_round=2", "thinking_kl_coef=0.001", "summary_kl_coef=0.01",
@@ -129,10 +120,8 @@ def test_run_rc_through_torchrun(tiny_model_factory, tmp_path, compress):
     if compress:  # a budget the rounds overrun, so eviction really happens
         flags += ["--sglang-compress-max-prompt", "12", "--sglang-compress-max-window", "4",
                   "--sglang-compress-divide-length", "4"]
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "run-rc.sh"), *flags], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    metrics = [json.loads(x) for x in (tmp_path / "run" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    metrics = run_recipe("run-rc.sh", flags, DATA_DIR=str(tmp_path / "data"), EVAL_SETS="",
+                         COMPRESS=compress)
     assert [m["step"] for m in metrics] == [1, 2] and "eval/sums/score" in metrics[1]
     # per prompt: 2 reasoning + 2 summaries + 2 x 2 reasoning = 8 traces of one call each
     assert all(m["rollout/traces"] == 16 and m["rollout/calls_per_trace"] == 1 for m in metrics)

@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how weights reach the engine (auto: inprocess, or tensor over HTTP; ipc: "
                         "handles to this host's memory, for servers on the same machine)")
     g.add_argument("--weight-sync-bucket-mb", type=int, default=512)
+    g.add_argument("--weight-sync-master-address", default=None,
+                   help="--weight-sync distributed: the address servers reach the trainer's rank 0 "
+                        "at (default: $MASTER_ADDR, else 127.0.0.1); set it when servers run on "
+                        "other nodes")
     g.add_argument("--save-debug-rollout-data", default=None,
                    help="write each rollout's samples (ids, log-probs, reward, engine) as JSONL to "
                         "this path; '{rollout_id}' in it is replaced (slime's flag)")

@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -95,7 +96,9 @@ class Run:
                                http=self._control_backend(),
                                bucket_bytes=args.weight_sync_bucket_mb << 20,
                                disk_dir=(self.save_dir or self.log_dir) / "weight_sync",
-                               hf_config_dir=args.hf_checkpoint)
+                               hf_config_dir=args.hf_checkpoint,
+                               master_address=args.weight_sync_master_address
+                               or os.environ.get("MASTER_ADDR", "127.0.0.1"))
         self._restart_engines_with(restart_hook_from_env(resync=self.sync.resync))
         self.logger = MetricsLogger(self.log_dir, use_tensorboard=args.use_tensorboard,
                                     use_wandb=args.use_wandb, wandb_project=args.wandb_project,

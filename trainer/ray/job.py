@@ -65,7 +65,10 @@ class RayJob:
             info["detail"] = ", ".join(self.engine_urls)
         router = self._start_router()
         self._start_supervisor(reservation, server_args, router)
-        return ["--rollout-server-urls", *self.engine_urls]
+        # engines on their own GPUs: weights go over a process group (NCCL; gloo on a CPU)
+        # unless the user chose a transport; rank 0's node address is $MASTER_ADDR there
+        sync = [] if "--weight-sync" in self.argv else ["--weight-sync", "distributed"]
+        return ["--rollout-server-urls", *self.engine_urls, *sync]
 
     def _start_engines(self, reservation, server_args) -> list[str]:
         drill = os.environ.get(FAULT_ENV)  # a test's engine that kills itself (engines.py)

@@ -29,7 +29,6 @@ import argparse
 import dataclasses
 import json
 import math
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train import device_name, flops_per_token, peak_flops, spread  # noqa: E402
+from bench_train import device_name, emit, flops_per_token, peak_flops, spread  # noqa: E402
 
 HBM_PEAK = {"H100": 3.35e12, "H200": 4.8e12}
 SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -297,10 +296,7 @@ def main(argv=None) -> dict:
                   packed_attention=args.packed_attention,
                   peak_flops=machine.peak_flops, peak_hbm_bytes_per_s=machine.peak_hbm,
                   steps=steps, summary=summary, profile_trace=str(trace) if trace else None)
-    print(json.dumps(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
-    return result
+    return emit(result, args.json)
 
 
 if __name__ == "__main__":

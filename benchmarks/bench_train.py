@@ -256,9 +256,14 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     result = run(args)
     print_table(result)
+    return emit(result, args.json)
+
+
+def emit(result: dict, json_path: str | None) -> dict:
+    """The result as one JSON line on stdout, and indented in ``--json`` when given."""
     print(json.dumps(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2))
     return result
 
 

@@ -73,8 +73,8 @@ class Run:
                 seed=args.seed, shuffle=args.rollout_shuffle)
             self.eval_sets = self._load_eval_sets()
             info["detail"] = f"{len(self.prompts.prompts)} prompts, {len(self.eval_sets)} eval set(s)"
-        self.plugin_options = parse_options(args.custom_generate_args)
-        self.plugin = load_generate_plugin(args.custom_generate_function_path, self.plugin_options) \
+        self.plugin = load_generate_plugin(args.custom_generate_function_path,
+                                           parse_options(args.custom_generate_args)) \
             if args.custom_generate_function_path else None
         self.save_dir = Path(args.save) if args.save else None
         self.log_dir = Path(args.log_dir or (self.save_dir / "logs" if self.save_dir else "runs/train"))
@@ -140,7 +140,7 @@ class Run:
                 place, reward_config_from_args(a),
                 server_args=None if remote else server_args_from(a, device=_engine_device()),
                 server_urls=a.rollout_server_urls, generate_plugin=self.plugin,
-                plugin_options=self.plugin_options, tokenizer=self.tokenizer,
+                tokenizer=self.tokenizer,
                 offload=a.offload_rollout if a.offload_rollout is not None else torch.cuda.is_available())
             pool = manager.pool_stats()
             if pool:

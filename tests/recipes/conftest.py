@@ -53,7 +53,7 @@ def scripted():
         rewards = RewardModel(RewardConfig(rm_type=rm_type))
         models.append(rewards)
         ctx = GenerateContext(backend, RolloutConfig(max_response_len=max_response_len, seed=7),
-                              tokenizer, rewards, options={}, mode=mode,
+                              tokenizer, rewards, mode=mode,
                               context_length=context_length)
         return ctx, backend
 

@@ -198,21 +198,20 @@ def run_updates(trainer, batch: RolloutBatch, prep: PreparedUpdate, loss_cfg: Po
     history = []
     for start, stop in step_bounds(batch, global_batch_size):
         sub = batch.samples[start:stop]
-        sub_prep = dataclasses.replace(
-            prep, **{f.name: getattr(prep, f.name)[start:stop] for f in dataclasses.fields(prep)
-                     if isinstance(getattr(prep, f.name), torch.Tensor)})
+        sub_prep = _map_tensors(prep, lambda t: t[start:stop])
         scale = LossScale.for_batch(sub_prep.loss_mask, row_weights=sub_prep.row_weights)
-        sub_prep = _on_device(sub_prep)  # once per global batch, not per micro-batch
+        device = cpu_megatron.default_device()  # once per global batch, not per micro-batch
+        sub_prep = _map_tensors(sub_prep, lambda t: t.to(device, non_blocking=True))
         metrics = trainer.train_step(sub, make_loss_fn(sub_prep, loss_cfg, scale),
                                      with_entropy=loss_cfg.entropy_coef != 0)
         history.append(_reduce_over_dp(metrics, trainer))
     return history
 
 
-def _on_device(prep: PreparedUpdate) -> PreparedUpdate:
-    device = cpu_megatron.default_device()
+def _map_tensors(prep: PreparedUpdate, fn) -> PreparedUpdate:
+    """``prep`` with ``fn`` applied to each of its per-row tensors (None fields stay None)."""
     return dataclasses.replace(prep, **{
-        f.name: getattr(prep, f.name).to(device, non_blocking=True) for f in dataclasses.fields(prep)
+        f.name: fn(getattr(prep, f.name)) for f in dataclasses.fields(prep)
         if isinstance(getattr(prep, f.name), torch.Tensor)})
 
 

@@ -38,11 +38,10 @@ class Request:
 class GenerateContext:
     """What a plug-in may use on this rank: its engine(s), the tokenizer, the reward model."""
 
-    def __init__(self, backend, cfg: RolloutConfig, tokenizer, rewards, *, options: dict,
-                 mode: str = "train", first_prompt: int = 0, context_length: int | None = None):
+    def __init__(self, backend, cfg: RolloutConfig, tokenizer, rewards, *, mode: str = "train",
+                 context_length: int | None = None):
         self.backend, self.cfg, self.tokenizer, self.rewards = backend, cfg, tokenizer, rewards
-        self.options, self.mode, self.first_prompt = options, mode, first_prompt
-        self.context_length = context_length
+        self.mode, self.context_length = mode, context_length
         self.waves = 0
         self.truncated = 0  # requests shortened to fit the context (APR's over-length children)
 

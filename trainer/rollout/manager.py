@@ -67,12 +67,13 @@ class RolloutResult:
 
     def rows(self, prompts: list[Prompt]) -> list[dict]:
         """One JSON-ready row per call, in global order, naming its trace and engine."""
-        rows = []
+        rows, traces = [], 0
         for e, shard in enumerate(self.shards):
             for t in shard.traces:
-                for c in t.calls:
-                    rows.append(_row(len(rows), e, prompts[t.prompt_index], t, c))
-        return _number_traces(rows)
+                rows += [_row(len(rows) + k, e, traces, prompts[t.prompt_index], t, c)
+                         for k, c in enumerate(t.calls)]
+                traces += 1
+        return rows
 
     def stats(self) -> dict:
         out = {**sample_stats(self.gens, self.rewards), **compression_stats(self.gens),
@@ -82,21 +83,13 @@ class RolloutResult:
         return out
 
 
-def _row(index: int, engine: int, prompt: Prompt, trace: Trace, call) -> dict:
+def _row(index: int, engine: int, trace_id: int, prompt: Prompt, trace: Trace, call) -> dict:
     g = call.gen
-    return {"index": index, "engine": engine, "trace": id(trace), "role": call.role,
+    return {"index": index, "engine": engine, "trace": trace_id, "role": call.role,
             "prompt": prompt.text, "prompt_ids": call.prompt_ids, "label": prompt.label,
             "response": g.text, "response_ids": g.response_ids, "logprobs": g.logprobs,
             "reward": trace.reward, "final": trace.final, "loss_weight": call.loss_weight,
             "finish_reason": g.finish_reason, "weight_version": g.weight_version}
-
-
-def _number_traces(rows: list[dict]) -> list[dict]:
-    """Trace ids 0, 1, ... in order of appearance (object ids mean nothing in a file)."""
-    ids: dict = {}
-    for r in rows:
-        r["trace"] = ids.setdefault(r["trace"], len(ids))
-    return rows
 
 
 def plugin_stats(shards: list[Shard], traces: list[Trace]) -> dict:
@@ -157,7 +150,7 @@ class RolloutManager:
 
     def __init__(self, place: Placement, reward_cfg: RewardConfig, *, server_args=None,
                  server_urls: list[str] | None = None, offload: bool = False,
-                 generate_plugin=None, plugin_options: dict | None = None, tokenizer=None):
+                 generate_plugin=None, tokenizer=None):
         self.place = place
         self.engine = self.backend = self.rewards = None
         if place.generates:
@@ -166,8 +159,8 @@ class RolloutManager:
             self.rewards = RewardModel(reward_cfg)
         self.offload = offload and self.engine is not None
         self.version: str | None = None  # the weight version the engine(s) must report
-        self.plugin, self.plugin_options = generate_plugin, plugin_options or {}
-        self.tokenizer = tokenizer
+        self.plugin, self.tokenizer = generate_plugin, tokenizer
+        self._context_length: int | None = None  # asked of the engine once, on first use
 
     def run(self, prompts: list[Prompt], n: int, cfg: RolloutConfig, mode: str = "train"
             ) -> RolloutResult:
@@ -198,9 +191,9 @@ class RolloutManager:
             gens = self.backend.generate([p.input_ids for p in local], n, cfg)
             return sample_traces([p.input_ids for p in local], gens, n), {}
         ctx = GenerateContext(self.backend, cfg, self.tokenizer, self.rewards, mode=mode,
-                              options=self.plugin_options, context_length=self.context_length())
+                              context_length=self.context_length())
         traces = run_plugin(self.plugin, ctx, local, n)
-        return traces, {"truncated": ctx.truncated, "waves": ctx.waves}
+        return traces, {"truncated": ctx.truncated}
 
     def score(self, prompts: list[Prompt], traces: list[Trace]) -> None:
         """Fill in the rewards of traces the plug-in did not score itself."""
@@ -213,6 +206,11 @@ class RolloutManager:
 
     def context_length(self) -> int | None:
         """Tokens a request may span (prompt + generation), when the engine says."""
+        if self._context_length is None:
+            self._context_length = self._ask_context_length() or 0
+        return self._context_length or None
+
+    def _ask_context_length(self) -> int | None:
         if getattr(self.plugin, "context_length", None):  # the plug-in may set it (stock servers)
             return int(self.plugin.context_length)
         if self.engine is not None:

@@ -38,8 +38,6 @@ class Trace:
         return ("prompt", self.prompt_index) if self.group is None else self.group
 
 
-def sample_traces(prompt_ids: list[list[int]], gens: list[Generation], n: int,
-                  first_prompt: int = 0) -> list[Trace]:
+def sample_traces(prompt_ids: list[list[int]], gens: list[Generation], n: int) -> list[Trace]:
     """The default: each of the ``n`` samples of a prompt is a one-call trace."""
-    return [Trace([Call(prompt_ids[i // n], g)], g.text, first_prompt + i // n)
-            for i, g in enumerate(gens)]
+    return [Trace([Call(prompt_ids[i // n], g)], g.text, i // n) for i, g in enumerate(gens)]

@@ -59,9 +59,9 @@ class DecodeGraphs:
         bs = input_ids.shape[0]
         gbs = self._padded(bs)
         if gbs not in self.graphs:
-            self._reset_padding(gbs)
+            self._reset_padding(0, gbs)
             self._capture(gbs)
-        self._reset_padding(gbs)
+        self._reset_padding(bs, gbs)
         self.input_ids[:bs].copy_(input_ids)
         self.positions[:bs].copy_(positions)
         self.rows[:bs].copy_(rows)
@@ -71,7 +71,11 @@ class DecodeGraphs:
         graph.replay()
         return self.runner.model.logits(out[:bs])
 
-    def _reset_padding(self, gbs: int) -> None:
+    def _reset_padding(self, start: int, gbs: int) -> None:
+        """Point entries [start, gbs) at the padding row and slot (a larger batch may have left
+        real rows there)."""
+        if start == gbs:
+            return
         for buf, value in ((self.input_ids, 0), (self.positions, 0), (self.rows, 0),
                            (self.kv_lens, 1), (self.out_slots, 0)):
-            buf[:gbs].fill_(value)
+            buf[start:gbs].fill_(value)

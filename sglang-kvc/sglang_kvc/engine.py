@@ -1,9 +1,16 @@
 """The in-process engine: request intake, the step loop, finish rules, control operations.
 
 One background thread owns the model, the KV cache and the scheduler and runs
-`schedule -> run -> process` steps. Everything else (HTTP handlers, `generate` callers) talks to
-it through a FIFO inbox: new requests and control commands (abort, weight updates, pause, ...)
+`schedule -> launch -> process` steps. Everything else (HTTP handlers, `generate` callers) talks
+to it through a FIFO inbox: new requests and control commands (abort, weight updates, pause, ...)
 are applied between steps in arrival order, so no lock guards the engine state.
+
+Overlap scheduling (SGLang's default too): the thread launches step N+1 before it reads step N's
+tokens, so scheduling, input preparation and output processing run while the GPU computes. A
+request that ended at step N (EOS, stop string) therefore rides along in step N+1, whose token
+for it is dropped; limits the host knows in advance (max_new_tokens, context length) never cost
+that extra step. Control commands first finish the step in flight, so they see settled state.
+`--disable-overlap-schedule` reads every step's outputs before launching the next.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import queue
 import random
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -24,7 +32,7 @@ from . import __version__
 from .detokenizer import Detokenizer
 from .io_struct import GenerateItem, parse_generate
 from .model_config import ModelConfig
-from .model_runner import ModelRunner, StepOutput
+from .model_runner import ModelRunner, PendingStep, StepOutput
 from .scheduler import Batch, Scheduler, SchedulerConfig
 from .sequence import Sequence, Status
 from .server_args import ServerArgs
@@ -36,6 +44,25 @@ from .weights import iter_safetensors, safetensors_shapes, validate_shapes
 log = logging.getLogger(__name__)
 
 UpdateFn = Callable[[dict, bool], Any]  # (output dict, finished)
+
+
+@dataclass
+class StepStats:
+    """Where the engine thread's time goes on decode steps: host = everything but waiting for
+    the GPU's outputs (schedule, launch, output processing, compression launches)."""
+    decode_steps: int = 0
+    host_s: float = 0.0
+    gpu_wait_s: float = 0.0
+
+    def add(self, loop_s: float, wait_s: float) -> None:
+        self.decode_steps += 1
+        self.host_s += loop_s - wait_s
+        self.gpu_wait_s += wait_s
+
+    def to_dict(self) -> dict:
+        n = max(self.decode_steps, 1)
+        return {"decode_steps": self.decode_steps, "host_ms_per_step": 1e3 * self.host_s / n,
+                "gpu_wait_ms_per_step": 1e3 * self.gpu_wait_s / n}
 _MEMORY_TAGS = {"kv_cache", "weights", "cuda_graph"}
 
 
@@ -81,14 +108,18 @@ class Engine:
         self.runner = ModelRunner(args, self.model_config, self.eos_ids, newline_ids, think_end_id)
         self.kv = self.runner.kv
         self.compressor = self.runner.compressor
-        self.scheduler = Scheduler(
-            SchedulerConfig(args.max_running_requests, args.max_prefill_tokens), self.kv,
-            bound=self.compressor.bound if self.compressor is not None else None)
-
-        self.detok = Detokenizer(self.tokenizer)
         self.context_length = self.runner.context_length
         # A request never grows past what the pool can hold alone, so it can always run.
         self.max_seq_len = min(self.context_length, self.kv.capacity)
+        self.scheduler = Scheduler(
+            SchedulerConfig(args.max_running_requests, args.max_prefill_tokens,
+                            max_seq_len=self.max_seq_len), self.kv,
+            bound=self.compressor.bound if self.compressor is not None else None)
+        self.detok = Detokenizer(self.tokenizer)
+        self.overlap = not args.disable_overlap_schedule
+        self._inflight: PendingStep | None = None
+        self._waited_s = 0.0  # total time blocked on step outputs
+        self.step_stats = StepStats()
         self.weight_version = args.weight_version
         self.weight_groups: dict[str, WeightUpdateGroup] = {}
         self._rng = random.Random(args.random_seed)
@@ -279,6 +310,8 @@ class Engine:
             "resolved_dtype": str(self.runner.dtype).removeprefix("torch."),
             "resolved_attention_backend": self.runner.backend_name,
             "max_running_reqs_seen": self.scheduler.max_running,
+            "overlap_schedule": self.overlap,
+            "step_stats": self.step_stats.to_dict(),
         })
         c = self.compressor
         if c is not None:
@@ -385,6 +418,7 @@ class Engine:
                 self.scheduler.add(msg[1])
                 continue
             _, fn, args, fut = msg
+            self._complete_inflight()  # commands see every launched step processed
             try:
                 fut.set_result(fn(*args))
             except BaseException as e:  # noqa: BLE001 - handed to the caller
@@ -393,24 +427,67 @@ class Engine:
     def _loop(self) -> None:
         while not self._stopped:
             self._drain_inbox()
-            batch = self.scheduler.schedule() if self.kv.pool.allocated else None
-            if batch is None:
-                self._wake.wait(timeout=0.05)
-                self._wake.clear()
+            t0, waited0 = time.perf_counter(), self._waited_s
+            step = self._launch_next()
+            completed = self._complete_inflight()
+            if step is None:
+                if not completed:
+                    self._wake.wait(timeout=0.05)
+                    self._wake.clear()
                 continue
-            try:
-                out = self.runner.run(batch)
-            except Exception as e:  # noqa: BLE001 - fail the batch, keep serving
-                log.exception("step failed")
-                for seq in batch.seqs:
-                    self._finish(seq, {"type": "abort", "message": f"engine error: {e}",
-                                       "status_code": 500, "err_type": type(e).__name__})
-                continue
-            self.num_steps += 1
-            self._process(batch, out)
+            self._inflight = step
+            self._after_launch(step)
+            if not self.overlap:
+                self._complete_inflight()
+            if not step.batch.is_prefill:
+                self.step_stats.add(time.perf_counter() - t0, self._waited_s - waited0)
+        self._complete_inflight()
+
+    def _launch_next(self) -> PendingStep | None:
+        batch = self.scheduler.schedule() if self.kv.pool.allocated else None
+        if batch is None:
+            return None
+        try:
+            return self.runner.launch(batch)
+        except Exception as e:  # noqa: BLE001 - fail the batch, keep serving
+            self._fail(batch, e)
+            return None
+
+    def _after_launch(self, step: PendingStep) -> None:
+        """Compression for the launched step: its trigger reads the tokens this step fed, known
+        once the previous step was processed (done just before)."""
+        try:
+            self.runner.after_step(step.batch)
+        except Exception as e:  # noqa: BLE001
+            self._inflight = None
+            self._fail(step.batch, e)
+
+    def _complete_inflight(self) -> bool:
+        """Wait for the step in flight, if any, and hand its tokens to the requests."""
+        step, self._inflight = self._inflight, None
+        if step is None:
+            return False
+        try:
+            out = step.result()
+        except Exception as e:  # noqa: BLE001
+            self._fail(step.batch, e)
+            return True
+        finally:
+            self._waited_s += step.wait_s
+        self.num_steps += 1
+        self._process(step.batch, out)
+        return True
+
+    def _fail(self, batch: Batch, e: Exception) -> None:
+        log.error("step failed", exc_info=e)
+        for seq in batch.seqs:
+            self._finish(seq, {"type": "abort", "message": f"engine error: {e}",
+                               "status_code": 500, "err_type": type(e).__name__})
 
     def _process(self, batch: Batch, out: StepOutput) -> None:
         for i, seq in enumerate(batch.seqs):
+            if seq.finished:  # ended at the step before (overlap) or aborted: token dropped
+                continue
             if i in out.input_logprobs:
                 seq.input_logprobs, seq.input_top_logprobs = out.input_logprobs[i]
             if seq.params.max_new_tokens == 0:
@@ -422,7 +499,7 @@ class Engine:
                 seq.output_logprobs.append(out.logprobs[i])
             if seq.top_logprobs_num:
                 seq.output_top_logprobs.append(out.top_logprobs[i][:seq.top_logprobs_num])
-            reason = self._check_finish(seq, tok)
+            reason = self._check_finish(seq, tok, out.stop_hits[i])
             if reason is not None:
                 self._finish(seq, reason)
             elif seq.stream:
@@ -430,13 +507,13 @@ class Engine:
                     self.detok.update(seq)
                 seq.on_update(self._output(seq, final=False), False)
 
-    def _check_finish(self, seq: Sequence, tok: int) -> dict | None:
+    def _check_finish(self, seq: Sequence, tok: int, is_stop_id: bool) -> dict | None:
+        """`is_stop_id`: the GPU found `tok` among the request's stop ids (row_state.py)."""
         p, n = seq.params, len(seq.output_ids)
         if n >= p.max_new_tokens:
             return {"type": "length", "length": p.max_new_tokens}
-        if n > p.min_new_tokens:  # stop ids were masked out while below min_new_tokens
-            if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
-                return {"type": "stop", "matched": tok}
+        if is_stop_id and n > p.min_new_tokens:  # stop ids were masked out below min_new_tokens
+            return {"type": "stop", "matched": tok}
         if seq.num_tokens >= self.max_seq_len:
             return {"type": "length", "length": n}
         if p.stop and self.tokenizer is not None:

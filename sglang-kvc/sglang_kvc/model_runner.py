@@ -2,12 +2,19 @@
 
 Owns the model, the KV cache and the attention backend. Decode steps on CUDA replay captured
 CUDA graphs (cuda_graph.py) when the batch size has one; everything else runs eagerly.
+
+`launch` never waits for the GPU: decode inputs come from the previous step's tokens on the
+device (row_state.py), stop ids are checked there too, and a step's outputs (tokens, stop flags,
+logprobs) travel back in one device->host copy that `PendingStep.result()` waits for. The engine
+thereby prepares step N+1 while the GPU runs step N. Compression (`after_step`) runs eagerly
+between steps, after the engine has read the tokens its trigger looks at.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -19,7 +26,8 @@ from .compression.trigger import Trigger
 from .kv_cache import KVCache, KVPool
 from .model import CausalLM
 from .model_config import ModelConfig
-from .sampler import Sampler, SamplingBatch
+from .row_state import RowState
+from .sampler import SampleOutput, Sampler, SamplingBatch
 from .scheduler import Batch
 from .sequence import Sequence
 from .server_args import ServerArgs
@@ -37,6 +45,57 @@ class StepOutput:
     logprobs: list[float] | None
     top_logprobs: list[list[tuple[float, int]]] | None
     input_logprobs: dict[int, tuple[list, list | None]]  # batch index -> (logprobs, top)
+    stop_hits: list[bool] | None = None  # token_ids[i] is one of request i's stop ids
+
+
+class PendingStep:
+    """A launched step. Its outputs are packed into one float64 [B, C] tensor (token id, stop
+    flag, logprob, top values, top ids; all exact in float64) copied to pinned host memory
+    without blocking; `result()` waits for that copy alone."""
+
+    def __init__(self, batch: Batch, out: SampleOutput, hits: torch.Tensor, input_lp: dict):
+        self.batch, self.input_lp = batch, input_lp
+        self.has_lp = out.logprobs is not None
+        self.top_k = out.top_values.shape[1] if out.top_values is not None else 0
+        cols = [out.ids.double(), hits.double()]
+        if self.has_lp:
+            cols.append(out.logprobs.double())
+        packed = torch.cat([torch.stack(cols, dim=1)]
+                           + ([out.top_values.double(), out.top_ids.double()] if self.top_k else []), dim=1)
+        self.event = None
+        if packed.is_cuda:
+            self.host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            self.host.copy_(packed, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = packed
+        self.wait_s = 0.0
+
+    def result(self) -> StepOutput:
+        if self.event is not None:
+            t = time.perf_counter()
+            self.event.synchronize()
+            self.wait_s = time.perf_counter() - t
+        cols = self.host.t()
+        ids = cols[0].long().tolist()
+        hits = cols[1].bool().tolist()
+        lps = cols[2].tolist() if self.has_lp else None
+        tops = None
+        if self.top_k:
+            c = 2 + self.has_lp
+            tv, ti = self.host[:, c:c + self.top_k].tolist(), self.host[:, c + self.top_k:].long().tolist()
+            tops = [list(zip(v, i)) for v, i in zip(tv, ti)]
+        return StepOutput(ids, lps, tops, self.input_lp, hits)
+
+
+@dataclass
+class BatchTensors:
+    """What stays the same across the decode steps of an unchanged batch."""
+    key: tuple
+    rows: torch.Tensor  # [B] int64 on the device
+    sampling: SamplingBatch  # without `steps` / bans, which change every step
+    min_new: list[tuple[int, Sequence]]  # (batch index, request) with min_new_tokens > 0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -97,6 +156,8 @@ class ModelRunner:
         if self.compression is not None:
             self.compressor = Compressor(self.compression, self.kv, ring, trigger)
         self.sampler = Sampler()
+        self.rows = RowState(args.max_running_requests + 1, self.device)
+        self._batch_cache: BatchTensors | None = None
         self.graphs = None
         if self.device.type == "cuda" and backend == "triton" and args.cuda_graph:
             from .cuda_graph import DecodeGraphs
@@ -122,24 +183,38 @@ class ModelRunner:
     # ------------------------------------------------------------------ forward
 
     @torch.inference_mode()
-    def run(self, batch: Batch) -> StepOutput:
+    def launch(self, batch: Batch) -> PendingStep:
+        """Forward, sample and start the outputs' copy to the host; returns without waiting."""
         seqs = batch.seqs
+        bt = self._batch_tensors(batch)
         if batch.is_prefill:
+            self.rows.admit(bt.rows, [self._stop_ids(s) for s in seqs])
             logits, input_lp = self._prefill(seqs)
         else:
-            logits, input_lp = self._decode(seqs), {}
+            logits, input_lp = self._decode(seqs, bt.rows), {}
+        out = self.sampler(logits, self._sampling_batch(seqs, bt))
+        hits = self.rows.record(bt.rows, out.ids)
+        for s in seqs:
+            s.num_sampled += 1
+        return PendingStep(batch, out, hits, input_lp)
+
+    @torch.inference_mode()
+    def after_step(self, batch: Batch) -> None:
+        """Compress the requests whose trigger fired, once their fed tokens are known to the
+        host (after the previous step's outputs were read). Finished requests are skipped."""
         if self.compressor is not None:
-            # Eager, between steps: the logits above came from the KV held before this.
-            self.compressor.after_step(seqs, batch.is_prefill)
-        sb = self._sampling_batch(seqs)
-        out = self.sampler(logits, sb)
-        ids = out.ids.tolist()
-        lps = out.logprobs.tolist() if out.logprobs is not None else None
-        tops = None
-        if out.top_values is not None:
-            tv, ti = out.top_values.tolist(), out.top_ids.tolist()
-            tops = [list(zip(v, i)) for v, i in zip(tv, ti)]
-        return StepOutput(ids, lps, tops, input_lp)
+            live = [s for s in batch.seqs if not s.finished]
+            self.compressor.after_step(live, batch.is_prefill)
+
+    def run(self, batch: Batch) -> StepOutput:
+        """One step, synchronously (launch, compress, wait)."""
+        step = self.launch(batch)
+        self.after_step(batch)
+        return step.result()
+
+    def _stop_ids(self, seq: Sequence) -> list[int]:
+        p = seq.params
+        return sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids))
 
     def _prefill(self, seqs: list[Sequence]):
         dev = self.device
@@ -195,20 +270,19 @@ class ModelRunner:
                 tops += [list(zip(a, b)) for a, b in zip(v.tolist(), i.tolist())]
         return lps, tops
 
-    def prepare_decode(self, seqs: list[Sequence]):
-        """Host->device inputs of a decode step (one copy): input_ids, positions, rows,
-        kv_lens (including the new token) and the new tokens' slots."""
-        packed = torch.tensor([[s.output_ids[-1] for s in seqs],
-                               [s.num_computed for s in seqs],
-                               [s.row for s in seqs],
-                               [s.kv_len for s in seqs]], dtype=torch.int64)
-        packed = packed.to(self.device, non_blocking=True)
-        input_ids, positions, rows, old_lens = packed
+    def prepare_decode(self, seqs: list[Sequence], rows: torch.Tensor):
+        """Device inputs of a decode step: input_ids (the rows' last sampled tokens, already on
+        the device), positions, kv_lens (including the new token) and the new tokens' slots.
+        One host->device copy; nothing waits for the GPU."""
+        packed = torch.tensor([[s.num_computed for s in seqs], [s.kv_len for s in seqs]],
+                              dtype=torch.int64).to(self.device, non_blocking=True)
+        positions, old_lens = packed
         out_slots = self.kv.extend_one(seqs, rows, old_lens)
-        return input_ids, positions, rows, (old_lens + 1).to(torch.int32), out_slots
+        input_ids = self.rows.last_token[rows]
+        return input_ids, positions, (old_lens + 1).to(torch.int32), out_slots
 
-    def _decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        input_ids, positions, rows, kv_lens, out_slots = self.prepare_decode(seqs)
+    def _decode(self, seqs: list[Sequence], rows: torch.Tensor) -> torch.Tensor:
+        input_ids, positions, kv_lens, out_slots = self.prepare_decode(seqs, rows)
         max_kv = max(s.kv_len for s in seqs)
         for s in seqs:
             s.num_computed += 1
@@ -219,30 +293,48 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, self.attn)
         return self.model.logits(hidden)
 
-    def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+    def _batch_tensors(self, batch: Batch) -> BatchTensors:
+        """Rows and sampling parameters of the batch, rebuilt only when the batch changed."""
+        key = (batch.version, batch.is_prefill, len(batch.seqs))
+        bt = self._batch_cache
+        if bt is None or bt.key != key or batch.version < 0:
+            seqs = batch.seqs
+            rows = torch.tensor([s.row for s in seqs], dtype=torch.int64).to(self.device, non_blocking=True)
+            min_new = [(i, s) for i, s in enumerate(seqs) if s.params.min_new_tokens > 0]
+            bt = BatchTensors(key, rows, self._sampling_params(seqs), min_new)
+            self._batch_cache = bt
+        return bt
+
+    def _sampling_params(self, seqs: list[Sequence]) -> SamplingBatch:
         dev, V = self.device, self.cfg.vocab_size
         ps = [s.params for s in seqs]
         all_greedy = all(p.greedy for p in ps)
-        need_filter = not all_greedy and any(
-            p.top_p < 1.0 or p.top_k > 0 or p.min_p > 0.0 for p in ps if not p.greedy)
-        ban_rows, ban_ids = [], []
-        for i, s in enumerate(seqs):
-            if len(s.output_ids) < s.params.min_new_tokens:
-                banned = set(s.params.stop_token_ids) | (set() if s.params.ignore_eos else self.eos_ids)
-                banned = [t for t in banned if 0 <= t < V]
-                ban_rows += [i] * len(banned)
-                ban_ids += banned
+        filtered = [not p.greedy and (p.top_p < 1.0 or p.top_k > 0 or p.min_p > 0.0) for p in ps]
+        need_filter = any(filtered)
         fl = torch.tensor([[p.temperature for p in ps], [p.top_p for p in ps], [p.min_p for p in ps]],
                           dtype=torch.float32).to(dev, non_blocking=True)
-        it = torch.tensor([[p.top_k if p.top_k > 0 else V for p in ps], [s.seed for s in seqs],
-                           [len(s.output_ids) for s in seqs]], dtype=torch.int64).to(dev, non_blocking=True)
+        it = torch.tensor([[p.top_k if p.top_k > 0 else V for p in ps], [s.seed for s in seqs]],
+                          dtype=torch.int64).to(dev, non_blocking=True)
         return SamplingBatch(
-            temperatures=fl[0], top_p=fl[1], min_p=fl[2], top_k=it[0], seeds=it[1], steps=it[2],
+            temperatures=fl[0], top_p=fl[1], min_p=fl[2], top_k=it[0], seeds=it[1], steps=None,
             all_greedy=all_greedy, need_filter=need_filter,
             need_logprobs=any(s.return_logprob for s in seqs),
             top_logprobs_num=max(s.top_logprobs_num for s in seqs),
-            ban_rows=torch.tensor(ban_rows, device=dev) if ban_rows else None,
-            ban_ids=torch.tensor(ban_ids, device=dev) if ban_ids else None)
+            filtered=None if all(filtered) else torch.tensor(filtered).to(dev, non_blocking=True))
+
+    def _sampling_batch(self, seqs: list[Sequence], bt: BatchTensors) -> SamplingBatch:
+        """This step's draw indices and min_new_tokens bans on top of the cached parameters."""
+        dev, V = self.device, self.cfg.vocab_size
+        steps = torch.tensor([s.num_sampled for s in seqs], dtype=torch.int64).to(dev, non_blocking=True)
+        ban_rows, ban_ids = [], []
+        for i, s in bt.min_new:
+            if s.num_sampled < s.params.min_new_tokens:
+                banned = [t for t in self._stop_ids(s) if 0 <= t < V]
+                ban_rows += [i] * len(banned)
+                ban_ids += banned
+        return replace(bt.sampling, steps=steps,
+                       ban_rows=torch.tensor(ban_rows, device=dev) if ban_rows else None,
+                       ban_ids=torch.tensor(ban_ids, device=dev) if ban_ids else None)
 
     # ------------------------------------------------------------------ weights & memory
 

@@ -45,11 +45,12 @@ class SamplingBatch:
     seeds: torch.Tensor  # [B] int64
     steps: torch.Tensor  # [B] int64, index of the output token being drawn
     all_greedy: bool
-    need_filter: bool
+    need_filter: bool  # some row uses top-k / top-p / min-p
     need_logprobs: bool
     top_logprobs_num: int  # max over the batch
     ban_rows: torch.Tensor | None = None  # (row, token) pairs forced to -inf (min_new_tokens)
     ban_ids: torch.Tensor | None = None
+    filtered: torch.Tensor | None = None  # [B] bool, rows using a filter (None: all, if need_filter)
 
 
 @dataclass
@@ -82,19 +83,26 @@ class Sampler:
 
     @staticmethod
     def _draw(scaled: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+        """Inverse-CDF draw. Rows without filters walk the CDF in vocabulary order, filtered rows
+        in descending probability order; each row's order depends on its own parameters only,
+        so a request's tokens never depend on whether a batch-mate uses a filter."""
         probs = torch.softmax(scaled, dim=-1)
-        order = None
-        if sb.need_filter:
-            probs, order = probs.sort(dim=-1, descending=True)
-            rank = torch.arange(probs.shape[1], device=probs.device)[None, :]
-            drop = rank >= sb.top_k[:, None]
-            drop |= (probs.cumsum(dim=-1) - probs) > sb.top_p[:, None]
-            drop |= probs < sb.min_p[:, None] * probs[:, :1]
-            probs = probs.masked_fill(drop, 0.0)
-        cdf = probs.cumsum(dim=-1)
-        u = uniform_from_counter(sb.seeds, sb.steps).to(cdf.dtype)
-        target = (u * cdf[:, -1])[:, None]
-        ids = torch.searchsorted(cdf, target).clamp_(max=probs.shape[1] - 1)
-        if order is not None:
-            ids = order.gather(1, ids)
-        return ids[:, 0]
+        u = uniform_from_counter(sb.seeds, sb.steps).to(probs.dtype)
+        if not sb.need_filter:
+            return _inverse_cdf(probs, u)
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        rank = torch.arange(probs.shape[1], device=probs.device)[None, :]
+        drop = rank >= sb.top_k[:, None]
+        drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > sb.top_p[:, None]
+        drop |= sorted_probs < sb.min_p[:, None] * sorted_probs[:, :1]
+        ids = order.gather(1, _inverse_cdf(sorted_probs.masked_fill(drop, 0.0), u)[:, None])[:, 0]
+        if sb.filtered is None:
+            return ids
+        return torch.where(sb.filtered, ids, _inverse_cdf(probs, u))
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The first index whose cumulative (unnormalised) probability reaches u * total."""
+    cdf = probs.cumsum(dim=-1)
+    target = (u * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target).clamp_(max=probs.shape[1] - 1)[:, 0]

@@ -10,6 +10,12 @@ With KV compression, a request's footprint is bounded (trigger.py `bound`: at mo
 max(held + 1, B + N) slots), so admission reserves each request's whole remaining growth up to
 that bound instead of a few steps: admitted requests then never need preemption, and slots freed
 by compaction admit the next waiting requests.
+
+With overlap scheduling the engine schedules step N+1 before it has read step N's tokens, so a
+running request may already have sampled its last token (max_new_tokens or the context length,
+counting the step in flight): it sits out of decode batches until the engine finishes it.
+`version` changes whenever the set of running requests does, so the runner can keep per-batch
+tensors (rows, sampling parameters) across the steps of an unchanged batch.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from .sequence import Sequence, Status
 class Batch:
     is_prefill: bool
     seqs: list[Sequence]
+    version: int = -1  # the scheduler's version when built: same version + length = same seqs
 
 
 @dataclass
@@ -34,6 +41,7 @@ class SchedulerConfig:
     # Free slots kept per running request at admission, so fresh admissions do not force an
     # immediate preemption on the next decode steps.
     reserve_steps: int = 8
+    max_seq_len: int = 1 << 62  # prompt + output tokens at which a request stops decoding
 
 
 class Scheduler:
@@ -45,6 +53,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.paused = False
+        self.version = 0
         # Concurrency stats: most requests running at once; decode steps and the requests in them.
         self.max_running = 0
         self.decode_steps = 0
@@ -61,15 +70,17 @@ class Scheduler:
             return None
         admitted = self._admit()
         if admitted:
-            return Batch(True, admitted)
-        if not self.running:
-            return None
-        self._make_room_for_decode()
-        if not self.running:
+            return Batch(True, admitted, self.version)
+        seqs = self._make_room_for_decode()
+        if not seqs:
             return None
         self.decode_steps += 1
-        self.decode_seq_steps += len(self.running)
-        return Batch(False, list(self.running))
+        self.decode_seq_steps += len(seqs)
+        return Batch(False, seqs, self.version)
+
+    def _decodable(self) -> list[Sequence]:
+        limit = self.cfg.max_seq_len
+        return [s for s in self.running if s.can_decode(limit)]
 
     def _reserve(self, seqs) -> int:
         if self.bound is not None:
@@ -112,15 +123,21 @@ class Scheduler:
             free -= need
             reserve += seq_reserve
         self.running.extend(admitted)
+        self.version += bool(admitted)
         self.max_running = max(self.max_running, len(self.running))
         return admitted
 
-    def _make_room_for_decode(self) -> None:
-        while self.running and self.kv.num_free < len(self.running):
+    def _make_room_for_decode(self) -> list[Sequence]:
+        """Preempt the newest requests until every decodable one gets a slot; returns those."""
+        seqs = self._decodable()
+        while seqs and self.kv.num_free < len(seqs):
             self.preempt(self.running[-1])
+            seqs = self._decodable()
+        return seqs
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self.version += 1
         self.kv.release(seq)
         seq.num_computed = 0
         seq.status = Status.WAITING
@@ -132,6 +149,7 @@ class Scheduler:
         """Drop a request (finished or aborted) and free its KV."""
         if seq in self.running:
             self.running.remove(seq)
+            self.version += 1
             self.kv.release(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)

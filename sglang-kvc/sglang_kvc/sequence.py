@@ -43,6 +43,9 @@ class Sequence:
     row: int | None = None
     kv_len: int = 0
     num_computed: int = 0
+    # Output tokens sampled so far, counting a step still running on the GPU (overlap
+    # scheduling appends its token to output_ids one step later): the next draw's index.
+    num_sampled: int = 0
 
     # KV compression: stats for meta_info, and whether compression stopped (after </think>).
     num_compressions: int = 0
@@ -71,6 +74,12 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
+
+    def can_decode(self, max_seq_len: int) -> bool:
+        """Whether another token may be sampled: below max_new_tokens and the context length,
+        counting the token of a step still in flight (so no step runs past either limit)."""
+        return (self.num_sampled < self.params.max_new_tokens
+                and len(self.prompt_ids) + self.num_sampled < max_seq_len)
 
     def pending_ids(self) -> list[int]:
         """Tokens whose KV is not computed yet: the whole sequence after (re)admission."""

@@ -46,6 +46,9 @@ class ServerArgs:
         choices=["auto", "torch", "triton"])
     cuda_graph: bool = _arg(True, "capture decode steps in CUDA graphs (CUDA + triton only)",
                             negatable=True)
+    disable_overlap_schedule: bool = _arg(
+        False, "read each step's tokens before launching the next (default: prepare step N+1 "
+               "while the GPU runs step N)")
     cuda_graph_max_bs: int = _arg(256, "largest decode batch captured in a CUDA graph")
     served_model_name: str | None = _arg(None, "model id shown by /v1/models; default the path")
     weight_version: str = _arg("default", "initial weight_version reported in meta_info")

@@ -165,3 +165,24 @@ def test_counter_uniforms_are_uniform_and_deterministic():
     u = uniform_from_counter(torch.tensor([5] * 10000), torch.arange(10000))
     assert 0 < u.min() and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.01
     assert torch.equal(u, uniform_from_counter(torch.tensor([5] * 10000), torch.arange(10000)))
+
+
+def test_unfiltered_row_ignores_a_filtering_batch_mate():
+    """A row's draw depends on its own parameters only: the same seed and step give the same
+    token whether or not another row of the batch uses top-p (which sorts its distribution)."""
+    torch.manual_seed(1)
+    V, B = 50, 400
+    logits = torch.randn(B, V)
+    kw = dict(seeds=list(range(B)), steps=[7] * B)
+    alone = Sampler()(logits.clone(), _batch(V, [1.0] * B, **kw)).ids
+    mixed = _batch(V, [1.0] * B, top_p=0.5, **kw)
+    mixed.filtered = torch.arange(B) % 2 == 1  # odd rows use top-p 0.5, even rows none
+    mixed.top_p = torch.where(mixed.filtered, 0.5, 1.0)
+    ids = Sampler()(logits.clone(), mixed).ids
+    assert torch.equal(ids[0::2], alone[0::2])
+    # odd rows really were filtered: their tokens lie in the top-p 0.5 nucleus
+    probs = torch.softmax(logits, -1)
+    p_sorted, order = probs.sort(-1, descending=True)
+    nucleus = (p_sorted.cumsum(-1) - p_sorted) <= 0.5
+    for r in range(1, B, 2):
+        assert ids[r].item() in set(order[r][nucleus[r]].tolist())

@@ -7,6 +7,10 @@ Every backend first writes the step's new K/V into their slots (`out_slots`), th
 
 `TorchAttention` gathers each request's slots into a padded dense tensor (CPU, reference).
 `TritonAttention` reads the pool through the table inside a Triton kernel (CUDA).
+
+The model calls `forward_rotary` (RoPE, store, attend): the torch backend ropes with the model's
+Rotary then runs `forward`; the Triton backend ropes q and k and writes K/V into the pool in one
+fused kernel (fused_ops.rope_store_).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .fused_ops import rope_store_
 from .kv_cache import KVCache
 
 
@@ -48,8 +53,17 @@ class TorchAttention:
         pool.k[layer].index_copy_(0, self.meta.out_slots, k)
         pool.v[layer].index_copy_(0, self.meta.out_slots, v)
 
+    def forward_rotary(self, layer: int, q, k, v, positions, rotary) -> torch.Tensor:
+        """Apply RoPE (rotary: model.Rotary) to q and k at `positions`, then `forward`."""
+        q, k = rotary(positions, q, k)
+        return self.forward(layer, q, k, v)
+
     def forward(self, layer: int, q, k, v) -> torch.Tensor:
         self.store(layer, k, v)
+        return self.attend(layer, q, k, v)
+
+    def attend(self, layer: int, q, k, v) -> torch.Tensor:
+        """Attention for K/V already in the pool (q, k already rotated)."""
         m = self.meta
         if self.ring is not None and m.rec_rows is not None:
             self.ring.record(layer, q if m.rec_index is None else q[m.rec_index], m.rec_rows, m.rec_pos)
@@ -87,6 +101,14 @@ class TritonAttention(TorchAttention):
             if batch_size <= bs:
                 return splits
         return 2
+
+    def forward_rotary(self, layer: int, q, k, v, positions, rotary) -> torch.Tensor:
+        # One kernel for RoPE and the store. Rotated q goes to a fresh dense buffer: it is what
+        # the decode kernel wants (q from the qkv split is strided; no extra copy kernel).
+        pool = self.kv.pool
+        q = rope_store_(q, k, v, positions, rotary.cos, rotary.sin, pool.k[layer], pool.v[layer],
+                        self.meta.out_slots, q_out=torch.empty(q.shape, dtype=q.dtype, device=q.device))
+        return self.attend(layer, q, k, v)
 
     def decode(self, layer: int, q) -> torch.Tensor:
         from .triton_decode import paged_decode_attention

@@ -4,6 +4,10 @@ Tokens of all requests in a step are packed into one flat [T, ...] batch; attent
 to an attention backend (attention.py) that knows which KV slots each request owns. Numerics
 follow transformers (fp32 RMSNorm statistics, cos/sin cast to the activation dtype) so greedy
 outputs match HF token for token in fp32.
+
+The residual stream is carried beside the hidden states, as in vLLM: each norm adds the previous
+block's output into the residual and normalises it in one op (fused_ops.add_rmsnorm, a Triton
+kernel on CUDA); RoPE, the K/V store and silu*mul are fused the same way.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fused_ops import add_rmsnorm, rmsnorm, rope_, silu_mul
 from .model_config import ModelConfig, rope_inv_freq
 
 
@@ -21,11 +26,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Normed x; with `residual`: (normed residual + x, residual + x)."""
+        if residual is None:
+            return rmsnorm(x, self.weight, self.eps)
+        return add_rmsnorm(x, residual, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
@@ -43,15 +48,8 @@ class Rotary(nn.Module):
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos[positions].to(q.dtype)[:, None, :]
-        sin = self.sin[positions].to(q.dtype)[:, None, :]
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+        """Rotates q [T, Hq, D] and k [T, Hkv, D] in place; returns them."""
+        return rope_(q, k, positions, self.cos, self.sin)
 
 
 class Attention(nn.Module):
@@ -78,8 +76,8 @@ class Attention(nn.Module):
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
-        out = attn.forward(self.layer_id, q, k, v)
+        # The backend applies RoPE (fused with its K/V store where it can) and attends.
+        out = attn.forward_rotary(self.layer_id, q, k, v, positions, rotary)
         return self.o_proj(out.reshape(T, self.q_size))
 
 
@@ -88,13 +86,11 @@ class MLP(nn.Module):
         super().__init__()
         if cfg.hidden_act != "silu":
             raise ValueError(f"hidden_act {cfg.hidden_act!r} not supported (only silu)")
-        self.inter = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -105,9 +101,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, rotary, attn):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, positions, rotary, attn):
+        """(block output, residual stream); the first layer gets residual None and x = embeddings.
+        Same sums as x + attn(norm(x)), then + mlp(norm(.)): the adds just move into the norms."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, rotary, attn)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class CausalLM(nn.Module):
@@ -125,10 +128,12 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
         """Final normed hidden states [T, hidden] for the flat token batch."""
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, positions, self.rotary, attn)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, self.rotary, attn)
+        if residual is None:  # no layers
+            return self.norm(x)
+        return self.norm(x, residual)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

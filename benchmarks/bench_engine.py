@@ -1,19 +1,29 @@
-"""Decode throughput of the sglang_kvc engine vs HF `generate`, same model, same run.
+"""Decode throughput and host time per step of the sglang_kvc engine vs HF `generate`, same model,
+same run.
 
-Qwen2.5-0.5B shape with random weights (no hub access needed), batch 256, prompt 128 random
-token ids, 512 output tokens with ignore_eos, greedy for both. Reports output tok/s, peak GPU
-memory, and the ratio to the HBM roofline of reference/engine.md §6:
-    step bytes = W + B * S_mean * k,  W = all weights (tied embedding read once as the LM head),
-    k = 2 * layers * kv_heads * head_dim * 2 bytes,  S_mean = prompt + output / 2,
+Shapes with random bf16 weights (no hub access needed): `qwen2.5-0.5b` (tied, vocab 151,936) and
+`smollm2-135m` (Llama, hidden 576, 30 layers, vocab 49,152). Batch B, prompt P random token ids,
+O output tokens with ignore_eos; greedy by default, or `--temperature 1 --logprobs` as RL
+rollouts sample. Each engine mode (`--modes overlap,sequential`) runs `--repeats` times on one
+engine; min / median / max are printed. Reports output tok/s, the fraction of the HBM roofline
+(docs/engine.md §6), and the engine thread's host time per decode step (everything but waiting
+for the GPU's outputs: schedule, input preparation, launches, output processing):
+
+    step bytes = W + B * S_mean * k,  W = all weights (a tied embedding read once as the LM head),
+    k = 2 * layers * kv_heads * head_dim * 2 bytes,  S_mean = P + O / 2,
     roofline tok/s = B / (step bytes / HBM bandwidth).
 
-    PYTHONPATH=sglang-kvc:. python benchmarks/bench_engine.py [--skip-hf] [--json out.json]
+`--profile DIR` writes a torch profiler trace of a few decode steps and prints the kernels and
+device->host copies per step.
+
+    PYTHONPATH=sglang-kvc:. python benchmarks/bench_engine.py [--shape smollm2-135m --batch 64]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 
@@ -32,22 +42,42 @@ def qwen25_05b_config():
                        rms_norm_eps=1e-6, bos_token_id=151643, eos_token_id=151645)
 
 
-def build_checkpoint(out_dir: str, seed: int) -> int:
+def smollm2_135m_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                       num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
+                       tie_word_embeddings=True, max_position_embeddings=8192, rope_theta=100000.0,
+                       rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+
+
+SHAPES = {"qwen2.5-0.5b": qwen25_05b_config, "smollm2-135m": smollm2_135m_config}
+
+
+def build_checkpoint(out_dir: str, seed: int, shape: str = "qwen2.5-0.5b") -> int:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    cfg = qwen25_05b_config()
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_config(SHAPES[shape](), dtype=torch.bfloat16)
     model.save_pretrained(out_dir)
     return sum(p.numel() for p in model.parameters())
 
 
-def bench_hf(path: str, prompts: torch.Tensor, out_len: int) -> dict:
+def sampling(args, out_len: int) -> dict:
+    if args.temperature > 0:
+        return {"temperature": args.temperature, "max_new_tokens": out_len, "ignore_eos": True,
+                "sampling_seed": args.seed}
+    return {"temperature": 0.0, "max_new_tokens": out_len, "ignore_eos": True}
+
+
+def bench_hf(path: str, prompts: torch.Tensor, out_len: int, args) -> dict:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
     ids = prompts.cuda()
-    kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)  # no EOS: ignore_eos
+    kw = dict(eos_token_id=None, pad_token_id=0)  # no EOS: ignore_eos
+    kw.update(dict(do_sample=True, temperature=args.temperature, top_k=0) if args.temperature > 0
+              else dict(do_sample=False))
     model.generate(ids[:8], attention_mask=torch.ones_like(ids[:8]), max_new_tokens=8, **kw)  # warm up
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -56,78 +86,73 @@ def bench_hf(path: str, prompts: torch.Tensor, out_len: int) -> dict:
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     n = (out.shape[1] - ids.shape[1]) * ids.shape[0]
-    res = {"tok_s": n / dt, "seconds": dt, "tokens": n,
-           "peak_gb": torch.cuda.max_memory_allocated() / 1e9}
+    res = {"tok_s": n / dt, "seconds": dt, "tokens": n, "peak_gb": torch.cuda.max_memory_allocated() / 1e9}
     del model, out
     torch.cuda.empty_cache()
     return res
 
 
-def instrument(engine) -> dict:
-    """Wrap the step's stages with synchronised timers (slows the run; for breakdowns only)."""
-    totals: dict[str, float] = {}
-
-    def wrap(obj, name, label):
-        fn = getattr(obj, name)
-
-        def timed(*a, **kw):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            out = fn(*a, **kw)
-            torch.cuda.synchronize()
-            totals[label] = totals.get(label, 0.0) + time.perf_counter() - t
-            return out
-        setattr(obj, name, timed)
-
-    r = engine.runner
-    wrap(engine.scheduler, "schedule", "schedule")
-    wrap(r, "prepare_decode", "prepare_decode")
-    wrap(r, "_decode", "decode (incl. prepare)")
-    wrap(r, "_prefill", "prefill")
-    wrap(r, "_sampling_batch", "sampling_batch")
-    wrap(r, "sampler", "sampler")
-    wrap(r, "run", "runner.run (incl. tolist)")
-    wrap(engine, "_process", "process outputs")
-    return totals
-
-
-def bench_engine(path: str, prompts: torch.Tensor, out_len: int, args) -> dict:
+def make_engine(path: str, B: int, P: int, O: int, overlap: bool, args):
     from sglang_kvc.engine import Engine
 
-    B, P = prompts.shape
-    torch.cuda.reset_peak_memory_stats()
-    engine = Engine(model_path=path, skip_tokenizer_init=True, dtype="bfloat16",
-                    max_total_tokens=args.pool_tokens or B * (P + out_len) + 1024,
-                    max_running_requests=B, cuda_graph_max_bs=B, context_length=P + out_len + 16,
-                    cuda_graph=not args.no_cuda_graph, mem_fraction_static=0.85)
-    ids = prompts.tolist()
-    params = {"temperature": 0.0, "max_new_tokens": out_len, "ignore_eos": True}
-    engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=32))  # warm up/capture
+    return Engine(model_path=path, skip_tokenizer_init=True, dtype="bfloat16",
+                  max_total_tokens=args.pool_tokens or B * (P + O) + 1024,
+                  max_running_requests=B, cuda_graph_max_bs=B, context_length=P + O + 16,
+                  cuda_graph=not args.no_cuda_graph, mem_fraction_static=0.85,
+                  disable_overlap_schedule=not overlap)
+
+
+def timed_generate(engine, ids: list, params: dict, logprobs: bool) -> dict:
+    from sglang_kvc.engine import StepStats
+
+    engine.step_stats = StepStats()
     torch.cuda.synchronize()
-    steps0 = engine.num_steps
     t0 = time.perf_counter()
-    outs = engine.generate(input_ids=ids, sampling_params=params)
+    outs = engine.generate(input_ids=ids, sampling_params=params, return_logprob=logprobs)
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     n = sum(len(o["output_ids"]) for o in outs)
-    res = {"tok_s": n / dt, "seconds": dt, "tokens": n, "steps": engine.num_steps - steps0,
-           "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
-           "kv_pool_gb": engine.kv.pool.bytes / 1e9,
-           "preemptions": engine.scheduler.num_preemptions,
-           "first_ids": outs[0]["output_ids"][:16]}
-    if args.breakdown:
-        totals = instrument(engine)
-        t0 = time.perf_counter()
-        engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=64))
-        wall = time.perf_counter() - t0
-        res["breakdown_ms_per_step"] = {k: 1e3 * v / 65 for k, v in totals.items()}
-        res["breakdown_ms_per_step"]["wall"] = 1e3 * wall / 65
+    return {"tok_s": n / dt, "seconds": dt, "tokens": n, **engine.step_stats.to_dict(),
+            "first_ids": outs[0]["output_ids"][:16]}
+
+
+def bench_engine(path: str, prompts: torch.Tensor, out_len: int, overlap: bool, args) -> dict:
+    B, P = prompts.shape
+    torch.cuda.reset_peak_memory_stats()
+    engine = make_engine(path, B, P, out_len, overlap, args)
+    ids = prompts.tolist()
+    params = sampling(args, out_len)
+    engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=32))  # warm up/capture
+    runs = [timed_generate(engine, ids, params, args.logprobs) for _ in range(args.repeats)]
+    res = {"runs": runs, "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+           "kv_pool_gb": engine.kv.pool.bytes / 1e9, "preemptions": engine.scheduler.num_preemptions}
+    for key in ("tok_s", "host_ms_per_step", "gpu_wait_ms_per_step"):
+        vals = [r[key] for r in runs]
+        res[key] = {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
+    if args.profile:
+        res["profile"] = profile_steps(engine, ids, params, args)
     engine.shutdown()
     return res
 
 
-def roofline(num_params: int, B: int, P: int, O: int, gpu: str) -> dict:
-    cfg = qwen25_05b_config()
+def profile_steps(engine, ids, params, args, steps: int = 20) -> dict:
+    """Kernels and device->host copies per decode step over `steps` steps (after a prefill)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=steps + 1),
+                        return_logprob=args.logprobs)
+    prof.export_chrome_trace(f"{args.profile}/engine_trace.json")
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    d2h = sum(1 for e in events if "DtoH" in e.name or "Device -> Pinned" in e.name
+              or "Device -> Pageable" in e.name)
+    kernels = sum(1 for e in events if "Memcpy" not in e.name and "Memset" not in e.name)
+    return {"steps": steps + 1, "d2h_copies_per_step": d2h / (steps + 1),
+            "gpu_ops_per_step": kernels / (steps + 1)}
+
+
+def roofline(num_params: int, shape: str, B: int, P: int, O: int, gpu: str) -> dict:
+    cfg = SHAPES[shape]()
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     k = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2
     W = num_params * 2
@@ -137,42 +162,63 @@ def roofline(num_params: int, B: int, P: int, O: int, gpu: str) -> dict:
     return {"tok_s": B / (step_bytes / bw), "hbm_tb_s": bw / 1e12, "step_gb": step_bytes / 1e9}
 
 
+def report(results: dict) -> None:
+    gpu, hf = results["gpu"], results.get("hf", {})
+    roof = results["roofline"]["tok_s"]
+    print(f"\n{gpu}, {results['shape']}, B={results['batch']} P={results['prompt_len']} "
+          f"O={results['output_len']}, T={results['temperature']}, logprobs={results['logprobs']}; "
+          f"roofline {roof:,.0f} tok/s; HF generate {hf.get('tok_s', float('nan')):,.0f} tok/s")
+    print("| mode | tok/s min / median / max | of roofline (median) | vs HF | host ms/step (median) "
+          "| GPU wait ms/step |")
+    print("|---|---|---:|---:|---:|---:|")
+    for mode, e in results["engine"].items():
+        t = e["tok_s"]
+        print(f"| {mode} | {t['min']:,.0f} / {t['median']:,.0f} / {t['max']:,.0f} "
+              f"| {100 * t['median'] / roof:.1f}% | x{t['median'] / hf.get('tok_s', float('nan')):.2f} "
+              f"| {e['host_ms_per_step']['median']:.3f} | {e['gpu_wait_ms_per_step']['median']:.3f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     ap.add_argument("--batch", type=int, default=256, help="concurrent requests")
     ap.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per request")
     ap.add_argument("--output-len", type=int, default=512, help="generated tokens per request")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (both engines)")
+    ap.add_argument("--logprobs", action="store_true", help="engine returns sampled logprobs")
+    ap.add_argument("--modes", default="overlap,sequential",
+                    help="engine modes: overlap and/or sequential (--disable-overlap-schedule)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per engine mode")
     ap.add_argument("--pool-tokens", type=int, default=0, help="KV pool size (0 = fits the batch)")
     ap.add_argument("--skip-hf", action="store_true", help="do not run HF generate")
     ap.add_argument("--no-cuda-graph", action="store_true", help="eager decode steps")
-    ap.add_argument("--breakdown", action="store_true", help="also time each stage of a step")
+    ap.add_argument("--profile", default=None, help="directory for a profiler trace of decode steps")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write results here")
     args = ap.parse_args()
-    assert torch.cuda.is_available(), "this benchmark needs a GPU"
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_engine needs a GPU")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - {"overlap", "sequential"}:
+        raise SystemExit(f"--modes: expected overlap and/or sequential, got {args.modes!r}")
     gpu = torch.cuda.get_device_name()
     B, P, O = args.batch, args.prompt_len, args.output_len
     g = torch.Generator().manual_seed(args.seed)
-    prompts = torch.randint(0, 151000, (B, P), generator=g)
+    vocab = SHAPES[args.shape]().vocab_size
+    prompts = torch.randint(0, vocab - 100, (B, P), generator=g)
+    results = {"gpu": gpu, "shape": args.shape, "batch": B, "prompt_len": P, "output_len": O,
+               "temperature": args.temperature, "logprobs": args.logprobs, "torch": torch.__version__,
+               "engine": {}}
     with tempfile.TemporaryDirectory() as d:
-        num_params = build_checkpoint(d, args.seed)
-        results = {"gpu": gpu, "batch": B, "prompt_len": P, "output_len": O, "params": num_params,
-                   "torch": torch.__version__}
+        results["params"] = build_checkpoint(d, args.seed, args.shape)
         if not args.skip_hf:
-            results["hf"] = bench_hf(d, prompts, O)
+            results["hf"] = bench_hf(d, prompts, O, args)
             print("HF generate:", json.dumps(results["hf"]), flush=True)
-        results["engine"] = bench_engine(d, prompts, O, args)
-        print("engine:", json.dumps(results["engine"]), flush=True)
-    results["roofline"] = roofline(num_params, B, P, O, gpu)
-    e = results["engine"]["tok_s"]
-    results["roofline_fraction"] = e / results["roofline"]["tok_s"]
-    if "hf" in results:
-        results["speedup_vs_hf"] = e / results["hf"]["tok_s"]
-    print(json.dumps(results, indent=1))
-    hf = results.get("hf", {})
-    print(f"| {gpu} | B={B} P={P} O={O} | engine {e:,.0f} tok/s | HF {hf.get('tok_s', float('nan')):,.0f} tok/s"
-          f" | x{results.get('speedup_vs_hf', float('nan')):.2f} | peak {results['engine']['peak_gb']:.2f} GB"
-          f" (HF {hf.get('peak_gb', float('nan')):.2f} GB) | roofline {100 * results['roofline_fraction']:.1f}% |")
+        for mode in modes:
+            results["engine"][mode] = bench_engine(d, prompts, O, mode == "overlap", args)
+            print(f"engine ({mode}):", json.dumps(results["engine"][mode]), flush=True)
+    results["roofline"] = roofline(results["params"], args.shape, B, P, O, gpu)
+    report(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

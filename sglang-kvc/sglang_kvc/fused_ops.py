@@ -60,7 +60,8 @@ def add_rmsnorm_torch(x, residual, weight, eps):
 
 
 def rope_torch(q, k, positions, cos, sin):
-    """Rotated copies of q [T, Hq, D] and k [T, Hkv, D]; cos/sin are fp32 [max_pos, D] tables."""
+    """Rotated copies of q [T, Hq, D] and k [T, Hkv, D]. cos/sin: [max_pos, D] tables, fp32 or
+    already in the model dtype (a module `.to(dtype)` casts buffers: the same single rounding)."""
     cos = cos[positions].to(q.dtype)[:, None, :]
     sin = sin[positions].to(q.dtype)[:, None, :]
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -161,7 +162,7 @@ def _rope_triton(q, k, positions, cos, sin, q_out, store=None):
     hkv = k.shape[1]
     assert d % 2 == 0 and k.shape == (T, hkv, d) and q_out.shape == q.shape
     assert q.stride(-1) == k.stride(-1) == q_out.stride(-1) == 1, "last dim must be dense"
-    assert cos.stride() == sin.stride() and cos.stride(-1) == 1 and cos.dtype == torch.float32
+    assert cos.stride() == sin.stride() and cos.stride(-1) == 1
     v, k_cache, v_cache, slots = store if store is not None else (k, k, k, positions)
     if store is not None:
         assert v.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1

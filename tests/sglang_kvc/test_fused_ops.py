@@ -133,11 +133,14 @@ def test_norm_references_match_unfused(T, n, dtype):
     assert torch.equal(res, old) and torch.equal(normed, unfused_rmsnorm(old, w, EPS))
 
 
+@pytest.mark.parametrize("table_dtype", ["fp32", "model"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hq,hkv,d", ROPE_HEADS)
 @pytest.mark.parametrize("T", TOKENS)
-def test_rope_references_match_unfused(T, hq, hkv, d, dtype):
+def test_rope_references_match_unfused(T, hq, hkv, d, dtype, table_dtype):
     cos, sin = rope_tables(4096, d, "cpu")
+    if table_dtype == "model":  # the engine's tables after CausalLM(...).to(dtype)
+        cos, sin = cos.to(dtype), sin.to(dtype)
     pos = torch.randint(0, 4096, (T,))
     q, k, v = qkv_views(T, hq, hkv, d, dtype, "cpu")
     rq, rk = unfused_rope(pos, q, k, cos, sin)
@@ -186,8 +189,9 @@ def check_qk_norm(dtype, device, call_kernels):
     assert_norm_close(got, unfused_rmsnorm(q, w, EPS))
 
 
-def check_rope(T, hq, hkv, d, dtype, device, call_kernels):
-    cos, sin = rope_tables(4096, d, device)
+def check_rope(T, hq, hkv, d, dtype, device, call_kernels, table_dtype=torch.float32):
+    # Tables in fp32, or in the model dtype as the engine has them after CausalLM(...).to(dtype).
+    cos, sin = (t.to(table_dtype) for t in rope_tables(4096, d, device))
     pos = torch.randint(0, 4096, (T,), device=device)
     q, k, v = qkv_views(T, hq, hkv, d, dtype, device)
     rq, rk = unfused_rope(pos, q, k, cos, sin)
@@ -244,6 +248,11 @@ def test_interpreter_rope(T, hq, hkv, d, dtype):
 
 
 @interpreter
+def test_interpreter_rope_tables_in_model_dtype():
+    check_rope(7, 14, 2, 64, torch.float16, "cpu", call_kernels=True, table_dtype=torch.float16)
+
+
+@interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("T,inter", [(1, 4864), (7, 608), (300, 100)])
 def test_interpreter_silu_mul(T, inter, dtype):
@@ -278,6 +287,13 @@ def test_gpu_qk_norm(dtype):
 @pytest.mark.parametrize("T", TOKENS)
 def test_gpu_rope(T, hq, hkv, d, dtype):
     check_rope(T, hq, hkv, d, dtype, "cuda", call_kernels=False)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_rope_tables_in_model_dtype(dtype):
+    check_rope(300, 14, 2, 64, dtype, "cuda", call_kernels=False, table_dtype=dtype)
 
 
 @pytest.mark.gpu

@@ -174,7 +174,7 @@ def _rope_triton(q, k, positions, cos, sin, q_out, store=None):
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), hq, hkv,
         HALF=d // 2, BLOCK_HQ=block_hq, BLOCK_HKV=triton.next_power_of_2(hkv),
         BLOCK_HALF=block_half, STORE=store is not None,
-        num_warps=4 if block_hq * block_half >= 2048 else 1, enable_fp_fusion=False)
+        num_warps=max(1, min(8, block_hq * block_half // 256)), enable_fp_fusion=False)
 
 
 def _silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:

@@ -131,24 +131,78 @@ def bench_engine(path: str, prompts: torch.Tensor, out_len: int, overlap: bool, 
         res[key] = {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
     if args.profile:
         res["profile"] = profile_steps(engine, ids, params, args)
+    if args.host_breakdown:
+        res["host_us_per_step"] = host_breakdown(engine, ids, params, args)
     engine.shutdown()
     return res
 
 
-def profile_steps(engine, ids, params, args, steps: int = 20) -> dict:
-    """Kernels and device->host copies per decode step over `steps` steps (after a prefill)."""
+def profile_steps(engine, ids, params, args, skip: int = 4, steps: int = 16) -> dict:
+    """Kernels and device->host copies per decode step, profiled over `steps` decode steps of
+    an unchanged batch (after `skip` warm steps; prefill excluded)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=steps + 1),
-                        return_logprob=args.logprobs)
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    launch, seen = engine.runner.launch, [0]
+
+    def windowed(batch):  # runs on the engine thread
+        if not batch.is_prefill:
+            seen[0] += 1
+            if seen[0] == skip + 1:
+                torch.cuda.synchronize()
+                prof.start()
+            elif seen[0] == skip + steps + 1:
+                torch.cuda.synchronize()
+                prof.stop()
+        return launch(batch)
+
+    engine.runner.launch = windowed
+    engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=skip + steps + 8),
+                    return_logprob=args.logprobs)
+    engine.runner.launch = launch
     prof.export_chrome_trace(f"{args.profile}/engine_trace.json")
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=30)
+    with open(f"{args.profile}/engine_kernels.txt", "w") as f:
+        f.write(table)
+    print(table)
     events = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    d2h = sum(1 for e in events if "DtoH" in e.name or "Device -> Pinned" in e.name
-              or "Device -> Pageable" in e.name)
-    kernels = sum(1 for e in events if "Memcpy" not in e.name and "Memset" not in e.name)
-    return {"steps": steps + 1, "d2h_copies_per_step": d2h / (steps + 1),
-            "gpu_ops_per_step": kernels / (steps + 1)}
+    d2h = sum(1 for e in events if "DtoH" in e.name)
+    kernels = [e for e in events if "Memcpy" not in e.name and "Memset" not in e.name]
+    gpu_us = sum(e.device_time for e in events)
+    return {"steps": steps, "d2h_copies_per_step": d2h / steps, "kernels_per_step": len(kernels) / steps,
+            "gpu_busy_ms_per_step": gpu_us / 1e3 / steps}
+
+
+def host_breakdown(engine, ids, params, args, steps: int = 64) -> dict:
+    """Host microseconds per decode step in each stage of the engine loop (wall time without any
+    device sync, so GPU work is not counted except where a stage waits for it: `result`)."""
+    totals: dict[str, float] = {}
+    r = engine.runner
+
+    def wrap(obj, name, label):
+        fn = getattr(obj, name)
+
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            out = fn(*a, **kw)
+            totals[label] = totals.get(label, 0.0) + time.perf_counter() - t
+            return out
+        setattr(obj, name, timed)
+        return fn
+
+    originals = [(engine.scheduler, "schedule"), (r, "launch"), (r, "_decode"), (r, "sampler"),
+                 (r.rows, "record"), (r, "_sampling_batch"), (engine, "_process"), (r, "after_step"),
+                 (engine, "_complete_inflight")]
+    saved = [(o, n, wrap(o, n, n.strip("_"))) for o, n in originals]
+    engine.step_stats.__init__()
+    engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=steps + 1),
+                    return_logprob=args.logprobs)
+    for o, n, fn in saved:
+        setattr(o, n, fn)
+    n = max(engine.step_stats.decode_steps, 1)
+    out = {k: 1e6 * v / n for k, v in totals.items()}
+    out["wait (in complete_inflight)"] = 1e6 * engine.step_stats.gpu_wait_s / n
+    return out
 
 
 def roofline(num_params: int, shape: str, B: int, P: int, O: int, gpu: str) -> dict:
@@ -193,6 +247,7 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true", help="do not run HF generate")
     ap.add_argument("--no-cuda-graph", action="store_true", help="eager decode steps")
     ap.add_argument("--profile", default=None, help="directory for a profiler trace of decode steps")
+    ap.add_argument("--host-breakdown", action="store_true", help="host time per stage of a step")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write results here")
     args = ap.parse_args()

@@ -69,7 +69,7 @@ class DecodeGraphs:
         self.out_slots[:bs].copy_(out_slots)
         graph, out = self.graphs[gbs]
         graph.replay()
-        return self.runner.model.logits(out[:bs])
+        return self.runner.model.logits(out[:bs], upcast=False)
 
     def _reset_padding(self, start: int, gbs: int) -> None:
         """Point entries [start, gbs) at the padding row and slot (a larger batch may have left

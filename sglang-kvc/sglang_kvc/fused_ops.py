@@ -129,6 +129,19 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- launchers
 
+def counter_uniform(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor | None:
+    """sampler.uniform_from_counter in one kernel (its torch form launches ~25 tiny kernels per
+    decode step); None when Triton does not serve this device, so the caller falls back."""
+    return _counter_uniform_triton(seeds, steps) if _use_triton(seeds) else None
+
+
+def _counter_uniform_triton(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(seeds.shape[0], dtype=torch.float64, device=seeds.device)
+    n = seeds.shape[0]
+    _counter_uniform_kernel[(triton.cdiv(n, 256),)](seeds, steps, out, n, BLOCK=256)
+    return out
+
+
 def _dense_last(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -288,3 +301,23 @@ def _silu_mul_kernel(GU, Out, s_gu, s_out, I, PRECISE: tl.constexpr, BLOCK: tl.c
         e = tl.exp(-g)
     s = _round(tl.math.div_rn(g, 1.0 + e), dtype)
     tl.store(Out + t * s_out + offs, (s * u).to(dtype), mask=mask)
+
+
+@_jit
+def _mix32(x):
+    # The same integer steps as sampler._mix32 (int64 lanes holding values < 2**32).
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x = x ^ (x >> 15)
+    x = (x * 0x5BD1E995) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+@_jit
+def _counter_uniform_kernel(Seeds, Steps, Out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    seed = tl.load(Seeds + offs, mask=mask, other=0).to(tl.int64)
+    step = tl.load(Steps + offs, mask=mask, other=0).to(tl.int64)
+    h = _mix32(_mix32(seed & 0xFFFFFFFF) ^ ((step * 0x9E3779B9) & 0xFFFFFFFF))
+    tl.store(Out + offs, (h.to(tl.float64) + 0.5) / 4294967296.0, mask=mask)

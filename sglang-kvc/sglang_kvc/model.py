@@ -135,7 +135,11 @@ class CausalLM(nn.Module):
             return self.norm(x)
         return self.norm(x, residual)[0]
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """Matmul in the model dtype, then fp32, as HF does: logprobs then agree with an HF
+        forward. `upcast=False` leaves the fp32 copy to the sampler, which skips it for greedy
+        steps without logprobs (argmax of the same values; [B, vocab] fp32 is the largest
+        tensor of a decode step)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        # Matmul in the model dtype, then fp32, as HF does: logprobs then agree with an HF forward.
-        return F.linear(hidden, weight).float()
+        out = F.linear(hidden, weight)
+        return out.float() if upcast else out

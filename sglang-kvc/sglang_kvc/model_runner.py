@@ -244,7 +244,7 @@ class ModelRunner:
         self.attn.meta = meta
         hidden = self.model(torch.tensor(flat, device=dev), torch.tensor(positions, device=dev), self.attn)
         last = torch.tensor([st + n - 1 for st, n in zip(starts, counts)], device=dev)
-        logits = self.model.logits(hidden[last])
+        logits = self.model.logits(hidden[last], upcast=False)
         input_lp = {}
         for i, s in enumerate(seqs):
             if s.return_logprob and s.logprob_start_len >= 0 and s.input_logprobs is None:
@@ -291,7 +291,7 @@ class ModelRunner:
         self.attn.meta = AttentionMetadata(False, out_slots, rows=rows, kv_lens=kv_lens, max_kv_len=max_kv,
                                            rec_rows=rows, rec_pos=positions)
         hidden = self.model(input_ids, positions, self.attn)
-        return self.model.logits(hidden)
+        return self.model.logits(hidden, upcast=False)
 
     def _batch_tensors(self, batch: Batch) -> BatchTensors:
         """Rows and sampling parameters of the batch, rebuilt only when the batch changed."""

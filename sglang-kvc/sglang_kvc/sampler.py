@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .fused_ops import counter_uniform
+
 _M32 = 0xFFFFFFFF
 
 
@@ -31,7 +33,11 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def uniform_from_counter(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """One float64 in (0, 1) per (seed, step) pair; identical on CPU and CUDA."""
+    """One float64 in (0, 1) per (seed, step) pair; identical on CPU and CUDA (one Triton
+    kernel there, fused_ops.counter_uniform, bit-equal to these torch ops)."""
+    fused = counter_uniform(seeds, steps)
+    if fused is not None:
+        return fused
     h = _mix32(_mix32(seeds & _M32) ^ ((steps * 0x9E3779B9) & _M32))
     return (h.double() + 0.5) / 2.0 ** 32
 
@@ -63,9 +69,13 @@ class SampleOutput:
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, sb: SamplingBatch) -> SampleOutput:
+        """`logits` [B, V] in the model dtype or fp32; softmaxes run in fp32."""
         if sb.ban_rows is not None:
             logits[sb.ban_rows, sb.ban_ids] = float("-inf")
-        greedy_ids = logits.argmax(dim=-1)
+        greedy_ids = logits.argmax(dim=-1)  # the same index in the model dtype as after upcasting
+        if sb.all_greedy and not sb.need_logprobs:
+            return SampleOutput(greedy_ids, None, None, None)
+        logits = logits.float()
         if sb.all_greedy:
             ids, scaled = greedy_ids, logits
         else:

@@ -370,3 +370,38 @@ def test_gpu_store_past_2_31_elements():
     fo.rope_store_(q, k, v, pos, cos, sin, k_cache, v_cache, slots)
     assert torch.equal(q, rq) and torch.equal(k_cache[slots], rk) and torch.equal(v_cache[slots], v)
 
+
+
+def _counter_cases(device):
+    g = torch.Generator().manual_seed(0)
+    seeds = torch.cat([torch.randint(0, 2 ** 32, (997,), generator=g), torch.tensor([0, 2 ** 32 - 1])])
+    steps = torch.cat([torch.randint(0, 1 << 20, (997,), generator=g), torch.tensor([0, (1 << 20) - 1])])
+    return seeds.to(device), steps.to(device)
+
+
+def _counter_torch(seeds, steps):
+    m = 0xFFFFFFFF
+
+    def mix(x):
+        x = x ^ (x >> 16)
+        x = (x * 0x7FEB352D) & m
+        x = x ^ (x >> 15)
+        x = (x * 0x5BD1E995) & m
+        return x ^ (x >> 16)
+
+    return (mix(mix(seeds & m) ^ ((steps * 0x9E3779B9) & m)).double() + 0.5) / 2.0 ** 32
+
+
+@interpreter
+def test_interpreter_counter_uniform():
+    seeds, steps = _counter_cases("cpu")
+    assert torch.equal(fo._counter_uniform_triton(seeds, steps), _counter_torch(seeds, steps))
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_gpu_counter_uniform_bit_equal_to_cpu():
+    """The sampler's noise must not depend on the device: same seeds and steps, same doubles."""
+    seeds, steps = _counter_cases("cuda")
+    got = fo.counter_uniform(seeds, steps)
+    assert got is not None and torch.equal(got.cpu(), _counter_torch(seeds.cpu(), steps.cpu()))

@@ -177,6 +177,8 @@ class Engine:
     def submit(self, items: list[GenerateItem], on_update: UpdateFn | None = None
                ) -> list[concurrent.futures.Future]:
         """Validate and enqueue; one future (final output dict) per sample, prompt-major."""
+        if self._stopped:
+            raise RuntimeError("engine is shut down")
         seqs = [s for it in items for s in self._make_seqs(it)]
         futures = []
         for seq in seqs:
@@ -425,23 +427,48 @@ class Engine:
                 fut.set_exception(e)
 
     def _loop(self) -> None:
-        while not self._stopped:
-            self._drain_inbox()
-            t0, waited0 = time.perf_counter(), self._waited_s
-            step = self._launch_next()
-            completed = self._complete_inflight()
-            if step is None:
-                if not completed:
-                    self._wake.wait(timeout=0.05)
-                    self._wake.clear()
-                continue
-            self._inflight = step
-            self._after_launch(step)
-            if not self.overlap:
-                self._complete_inflight()
-            if not step.batch.is_prefill:
-                self.step_stats.add(time.perf_counter() - t0, self._waited_s - waited0)
-        self._complete_inflight()
+        try:
+            while not self._stopped:
+                self._iterate()
+            self._complete_inflight()
+        except BaseException as e:  # noqa: BLE001 - a dead engine thread must not hang callers
+            log.critical("engine thread died", exc_info=e)
+            self._stopped = True
+            self._fail_everything(e)
+
+    def _iterate(self) -> None:
+        self._drain_inbox()
+        t0, waited0 = time.perf_counter(), self._waited_s
+        step = self._launch_next()
+        completed = self._complete_inflight()
+        if step is None:
+            if not completed:
+                self._wake.wait(timeout=0.05)
+                self._wake.clear()
+            return
+        self._inflight = step
+        self._after_launch(step)
+        if not self.overlap:
+            self._complete_inflight()
+        if not step.batch.is_prefill:
+            self.step_stats.add(time.perf_counter() - t0, self._waited_s - waited0)
+
+    def _fail_everything(self, e: BaseException) -> None:
+        """Answer every request and queued command with the error (the thread is gone)."""
+        sch = self.scheduler
+        for seq in list(sch.running) + list(sch.waiting):
+            self._finish(seq, {"type": "abort", "message": f"engine died: {e!r}",
+                               "status_code": 500, "err_type": type(e).__name__})
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if msg[0] == "seq":
+                self._finish(msg[1], {"type": "abort", "message": f"engine died: {e!r}",
+                                      "status_code": 500, "err_type": type(e).__name__})
+            else:
+                msg[3].set_exception(RuntimeError(f"engine died: {e!r}"))
 
     def _launch_next(self) -> PendingStep | None:
         batch = self.scheduler.schedule() if self.kv.pool.allocated else None

@@ -53,23 +53,20 @@ class PendingStep:
     flag, logprob, top values, top ids; all exact in float64) copied to pinned host memory
     without blocking; `result()` waits for that copy alone."""
 
-    def __init__(self, batch: Batch, out: SampleOutput, hits: torch.Tensor, input_lp: dict):
+    def __init__(self, batch: Batch, out: SampleOutput, hits: torch.Tensor, input_lp: dict,
+                 host_ring: "HostRing | None"):
         self.batch, self.input_lp = batch, input_lp
         self.has_lp = out.logprobs is not None
         self.top_k = out.top_values.shape[1] if out.top_values is not None else 0
-        cols = [out.ids.double(), hits.double()]
-        if self.has_lp:
-            cols.append(out.logprobs.double())
-        packed = torch.cat([torch.stack(cols, dim=1)]
-                           + ([out.top_values.double(), out.top_ids.double()] if self.top_k else []), dim=1)
+        cols = [out.ids.double(), hits] + ([out.logprobs] if self.has_lp else [])
+        packed = torch.stack(cols, dim=1)  # promotes to float64
+        if self.top_k:
+            packed = torch.cat([packed, out.top_values, out.top_ids.double()], dim=1)
         self.event = None
-        if packed.is_cuda:
-            self.host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-            self.host.copy_(packed, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
+        if packed.is_cuda and host_ring is not None:
+            self.host, self.event = host_ring.copy_from(packed)
         else:
-            self.host = packed
+            self.host = packed.cpu()
         self.wait_s = 0.0
 
     def result(self) -> StepOutput:
@@ -87,6 +84,31 @@ class PendingStep:
             tv, ti = self.host[:, c:c + self.top_k].tolist(), self.host[:, c + self.top_k:].long().tolist()
             tops = [list(zip(v, i)) for v, i in zip(tv, ti)]
         return StepOutput(ids, lps, tops, self.input_lp, hits)
+
+
+class HostRing:
+    """Pinned host buffers taken round-robin for the steps' device->host copies. A fresh pinned
+    allocation per step can cost milliseconds of host time; at most two steps are alive at once
+    (one running, one being launched), and a buffer is reused only once its copy has landed."""
+
+    def __init__(self, size: int = 3):
+        self.bufs: list[torch.Tensor | None] = [None] * size
+        self.events: list[torch.cuda.Event | None] = [None] * size
+        self.next = 0
+
+    def copy_from(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+        i, self.next = self.next, (self.next + 1) % len(self.bufs)
+        if self.events[i] is not None:
+            self.events[i].synchronize()  # already done in the engine's order of work
+        n = packed.numel()
+        if self.bufs[i] is None or self.bufs[i].numel() < n:
+            self.bufs[i] = torch.empty(max(n, 4096), dtype=torch.float64, pin_memory=True)
+        host = self.bufs[i][:n].view(packed.shape)
+        host.copy_(packed, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.events[i] = event
+        return host, event
 
 
 @dataclass
@@ -157,6 +179,7 @@ class ModelRunner:
             self.compressor = Compressor(self.compression, self.kv, ring, trigger)
         self.sampler = Sampler()
         self.rows = RowState(args.max_running_requests + 1, self.device)
+        self.host_ring = HostRing() if self.device.type == "cuda" else None
         self._batch_cache: BatchTensors | None = None
         self.graphs = None
         if self.device.type == "cuda" and backend == "triton" and args.cuda_graph:
@@ -190,13 +213,15 @@ class ModelRunner:
         if batch.is_prefill:
             self.rows.admit(bt.rows, [self._stop_ids(s) for s in seqs])
             logits, input_lp = self._prefill(seqs)
+            steps = torch.tensor([s.num_sampled for s in seqs]).to(self.device, non_blocking=True)
         else:
-            logits, input_lp = self._decode(seqs, bt.rows), {}
-        out = self.sampler(logits, self._sampling_batch(seqs, bt))
+            logits, steps = self._decode(seqs, bt.rows)
+            input_lp = {}
+        out = self.sampler(logits, self._sampling_batch(bt, steps))
         hits = self.rows.record(bt.rows, out.ids)
         for s in seqs:
             s.num_sampled += 1
-        return PendingStep(batch, out, hits, input_lp)
+        return PendingStep(batch, out, hits, input_lp, self.host_ring)
 
     @torch.inference_mode()
     def after_step(self, batch: Batch) -> None:
@@ -272,26 +297,27 @@ class ModelRunner:
 
     def prepare_decode(self, seqs: list[Sequence], rows: torch.Tensor):
         """Device inputs of a decode step: input_ids (the rows' last sampled tokens, already on
-        the device), positions, kv_lens (including the new token) and the new tokens' slots.
-        One host->device copy; nothing waits for the GPU."""
-        packed = torch.tensor([[s.num_computed for s in seqs], [s.kv_len for s in seqs]],
-                              dtype=torch.int64).to(self.device, non_blocking=True)
-        positions, old_lens = packed
+        the device), positions, kv_lens (including the new token), the new tokens' slots and the
+        draw indices. One host->device copy; nothing waits for the GPU."""
+        packed = torch.tensor([[s.num_computed for s in seqs], [s.kv_len for s in seqs],
+                               [s.num_sampled for s in seqs]], dtype=torch.int64)
+        positions, old_lens, steps = packed.to(self.device, non_blocking=True)
         out_slots = self.kv.extend_one(seqs, rows, old_lens)
         input_ids = self.rows.last_token[rows]
-        return input_ids, positions, (old_lens + 1).to(torch.int32), out_slots
+        return input_ids, positions, (old_lens + 1).to(torch.int32), out_slots, steps
 
-    def _decode(self, seqs: list[Sequence], rows: torch.Tensor) -> torch.Tensor:
-        input_ids, positions, kv_lens, out_slots = self.prepare_decode(seqs, rows)
+    def _decode(self, seqs: list[Sequence], rows: torch.Tensor):
+        """(logits in the model dtype, draw indices) of a decode step."""
+        input_ids, positions, kv_lens, out_slots, steps = self.prepare_decode(seqs, rows)
         max_kv = max(s.kv_len for s in seqs)
         for s in seqs:
             s.num_computed += 1
         if self.graphs is not None and self.graphs.can_run(len(seqs)):
-            return self.graphs.replay(input_ids, positions, rows, kv_lens, out_slots)
+            return self.graphs.replay(input_ids, positions, rows, kv_lens, out_slots), steps
         self.attn.meta = AttentionMetadata(False, out_slots, rows=rows, kv_lens=kv_lens, max_kv_len=max_kv,
                                            rec_rows=rows, rec_pos=positions)
         hidden = self.model(input_ids, positions, self.attn)
-        return self.model.logits(hidden, upcast=False)
+        return self.model.logits(hidden, upcast=False), steps
 
     def _batch_tensors(self, batch: Batch) -> BatchTensors:
         """Rows and sampling parameters of the batch, rebuilt only when the batch changed."""
@@ -311,21 +337,21 @@ class ModelRunner:
         all_greedy = all(p.greedy for p in ps)
         filtered = [not p.greedy and (p.top_p < 1.0 or p.top_k > 0 or p.min_p > 0.0) for p in ps]
         need_filter = any(filtered)
-        fl = torch.tensor([[p.temperature for p in ps], [p.top_p for p in ps], [p.min_p for p in ps]],
-                          dtype=torch.float32).to(dev, non_blocking=True)
+        fl = torch.tensor([[p.temperature for p in ps], [p.top_p for p in ps], [p.min_p for p in ps],
+                           [p.temperature if p.temperature > 0 else 1.0 for p in ps],
+                           [p.temperature > 0 for p in ps]], dtype=torch.float32).to(dev, non_blocking=True)
         it = torch.tensor([[p.top_k if p.top_k > 0 else V for p in ps], [s.seed for s in seqs]],
                           dtype=torch.int64).to(dev, non_blocking=True)
         return SamplingBatch(
             temperatures=fl[0], top_p=fl[1], min_p=fl[2], top_k=it[0], seeds=it[1], steps=None,
             all_greedy=all_greedy, need_filter=need_filter,
             need_logprobs=any(s.return_logprob for s in seqs),
-            top_logprobs_num=max(s.top_logprobs_num for s in seqs),
+            top_logprobs_num=max(s.top_logprobs_num for s in seqs), divisors=fl[3], sampled=fl[4] > 0,
             filtered=None if all(filtered) else torch.tensor(filtered).to(dev, non_blocking=True))
 
-    def _sampling_batch(self, seqs: list[Sequence], bt: BatchTensors) -> SamplingBatch:
+    def _sampling_batch(self, bt: BatchTensors, steps: torch.Tensor) -> SamplingBatch:
         """This step's draw indices and min_new_tokens bans on top of the cached parameters."""
         dev, V = self.device, self.cfg.vocab_size
-        steps = torch.tensor([s.num_sampled for s in seqs], dtype=torch.int64).to(dev, non_blocking=True)
         ban_rows, ban_ids = [], []
         for i, s in bt.min_new:
             if s.num_sampled < s.params.min_new_tokens:

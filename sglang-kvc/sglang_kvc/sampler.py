@@ -57,6 +57,9 @@ class SamplingBatch:
     ban_rows: torch.Tensor | None = None  # (row, token) pairs forced to -inf (min_new_tokens)
     ban_ids: torch.Tensor | None = None
     filtered: torch.Tensor | None = None  # [B] bool, rows using a filter (None: all, if need_filter)
+    # Precomputed once per batch by the engine (each saves kernel launches every step):
+    divisors: torch.Tensor | None = None  # [B] float32, temperature with 0 -> 1
+    sampled: torch.Tensor | None = None  # [B] bool, temperature > 0
 
 
 @dataclass
@@ -79,10 +82,12 @@ class Sampler:
         if sb.all_greedy:
             ids, scaled = greedy_ids, logits
         else:
-            temps = torch.where(sb.temperatures > 0, sb.temperatures, torch.ones_like(sb.temperatures))
+            sampled = sb.sampled if sb.sampled is not None else sb.temperatures > 0
+            temps = sb.divisors if sb.divisors is not None else torch.where(
+                sampled, sb.temperatures, torch.ones_like(sb.temperatures))
             scaled = logits / temps[:, None]
             ids = self._draw(scaled, sb)
-            ids = torch.where(sb.temperatures > 0, ids, greedy_ids)
+            ids = torch.where(sampled, ids, greedy_ids)
         logprobs = top_v = top_i = None
         if sb.need_logprobs:
             lp = torch.log_softmax(scaled, dim=-1)

@@ -143,3 +143,18 @@ def test_row_state_stop_flags():
     assert hits.tolist() == [True, False, True]
     assert rs.record(torch.tensor([3]), torch.tensor([5])).tolist() == [False]
     assert rs.last_token.tolist() == [0, 7, 7, 5, 0]
+
+
+def test_engine_thread_death_fails_requests_instead_of_hanging(tiny_models):
+    """An error outside a step's own error handling ends the thread: every request in flight and
+    every later call gets an error at once rather than waiting forever."""
+    with make(tiny_models, overlap=True) as eng:
+        def broken(batch, out):
+            raise KeyError("boom")
+
+        eng._process = broken
+        out = eng.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 4})
+        assert out["meta_info"]["finish_reason"]["type"] == "abort"
+        assert "engine died" in out["meta_info"]["finish_reason"]["message"]
+        with pytest.raises(RuntimeError, match="shut down"):
+            eng.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 4})

@@ -1,9 +1,15 @@
-"""CUDA graphs for decode steps: one graph per padded batch size, captured on first use.
+"""CUDA graphs of whole decode steps: one per (padded batch size, sampling mode), captured on
+first use.
 
-A small model's decode step is hundreds of tiny kernels; replaying them as one graph removes the
-per-kernel launch cost that otherwise dominates. Inputs are copied into static buffers; padding
-rows point at table row 0 / slot 0, which are reserved and never hold a request's KV.
-The LM head runs outside the graph so graphs keep only [bs, hidden] outputs alive.
+A small model's decode step is hundreds of tiny kernels, and on the host every PyTorch op costs
+tens of microseconds: replaying the step as one graph removes both. The graph covers the slot-
+table write, the embedding of the rows' last tokens (row_state.py), the forward, the LM head,
+sampling, the stop-id check and the packing of the outputs; per step the host sends one small
+host->device copy (positions, lengths, draw indices, rows), copies the new slots in, replays,
+and starts the outputs' copy back. Sampling parameters live in static buffers rewritten only
+when the batch changes. Padding entries point at table row 0 / slot 0, which are reserved and
+never hold a request's KV, and sample greedily into row 0 of the row state.
+Compression runs eagerly between replays (model_runner.after_step).
 """
 
 from __future__ import annotations
@@ -11,6 +17,9 @@ from __future__ import annotations
 import torch
 
 from .attention import AttentionMetadata
+from .sampler import SamplingBatch
+
+_PAD_STEP = (0, 1, 0, 0)  # position, kv length, draw index, row of a padding entry
 
 
 class DecodeGraphs:
@@ -19,16 +28,18 @@ class DecodeGraphs:
         self.sizes = [s for s in [1, 2, 4, 8] + list(range(16, max_bs + 1, 16)) if s <= max_bs]
         self.max_bs = self.sizes[-1]
         dev = runner.device
-        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
-        self.rows = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
-        self.kv_lens = torch.ones(self.max_bs, dtype=torch.int32, device=dev)
+        self.step_ints = torch.zeros(4, self.max_bs, dtype=torch.int64, device=dev)
         self.out_slots = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
+        # temperature, top_p, min_p, divisor (0 -> 1), sampled; top_k, seed, filtered
+        self.params_f = torch.zeros(5, self.max_bs, dtype=torch.float32, device=dev)
+        self.params_i = torch.zeros(3, self.max_bs, dtype=torch.int64, device=dev)
         self.clear()
 
     def clear(self) -> None:
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
+        self._params_key = None
+        self._slots_bs: dict[int, int] = {}
 
     def can_run(self, bs: int) -> bool:
         return bs <= self.max_bs
@@ -36,46 +47,91 @@ class DecodeGraphs:
     def _padded(self, bs: int) -> int:
         return next(s for s in self.sizes if s >= bs)
 
-    def _forward(self, bs: int) -> torch.Tensor:
-        r = self.runner
-        r.attn.meta = AttentionMetadata(False, self.out_slots[:bs], rows=self.rows[:bs],
-                                        kv_lens=self.kv_lens[:bs], max_kv_len=0,
-                                        rec_rows=self.rows[:bs], rec_pos=self.positions[:bs])
-        return r.model(self.input_ids[:bs], self.positions[:bs], r.attn)
+    def step(self, seqs: list, bt) -> torch.Tensor:
+        """Run one decode step of `seqs` (batch tensors `bt`); returns the packed outputs
+        [bs, C] (model_runner.pack_outputs) on the device. Updates the requests' KV lengths."""
+        bs, gbs = len(seqs), self._padded(len(seqs))
+        if self._params_key != (bt.key, gbs):
+            self._load_params(seqs, gbs)
+            self._params_key = (bt.key, gbs)
+        self._load_step(seqs, gbs)
+        mode = self._mode(bt.sampling)
+        if (gbs, mode) not in self.graphs:
+            self._capture(gbs, mode)
+        graph, packed = self.graphs[(gbs, mode)]
+        graph.replay()
+        return packed[:bs]
 
-    def _capture(self, bs: int) -> None:
+    @staticmethod
+    def _mode(sb: SamplingBatch) -> tuple:
+        return sb.all_greedy, sb.need_filter, sb.need_logprobs, sb.top_logprobs_num
+
+    def _load_step(self, seqs: list, gbs: int) -> None:
+        """One host->device copy of this step's per-row integers, and the new slots."""
+        pad = [[v] * (gbs - len(seqs)) for v in _PAD_STEP]
+        host = torch.tensor([[s.num_computed for s in seqs] + pad[0], [s.kv_len + 1 for s in seqs] + pad[1],
+                             [s.num_sampled for s in seqs] + pad[2], [s.row for s in seqs] + pad[3]],
+                            dtype=torch.int64)
+        self.step_ints[:, :gbs].copy_(host, non_blocking=True)
+        bs = len(seqs)
+        self.out_slots[:bs].copy_(self.runner.kv.allocator.alloc(bs))
+        if bs < gbs and self._slots_bs.get(gbs) != bs:
+            self.out_slots[bs:gbs].zero_()
+        self._slots_bs[gbs] = bs
+        for s in seqs:
+            s.kv_len += 1
+            s.num_computed += 1
+
+    def _load_params(self, seqs: list, gbs: int) -> None:
+        pad = gbs - len(seqs)
+        ps = [s.params for s in seqs]
+        V = self.runner.cfg.vocab_size
+        fl = [[p.temperature for p in ps] + [0.0] * pad, [p.top_p for p in ps] + [1.0] * pad,
+              [p.min_p for p in ps] + [0.0] * pad,
+              [p.temperature if p.temperature > 0 else 1.0 for p in ps] + [1.0] * pad,
+              [float(p.temperature > 0) for p in ps] + [0.0] * pad]
+        filt = [int(not p.greedy and (p.top_p < 1.0 or p.top_k > 0 or p.min_p > 0.0)) for p in ps]
+        it = [[p.top_k if p.top_k > 0 else V for p in ps] + [V] * pad,
+              [s.seed for s in seqs] + [0] * pad, filt + [0] * pad]
+        self.params_f[:, :gbs].copy_(torch.tensor(fl, dtype=torch.float32), non_blocking=True)
+        self.params_i[:, :gbs].copy_(torch.tensor(it, dtype=torch.int64), non_blocking=True)
+
+    def _sampling(self, gbs: int, mode: tuple) -> SamplingBatch:
+        all_greedy, need_filter, need_logprobs, top_n = mode
+        f, i = self.params_f[:, :gbs], self.params_i[:, :gbs]
+        return SamplingBatch(
+            temperatures=f[0], top_p=f[1], min_p=f[2], top_k=i[0], seeds=i[1],
+            steps=self.step_ints[2, :gbs], all_greedy=all_greedy, need_filter=need_filter,
+            need_logprobs=need_logprobs, top_logprobs_num=top_n, filtered=i[2] > 0,
+            divisors=f[3], sampled=f[4] > 0)
+
+    def _body(self, gbs: int, mode: tuple) -> torch.Tensor:
+        from .model_runner import pack_outputs
+
+        r = self.runner
+        positions, kv_lens, _, rows = self.step_ints[:, :gbs]
+        slots = self.out_slots[:gbs]
+        r.kv.req_to_token.table[rows, kv_lens - 1] = slots.to(torch.int32)
+        r.attn.meta = AttentionMetadata(False, slots, rows=rows, kv_lens=kv_lens.to(torch.int32),
+                                        max_kv_len=0, rec_rows=rows, rec_pos=positions)
+        hidden = r.model(r.rows.last_token[rows], positions, r.attn)
+        out = r.sampler(r.model.logits(hidden, upcast=False), self._sampling(gbs, mode))
+        return pack_outputs(out, r.rows.record(rows, out.ids))
+
+    def _capture(self, gbs: int, mode: tuple) -> None:
+        # The warm-up runs the step for real (Triton compiles and autotunes outside capture);
+        # the replay that follows recomputes the same values into the same places, once the
+        # rows' input tokens, which the warm-up overwrote with its samples, are put back.
+        last = self.runner.rows.last_token
+        saved = last.clone()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self._forward(bs)  # warm up: Triton compiles and autotunes outside capture
+            self._body(gbs, mode)
         torch.cuda.current_stream().wait_stream(stream)
+        last.copy_(saved)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self._forward(bs)
+            packed = self._body(gbs, mode)
         self.pool = graph.pool()
-        self.graphs[bs] = (graph, out)
-
-    def replay(self, input_ids, positions, rows, kv_lens, out_slots) -> torch.Tensor:
-        bs = input_ids.shape[0]
-        gbs = self._padded(bs)
-        if gbs not in self.graphs:
-            self._reset_padding(0, gbs)
-            self._capture(gbs)
-        self._reset_padding(bs, gbs)
-        self.input_ids[:bs].copy_(input_ids)
-        self.positions[:bs].copy_(positions)
-        self.rows[:bs].copy_(rows)
-        self.kv_lens[:bs].copy_(kv_lens)
-        self.out_slots[:bs].copy_(out_slots)
-        graph, out = self.graphs[gbs]
-        graph.replay()
-        return self.runner.model.logits(out[:bs], upcast=False)
-
-    def _reset_padding(self, start: int, gbs: int) -> None:
-        """Point entries [start, gbs) at the padding row and slot (a larger batch may have left
-        real rows there)."""
-        if start == gbs:
-            return
-        for buf, value in ((self.input_ids, 0), (self.positions, 0), (self.rows, 0),
-                           (self.kv_lens, 1), (self.out_slots, 0)):
-            buf[start:gbs].fill_(value)
+        self.graphs[(gbs, mode)] = (graph, packed)

@@ -53,15 +53,10 @@ class PendingStep:
     flag, logprob, top values, top ids; all exact in float64) copied to pinned host memory
     without blocking; `result()` waits for that copy alone."""
 
-    def __init__(self, batch: Batch, out: SampleOutput, hits: torch.Tensor, input_lp: dict,
-                 host_ring: "HostRing | None"):
+    def __init__(self, batch: Batch, packed: torch.Tensor, has_lp: bool, top_k: int,
+                 input_lp: dict, host_ring: "HostRing | None"):
         self.batch, self.input_lp = batch, input_lp
-        self.has_lp = out.logprobs is not None
-        self.top_k = out.top_values.shape[1] if out.top_values is not None else 0
-        cols = [out.ids.double(), hits] + ([out.logprobs] if self.has_lp else [])
-        packed = torch.stack(cols, dim=1)  # promotes to float64
-        if self.top_k:
-            packed = torch.cat([packed, out.top_values, out.top_ids.double()], dim=1)
+        self.has_lp, self.top_k = has_lp, top_k
         self.event = None
         if packed.is_cuda and host_ring is not None:
             self.host, self.event = host_ring.copy_from(packed)
@@ -84,6 +79,15 @@ class PendingStep:
             tv, ti = self.host[:, c:c + self.top_k].tolist(), self.host[:, c + self.top_k:].long().tolist()
             tops = [list(zip(v, i)) for v, i in zip(tv, ti)]
         return StepOutput(ids, lps, tops, self.input_lp, hits)
+
+
+def pack_outputs(out: SampleOutput, hits: torch.Tensor) -> torch.Tensor:
+    """[B, C] float64: token id, stop flag, (logprob), (top values, top ids)."""
+    cols = [out.ids.double(), hits] + ([out.logprobs] if out.logprobs is not None else [])
+    packed = torch.stack(cols, dim=1)  # promotes to float64
+    if out.top_values is not None:
+        packed = torch.cat([packed, out.top_values, out.top_ids.double()], dim=1)
+    return packed
 
 
 class HostRing:
@@ -210,8 +214,18 @@ class ModelRunner:
         """Forward, sample and start the outputs' copy to the host; returns without waiting."""
         seqs = batch.seqs
         bt = self._batch_tensors(batch)
+        sb = bt.sampling
+        if not batch.is_prefill and self._graphable(seqs, bt):
+            packed = self.graphs.step(seqs, bt)  # forward, sampling and outputs in one replay
+            for s in seqs:
+                s.num_sampled += 1
+            top_k = sb.top_logprobs_num if sb.need_logprobs else 0
+            return PendingStep(batch, packed, sb.need_logprobs, top_k, {}, self.host_ring)
         if batch.is_prefill:
+            table = self.rows.stop_ids
             self.rows.admit(bt.rows, [self._stop_ids(s) for s in seqs])
+            if self.rows.stop_ids is not table and self.graphs is not None:
+                self.graphs.clear()  # captured steps read the old (narrower) stop-id table
             logits, input_lp = self._prefill(seqs)
             steps = torch.tensor([s.num_sampled for s in seqs]).to(self.device, non_blocking=True)
         else:
@@ -221,7 +235,16 @@ class ModelRunner:
         hits = self.rows.record(bt.rows, out.ids)
         for s in seqs:
             s.num_sampled += 1
-        return PendingStep(batch, out, hits, input_lp, self.host_ring)
+        top_k = out.top_values.shape[1] if out.top_values is not None else 0
+        return PendingStep(batch, pack_outputs(out, hits), out.logprobs is not None, top_k, input_lp,
+                           self.host_ring)
+
+    def _graphable(self, seqs: list[Sequence], bt: BatchTensors) -> bool:
+        """Whole decode steps replay as CUDA graphs unless a min_new_tokens ban is active (its
+        (row, token) list changes size from step to step)."""
+        if self.graphs is None or not self.graphs.can_run(len(seqs)):
+            return False
+        return all(s.num_sampled >= s.params.min_new_tokens for _, s in bt.min_new)
 
     @torch.inference_mode()
     def after_step(self, batch: Batch) -> None:
@@ -312,8 +335,6 @@ class ModelRunner:
         max_kv = max(s.kv_len for s in seqs)
         for s in seqs:
             s.num_computed += 1
-        if self.graphs is not None and self.graphs.can_run(len(seqs)):
-            return self.graphs.replay(input_ids, positions, rows, kv_lens, out_slots), steps
         self.attn.meta = AttentionMetadata(False, out_slots, rows=rows, kv_lens=kv_lens, max_kv_len=max_kv,
                                            rec_rows=rows, rec_pos=positions)
         hidden = self.model(input_ids, positions, self.attn)

@@ -76,3 +76,27 @@ def test_cuda_bf16_logprobs_close_to_hf(tiny_models, prompts):
         ref = [lp[len(ids) - 1 + i, t].item() for i, t in enumerate(o["output_ids"])]
         got = [e[0] for e in o["meta_info"]["output_token_logprobs"]]
         assert max(abs(a - b) for a, b in zip(ref, got)) < 0.1
+
+
+@pytest.mark.parametrize("extra", [{}, {"compress_algorithm": "rkv", "compress_max_prompt": 12,
+                                        "compress_divide_length": 4, "compress_max_window": 3}],
+                         ids=["dense", "rkv"])
+def test_graphed_steps_match_eager_and_cpu(tiny_models, extra):
+    """Whole decode steps replayed as CUDA graphs (forward, seeded sampling with and without
+    filters, logprobs, top logprobs, stop ids, min_new_tokens bans, requests ending at different
+    steps, overlap on) give the eager CUDA engine's and the CPU engine's tokens; fp32, so the
+    only differences are summation orders."""
+    from sglang_kvc.engine import Engine
+
+    from .test_overlap import assert_same, request_mix, run_mix
+
+    outs = {}
+    for name, kw in (("cpu", dict(device="cpu")), ("eager", dict(device="cuda", cuda_graph=False)),
+                     ("graph", dict(device="cuda", cuda_graph=True))):
+        with Engine(model_path=str(tiny_models["qwen2.5"]), dtype="float32", **kw, **extra) as eng:
+            mix = mix if name != "cpu" else request_mix(eng)
+            outs[name] = run_mix(eng, mix)
+            if name == "graph":
+                assert eng.runner.graphs.graphs  # the graphed path really ran
+    assert_same(outs["graph"], outs["eager"], tol=1e-3)
+    assert_same(outs["graph"], outs["cpu"], tol=1e-3)

@@ -113,7 +113,8 @@ class DecodeGraphs:
         slots = self.out_slots[:gbs]
         r.kv.req_to_token.table[rows, kv_lens - 1] = slots.to(torch.int32)
         r.attn.meta = AttentionMetadata(False, slots, rows=rows, kv_lens=kv_lens.to(torch.int32),
-                                        max_kv_len=0, rec_rows=rows, rec_pos=positions)
+                                        max_kv_len=r.kv.req_to_token.max_len,  # (a bound; Triton ignores it)
+                                        rec_rows=rows, rec_pos=positions)
         hidden = r.model(r.rows.last_token[rows], positions, r.attn)
         out = r.sampler(r.model.logits(hidden, upcast=False), self._sampling(gbs, mode))
         return pack_outputs(out, r.rows.record(rows, out.ids))

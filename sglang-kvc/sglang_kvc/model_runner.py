@@ -60,8 +60,8 @@ class PendingStep:
         self.event = None
         if packed.is_cuda and host_ring is not None:
             self.host, self.event = host_ring.copy_from(packed)
-        else:
-            self.host = packed.cpu()
+        else:  # a copy: a graph's output buffer is rewritten by the next replay
+            self.host = packed.to("cpu", copy=True)
         self.wait_s = 0.0
 
     def result(self) -> StepOutput:

@@ -46,14 +46,15 @@ def run_config(path: str, prompts: list[list[int]], out_len: int, pool_tokens: i
     # Warm up: capture the decode graphs and compile the kernels for every batch size seen.
     engine.generate(input_ids=prompts, sampling_params={"temperature": 0.0, "max_new_tokens": 16,
                                                         "ignore_eos": True})
-    runs = [timed_run(engine, prompts, out_len, P, algo, args) for _ in range(args.repeats)]
+    runs = [timed_run(engine, prompts, out_len, pool_tokens, algo, args) for _ in range(args.repeats)]
     res = sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]  # the median run's details
     res["tok_s_runs"] = [r["tok_s"] for r in runs]
     engine.shutdown()
     return res
 
 
-def timed_run(engine, prompts, out_len: int, P: int, algo: str | None, args) -> dict:
+def timed_run(engine, prompts, out_len: int, pool_tokens: int, algo: str | None, args) -> dict:
+    P = len(prompts[0])
     sch, alloc = engine.scheduler, engine.kv.allocator
     sch.max_running = sch.decode_steps = sch.decode_seq_steps = sch.num_preemptions = 0
     alloc.peak_used = 0

@@ -83,16 +83,13 @@ class DecodeGraphs:
             s.num_computed += 1
 
     def _load_params(self, seqs: list, gbs: int) -> None:
-        pad = gbs - len(seqs)
-        ps = [s.params for s in seqs]
-        V = self.runner.cfg.vocab_size
-        fl = [[p.temperature for p in ps] + [0.0] * pad, [p.top_p for p in ps] + [1.0] * pad,
-              [p.min_p for p in ps] + [0.0] * pad,
-              [p.temperature if p.temperature > 0 else 1.0 for p in ps] + [1.0] * pad,
-              [float(p.temperature > 0) for p in ps] + [0.0] * pad]
-        filt = [int(not p.greedy and (p.top_p < 1.0 or p.top_k > 0 or p.min_p > 0.0)) for p in ps]
-        it = [[p.top_k if p.top_k > 0 else V for p in ps] + [V] * pad,
-              [s.seed for s in seqs] + [0] * pad, filt + [0] * pad]
+        from .model_runner import sampling_columns
+
+        V, pad = self.runner.cfg.vocab_size, gbs - len(seqs)
+        floats, ints = sampling_columns(seqs, V)
+        # padding entries: greedy, no filter (top_k = vocabulary)
+        fl = [col + [v] * pad for col, v in zip(floats, (0.0, 1.0, 0.0, 1.0, 0.0))]
+        it = [col + [v] * pad for col, v in zip(ints, (V, 0, 0))]
         self.params_f[:, :gbs].copy_(torch.tensor(fl, dtype=torch.float32), non_blocking=True)
         self.params_i[:, :gbs].copy_(torch.tensor(it, dtype=torch.int64), non_blocking=True)
 

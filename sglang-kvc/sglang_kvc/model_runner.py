@@ -90,6 +90,19 @@ def pack_outputs(out: SampleOutput, hits: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+def sampling_columns(seqs: list[Sequence], vocab: int) -> tuple[list[list[float]], list[list[int]]]:
+    """The requests' sampling parameters as columns, laid out as the sampler's tensors: floats
+    (temperature, top_p, min_p, divisor = temperature or 1 when greedy, sampled) and ints
+    (top_k or the vocabulary size when off, seed, uses a top-k/top-p/min-p filter)."""
+    ps = [s.params for s in seqs]
+    floats = [[p.temperature for p in ps], [p.top_p for p in ps], [p.min_p for p in ps],
+              [p.temperature if p.temperature > 0 else 1.0 for p in ps],
+              [float(p.temperature > 0) for p in ps]]
+    ints = [[p.top_k if p.top_k > 0 else vocab for p in ps], [s.seed for s in seqs],
+            [int(not p.greedy and (p.top_p < 1.0 or p.top_k > 0 or p.min_p > 0.0)) for p in ps]]
+    return floats, ints
+
+
 class HostRing:
     """Pinned host buffers taken round-robin for the steps' device->host copies. A fresh pinned
     allocation per step can cost milliseconds of host time; at most two steps are alive at once
@@ -353,22 +366,17 @@ class ModelRunner:
         return bt
 
     def _sampling_params(self, seqs: list[Sequence]) -> SamplingBatch:
-        dev, V = self.device, self.cfg.vocab_size
-        ps = [s.params for s in seqs]
-        all_greedy = all(p.greedy for p in ps)
-        filtered = [not p.greedy and (p.top_p < 1.0 or p.top_k > 0 or p.min_p > 0.0) for p in ps]
-        need_filter = any(filtered)
-        fl = torch.tensor([[p.temperature for p in ps], [p.top_p for p in ps], [p.min_p for p in ps],
-                           [p.temperature if p.temperature > 0 else 1.0 for p in ps],
-                           [p.temperature > 0 for p in ps]], dtype=torch.float32).to(dev, non_blocking=True)
-        it = torch.tensor([[p.top_k if p.top_k > 0 else V for p in ps], [s.seed for s in seqs]],
-                          dtype=torch.int64).to(dev, non_blocking=True)
+        dev = self.device
+        floats, ints = sampling_columns(seqs, self.cfg.vocab_size)
+        fl = torch.tensor(floats, dtype=torch.float32).to(dev, non_blocking=True)
+        it = torch.tensor(ints, dtype=torch.int64).to(dev, non_blocking=True)
+        filtered = ints[2]
         return SamplingBatch(
             temperatures=fl[0], top_p=fl[1], min_p=fl[2], top_k=it[0], seeds=it[1], steps=None,
-            all_greedy=all_greedy, need_filter=need_filter,
+            all_greedy=all(s.params.greedy for s in seqs), need_filter=any(filtered),
             need_logprobs=any(s.return_logprob for s in seqs),
             top_logprobs_num=max(s.top_logprobs_num for s in seqs), divisors=fl[3], sampled=fl[4] > 0,
-            filtered=None if all(filtered) else torch.tensor(filtered).to(dev, non_blocking=True))
+            filtered=None if all(filtered) else it[2] > 0)
 
     def _sampling_batch(self, bt: BatchTensors, steps: torch.Tensor) -> SamplingBatch:
         """This step's draw indices and min_new_tokens bans on top of the cached parameters."""

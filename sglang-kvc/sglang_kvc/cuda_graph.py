@@ -74,12 +74,11 @@ class DecodeGraphs:
                             dtype=torch.int64)
         self.step_ints[:, :gbs].copy_(host, non_blocking=True)
         bs = len(seqs)
-        self.out_slots[:bs].copy_(self.runner.kv.allocator.alloc(bs))
+        self.out_slots[:bs].copy_(self.runner.kv.alloc_one(seqs))
         if bs < gbs and self._slots_bs.get(gbs) != bs:
             self.out_slots[bs:gbs].zero_()
         self._slots_bs[gbs] = bs
         for s in seqs:
-            s.kv_len += 1
             s.num_computed += 1
 
     def _load_params(self, seqs: list, gbs: int) -> None:

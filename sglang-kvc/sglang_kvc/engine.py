@@ -63,7 +63,14 @@ class StepStats:
         n = max(self.decode_steps, 1)
         return {"decode_steps": self.decode_steps, "host_ms_per_step": 1e3 * self.host_s / n,
                 "gpu_wait_ms_per_step": 1e3 * self.gpu_wait_s / n}
+
+
 _MEMORY_TAGS = {"kv_cache", "weights", "cuda_graph"}
+
+
+def _error_reason(message: str, e: BaseException) -> dict:
+    """finish_reason of a request ended by an engine failure (HTTP 500 to the client)."""
+    return {"type": "abort", "message": message, "status_code": 500, "err_type": type(e).__name__}
 
 
 def _generation_config(model_path: str) -> dict:
@@ -457,16 +464,14 @@ class Engine:
         """Answer every request and queued command with the error (the thread is gone)."""
         sch = self.scheduler
         for seq in list(sch.running) + list(sch.waiting):
-            self._finish(seq, {"type": "abort", "message": f"engine died: {e!r}",
-                               "status_code": 500, "err_type": type(e).__name__})
+            self._finish(seq, _error_reason(f"engine died: {e!r}", e))
         while True:
             try:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
                 return
             if msg[0] == "seq":
-                self._finish(msg[1], {"type": "abort", "message": f"engine died: {e!r}",
-                                      "status_code": 500, "err_type": type(e).__name__})
+                self._finish(msg[1], _error_reason(f"engine died: {e!r}", e))
             else:
                 msg[3].set_exception(RuntimeError(f"engine died: {e!r}"))
 
@@ -508,8 +513,7 @@ class Engine:
     def _fail(self, batch: Batch, e: Exception) -> None:
         log.error("step failed", exc_info=e)
         for seq in batch.seqs:
-            self._finish(seq, {"type": "abort", "message": f"engine error: {e}",
-                               "status_code": 500, "err_type": type(e).__name__})
+            self._finish(seq, _error_reason(f"engine error: {e}", e))
 
     def _process(self, batch: Batch, out: StepOutput) -> None:
         for i, seq in enumerate(batch.seqs):

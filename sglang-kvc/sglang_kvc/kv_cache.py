@@ -131,8 +131,14 @@ class KVCache:
     def extend_one(self, seqs: list, rows: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
         """Decode: one new slot per request, written with a single scatter. `rows`/`kv_lens` are
         the requests' rows and current lengths already on the device."""
-        slots = self.allocator.alloc(len(seqs))
+        slots = self.alloc_one(seqs)
         self.req_to_token.table[rows, kv_lens] = slots.to(torch.int32)
+        return slots
+
+    def alloc_one(self, seqs: list) -> torch.Tensor:
+        """One new slot per request, counted in its kv_len; the caller writes the table (a
+        captured decode step does it on the device)."""
+        slots = self.allocator.alloc(len(seqs))
         for s in seqs:
             s.kv_len += 1
         return slots

@@ -225,15 +225,23 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, batch: Batch) -> PendingStep:
         """Forward, sample and start the outputs' copy to the host; returns without waiting."""
-        seqs = batch.seqs
         bt = self._batch_tensors(batch)
+        if not batch.is_prefill and self._graphable(batch.seqs, bt):
+            step = self._graphed_step(batch, bt)
+        else:
+            step = self._eager_step(batch, bt)
+        for s in batch.seqs:
+            s.num_sampled += 1
+        return step
+
+    def _graphed_step(self, batch: Batch, bt: BatchTensors) -> PendingStep:
         sb = bt.sampling
-        if not batch.is_prefill and self._graphable(seqs, bt):
-            packed = self.graphs.step(seqs, bt)  # forward, sampling and outputs in one replay
-            for s in seqs:
-                s.num_sampled += 1
-            top_k = sb.top_logprobs_num if sb.need_logprobs else 0
-            return PendingStep(batch, packed, sb.need_logprobs, top_k, {}, self.host_ring)
+        packed = self.graphs.step(batch.seqs, bt)  # forward, sampling and outputs in one replay
+        top_k = sb.top_logprobs_num if sb.need_logprobs else 0
+        return PendingStep(batch, packed, sb.need_logprobs, top_k, {}, self.host_ring)
+
+    def _eager_step(self, batch: Batch, bt: BatchTensors) -> PendingStep:
+        seqs = batch.seqs
         if batch.is_prefill:
             table = self.rows.stop_ids
             self.rows.admit(bt.rows, [self._stop_ids(s) for s in seqs])
@@ -246,8 +254,6 @@ class ModelRunner:
             input_lp = {}
         out = self.sampler(logits, self._sampling_batch(bt, steps))
         hits = self.rows.record(bt.rows, out.ids)
-        for s in seqs:
-            s.num_sampled += 1
         top_k = out.top_values.shape[1] if out.top_values is not None else 0
         return PendingStep(batch, pack_outputs(out, hits), out.logprobs is not None, top_k, input_lp,
                            self.host_ring)

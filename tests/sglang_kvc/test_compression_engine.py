@@ -246,6 +246,8 @@ def test_trigger_rules_and_think_stop():
     cfg = CompressionConfig(algorithm="rkv", budget=16, window=4, divide_length=8,
                             divide_method="newline")
     t = Trigger(cfg, newline_ids={7}, think_end_id=9)
+    s = _seq(3, [7, 8])  # the trigger reads tokens by index, never building prompt + output
+    assert [s.token_at(i) for i in range(5)] == s.all_ids == [100, 101, 102, 7, 8]
     # prompt 10: the fed token is the last output; held = prompt + outputs
     assert not t.should_compress(_seq(10, [1] * 6 + [7, 1]), False)  # 18 held, fed 1
     assert t.should_compress(_seq(10, [1] * 7 + [7]), False)  # newline fed, 18 > B

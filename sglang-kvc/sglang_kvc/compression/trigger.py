@@ -27,7 +27,7 @@ class Trigger:
     def observe(self, seq) -> None:
         """Note what the step just fed (call before `should_compress`)."""
         if self.think_end_id is not None and seq.output_ids and seq.num_computed > len(seq.prompt_ids):
-            if seq.all_ids[seq.num_computed - 1] == self.think_end_id:
+            if seq.token_at(seq.num_computed - 1) == self.think_end_id:
                 seq.compress_stopped = True
 
     def should_compress(self, seq, is_prefill: bool) -> bool:
@@ -38,8 +38,7 @@ class Trigger:
             return c.compress_prompt or bool(seq.output_ids)
         if seq.kv_len >= c.capacity:
             return True
-        fed = seq.all_ids[seq.num_computed - 1]
-        return c.divide_method == "newline" and fed in self.newline_ids
+        return c.divide_method == "newline" and seq.token_at(seq.num_computed - 1) in self.newline_ids
 
     def bound(self, seq, held: int) -> int:
         """Most slots the request will hold at any step end from now on, given it holds (or,

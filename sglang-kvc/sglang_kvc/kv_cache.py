@@ -151,20 +151,26 @@ class KVCache:
         Layers and heads may keep different tokens: slot row[j] then holds, for each (layer,
         head), that head's j-th kept entry. Keys carry their RoPE, so moving them is exact.
         """
-        pool = self.pool
-        L, _, hkv, _ = pool.shape
         k = keep_idx.shape[-1]
         src = slots.gather(1, keep_idx.flatten(1)).view_as(keep_idx)  # [R, L, Hkv, k]
-        dst = slots[:, None, None, :k]
-        li = torch.arange(L, device=slots.device)[None, :, None, None]
-        hi = torch.arange(hkv, device=slots.device)[None, None, :, None]
-        for buf in (pool.k, pool.v):
-            # The gather materialises every kept entry before any write, so overlapping
-            # source and destination slots of the same request are safe.
-            buf[li, dst, hi] = buf[li, src, hi]
+        src, dst = self._entry_index(src), self._entry_index(slots[:, None, None, :k].expand_as(src))
+        for buf in (self.pool.k, self.pool.v):
+            flat = buf.view(-1, buf.shape[-1])  # one row per (layer, slot, head) entry
+            # index_select materialises every kept entry before index_copy_ writes, so
+            # overlapping source and destination slots of the same request are safe.
+            flat.index_copy_(0, dst, flat.index_select(0, src))
         self.allocator.free(slots[:, k:].flatten())
         for s in seqs:
             s.kv_len = k
+
+    def _entry_index(self, slots: torch.Tensor) -> torch.Tensor:
+        """Flat row of pool entry (layer l, slot, head h) for `slots` [R, L, Hkv, k]: one
+        index_select/index_copy_ pair moves them (cheaper than multi-tensor advanced indexing)."""
+        L, S, hkv, _ = self.pool.shape
+        dev = slots.device
+        layer = torch.arange(L, device=dev)[None, :, None, None] * (S * hkv)
+        head = torch.arange(hkv, device=dev)[None, None, :, None]
+        return (layer + slots.long() * hkv + head).flatten()
 
     def release(self, seq) -> None:
         """Return all of a request's slots and its table row."""

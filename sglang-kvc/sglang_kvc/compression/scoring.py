@@ -37,6 +37,17 @@ def pool1d(x: torch.Tensor, kernel: int, kind: str) -> torch.Tensor:
 
 
 def key_redundancy(keys: torch.Tensor, threshold: float) -> torch.Tensor:
+    """R-KV redundancy of each token among the non-window keys [..., m, D] -> [..., m]: one
+    Triton pass on CUDA (`triton_scoring.py`, no m x m matrix), the torch reference elsewhere."""
+    d = keys.shape[-1]
+    if keys.is_cuda and d >= 16 and d & (d - 1) == 0:
+        from .triton_scoring import key_redundancy as fused
+
+        return fused(keys, threshold)
+    return key_redundancy_torch(keys, threshold)
+
+
+def key_redundancy_torch(keys: torch.Tensor, threshold: float) -> torch.Tensor:
     """R-KV redundancy of each token among the non-window keys [..., m, D] -> [..., m].
 
     Cosine similarity matrix S with a zero diagonal; for every row i the most recent j whose

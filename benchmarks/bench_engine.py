@@ -27,6 +27,8 @@ import statistics
 import tempfile
 import time
 
+from pathlib import Path
+
 import torch
 
 # HBM bandwidth by GPU name (datasheet, bytes/s): engine.md §6 uses 3.35 TB/s for the H100 SXM.
@@ -160,6 +162,7 @@ def profile_steps(engine, ids, params, args, skip: int = 4, steps: int = 16) -> 
     engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=skip + steps + 8),
                     return_logprob=args.logprobs)
     engine.runner.launch = launch
+    Path(args.profile).mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(f"{args.profile}/engine_trace.json")
     table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=30)
     with open(f"{args.profile}/engine_kernels.txt", "w") as f:

@@ -1,7 +1,8 @@
 """Clients nobody here wrote, against servers started as users start them: two
 ``python -m sglang_kvc.launch_server`` processes (dense and R-KV) behind ``sglang-router`` (round
 robin), the ``openai`` SDK, ``lm-eval``'s ``local-completions`` model, and ``evaluation/eval.sh``.
-Answers are checked against Hugging Face on the same tiny checkpoint (fp32, CPU)."""
+Answers are checked against Hugging Face on the same tiny checkpoint (fp32, CPU). The servers run
+on the CPU, or on a GPU with KVC_TEST_SERVER_DEVICE=cuda."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ import torch
 from checkpoint_tools.cpu_megatron import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+# KVC_TEST_SERVER_DEVICE=cuda runs the same servers on a GPU (fp32, CUDA graphs and Triton
+# kernels on), still checked against HF on the CPU.
+SERVER_DEVICE = os.environ.get("KVC_TEST_SERVER_DEVICE", "cpu")
 pytest.importorskip("sglang_router")
 openai = pytest.importorskip("openai")
 
@@ -50,7 +54,8 @@ def cluster(tiny_models, tmp_path_factory):
     model, logs = tiny_models["qwen2.5"], tmp_path_factory.mktemp("cluster")
     ports = [free_port() for _ in range(3)]
     server = [sys.executable, "-m", "sglang_kvc.launch_server", "--model-path", str(model),
-              "--device", "cpu", "--max-total-tokens", "4096", "--host", "127.0.0.1"]
+              "--device", SERVER_DEVICE, "--dtype", "float32", "--max-total-tokens", "4096",
+              "--host", "127.0.0.1"]
     procs = [_start(server + ["--port", str(ports[1])], logs / "dense.log"),
              _start(server + ["--port", str(ports[2]), "--compress-algorithm", "rkv",
                               "--compress-max-prompt", "8", "--compress-max-window", "2",

@@ -127,6 +127,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return silu_mul_torch(gate_up)
 
 
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(dim=-1) of a [B, V] tensor (int64; the first index among equal maxima). On CUDA
+    two Triton kernels (per-chunk maxima, then their merge in chunk order): torch's argmax over
+    a 152k bf16 vocabulary ran at ~1.4 TB/s, 54 us of a 2 ms decode step at batch 256. Finite
+    inputs give torch's index exactly; a NaN counts as +inf (torch returns the NaN's index)."""
+    if _use_triton(x) and x.dim() == 2 and x.shape[1] > 0:
+        return _row_argmax_triton(x)
+    return x.argmax(dim=-1)
+
+
 # ---------------------------------------------------------------- launchers
 
 def counter_uniform(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor | None:
@@ -139,6 +149,22 @@ def _counter_uniform_triton(seeds: torch.Tensor, steps: torch.Tensor) -> torch.T
     out = torch.empty(seeds.shape[0], dtype=torch.float64, device=seeds.device)
     n = seeds.shape[0]
     _counter_uniform_kernel[(triton.cdiv(n, 256),)](seeds, steps, out, n, BLOCK=256)
+    return out
+
+
+_ARGMAX_CHUNK = 8192
+
+
+def _row_argmax_triton(x: torch.Tensor) -> torch.Tensor:
+    x = _dense_last(x)
+    B, V = x.shape
+    chunks = triton.cdiv(V, _ARGMAX_CHUNK)
+    vals = torch.empty(B, chunks, dtype=torch.float32, device=x.device)
+    idx = torch.empty(B, chunks, dtype=torch.int64, device=x.device)
+    _argmax_chunk_kernel[(B, chunks)](x, vals, idx, x.stride(0), V, chunks,
+                                      CHUNK=_ARGMAX_CHUNK, BLOCK=2048, num_warps=8)
+    out = torch.empty(B, dtype=torch.int64, device=x.device)
+    _argmax_merge_kernel[(B,)](vals, idx, out, chunks, BLOCK=triton.next_power_of_2(chunks))
     return out
 
 
@@ -321,3 +347,34 @@ def _counter_uniform_kernel(Seeds, Steps, Out, n, BLOCK: tl.constexpr):
     step = tl.load(Steps + offs, mask=mask, other=0).to(tl.int64)
     h = _mix32(_mix32(seed & 0xFFFFFFFF) ^ ((step * 0x9E3779B9) & 0xFFFFFFFF))
     tl.store(Out + offs, (h.to(tl.float64) + 0.5) / 4294967296.0, mask=mask)
+
+
+@_jit
+def _argmax_chunk_kernel(X, Vals, Idx, sx, V, chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    # Grid (row, chunk): the chunk's max and the first index holding it; blocks in index order,
+    # a later block wins only with a strictly larger max.
+    row = tl.program_id(0).to(tl.int64)
+    start = tl.program_id(1) * CHUNK
+    best = float("-inf")
+    best_i = start.to(tl.int64)
+    for off in tl.static_range(0, CHUNK, BLOCK):
+        cols = start + off + tl.arange(0, BLOCK)
+        v = tl.load(X + row * sx + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        v = tl.where(v != v, float("inf"), v)
+        m = tl.max(v, axis=0)
+        i = tl.argmax(v, axis=0, tie_break_left=True)
+        take = m > best
+        best_i = tl.where(take, (start + off + i).to(tl.int64), best_i)
+        best = tl.where(take, m, best)
+    tl.store(Vals + row * chunks + tl.program_id(1), best)
+    tl.store(Idx + row * chunks + tl.program_id(1), best_i)
+
+
+@_jit
+def _argmax_merge_kernel(Vals, Idx, Out, chunks, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    v = tl.load(Vals + row * chunks + c, mask=c < chunks, other=float("-inf"))
+    i = tl.load(Idx + row * chunks + c, mask=c < chunks, other=0)
+    first = tl.argmax(v, axis=0, tie_break_left=True)  # an all -inf row: chunk 0, index 0
+    tl.store(Out + row, tl.sum(tl.where(c == first, i, 0), axis=0))

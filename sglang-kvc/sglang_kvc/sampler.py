@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .fused_ops import counter_uniform
+from .fused_ops import counter_uniform, row_argmax
 
 _M32 = 0xFFFFFFFF
 
@@ -75,7 +75,7 @@ class Sampler:
         """`logits` [B, V] in the model dtype or fp32; softmaxes run in fp32."""
         if sb.ban_rows is not None:
             logits[sb.ban_rows, sb.ban_ids] = float("-inf")
-        greedy_ids = logits.argmax(dim=-1)  # the same index in the model dtype as after upcasting
+        greedy_ids = row_argmax(logits)  # the same index in the model dtype as after upcasting
         if sb.all_greedy and not sb.need_logprobs:
             return SampleOutput(greedy_ids, None, None, None)
         logits = logits.float()

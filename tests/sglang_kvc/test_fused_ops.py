@@ -405,3 +405,46 @@ def test_gpu_counter_uniform_bit_equal_to_cpu():
     seeds, steps = _counter_cases("cuda")
     got = fo.counter_uniform(seeds, steps)
     assert got is not None and torch.equal(got.cpu(), _counter_torch(seeds.cpu(), steps.cpu()))
+
+
+# ---------------------------------------------------------------- greedy argmax
+
+def argmax_cases(device):
+    """Rows with ties (the first index must win, also across 8192-wide chunks), a row of -inf
+    but one entry, an all -inf row, and a vocabulary that is no multiple of the block."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 20_001, generator=g)
+    x[1, [5, 9000, 17000]] = 50.0  # a tie across chunks
+    x[2, [100, 101]] = 50.0  # a tie inside one block
+    x[3] = float("-inf")
+    x[3, 19_999] = -3.0
+    x[4] = float("-inf")
+    x[5, 20_000] = 60.0  # the very last column
+    return x.to(device)
+
+
+def check_argmax(device, dtype):
+    x = argmax_cases(device).to(dtype)
+    got = fo._row_argmax_triton(x)
+    assert got.dtype == torch.int64
+    assert torch.equal(got.cpu(), x.float().cpu().argmax(dim=-1))
+    wide = torch.randn(3, 151_936, device=device).to(dtype)[:, ::2]  # strided: copied dense
+    assert torch.equal(fo._row_argmax_triton(wide).cpu(), wide.float().cpu().argmax(dim=-1))
+
+
+@interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_interpreter_row_argmax(dtype):
+    check_argmax("cpu", dtype)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gpu_row_argmax(dtype):
+    check_argmax("cuda", dtype)
+
+
+def test_row_argmax_cpu_is_torch():
+    x = argmax_cases("cpu")
+    assert torch.equal(fo.row_argmax(x), x.argmax(dim=-1))

@@ -351,23 +351,24 @@ def _counter_uniform_kernel(Seeds, Steps, Out, n, BLOCK: tl.constexpr):
 
 @_jit
 def _argmax_chunk_kernel(X, Vals, Idx, sx, V, chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    # Grid (row, chunk): the chunk's max and the first index holding it; blocks in index order,
-    # a later block wins only with a strictly larger max.
+    # Grid (row, chunk). Each lane keeps its running max and the first column reaching it
+    # (strictly larger wins), so the loads of the chunk's blocks are not serialised by
+    # reductions; one reduction at the end takes the smallest column among lanes at the max.
     row = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * CHUNK
-    best = float("-inf")
-    best_i = start.to(tl.int64)
+    best = tl.full((BLOCK,), float("-inf"), tl.float32)
+    best_i = start + tl.arange(0, BLOCK)  # an all -inf chunk answers its first column
     for off in tl.static_range(0, CHUNK, BLOCK):
         cols = start + off + tl.arange(0, BLOCK)
         v = tl.load(X + row * sx + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
         v = tl.where(v != v, float("inf"), v)
-        m = tl.max(v, axis=0)
-        i = tl.argmax(v, axis=0, tie_break_left=True)
-        take = m > best
-        best_i = tl.where(take, (start + off + i).to(tl.int64), best_i)
-        best = tl.where(take, m, best)
-    tl.store(Vals + row * chunks + tl.program_id(1), best)
-    tl.store(Idx + row * chunks + tl.program_id(1), best_i)
+        take = v > best
+        best = tl.where(take, v, best)
+        best_i = tl.where(take, cols, best_i)
+    m = tl.max(best, axis=0)
+    tl.store(Vals + row * chunks + tl.program_id(1), m)
+    first = tl.min(tl.where(best == m, best_i, 2147483647), axis=0)
+    tl.store(Idx + row * chunks + tl.program_id(1), first.to(tl.int64))
 
 
 @_jit

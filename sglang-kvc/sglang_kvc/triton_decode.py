@@ -1,9 +1,14 @@
 """Paged decode attention in Triton: one query token per request against its slots in the pool.
 
-Split-KV (flash-decoding) in two stages. Stage 1, grid (request, KV head, split): the program
-takes all query heads of one KV head's group (so q·Kᵀ is a tensor-core dot even for GQA), walks
+Split-KV (flash-decoding) in two stages. Stage 1, grid (request, block of KV heads, split): the
+program takes all query heads of its KV heads (so q·Kᵀ is a tensor-core dot even for GQA), walks
 its share of the request's slot table in BLOCK_N chunks with an online softmax, and writes a
 partial output and its log-sum-exp. Stage 2, grid (request, query head): merges the splits.
+
+Why blocks of KV heads: with one token per slot, a request's K/V rows are scattered over the
+pool, and a program per (request, KV head) read 128-byte pieces of them one dependent load after
+another: ~1.1-2.1 TB/s on an H100 whatever the split, warps or pipelining (bench_decode_attention).
+Reading a slot's heads as one row and prefetching the next block's slots is what helps.
 Everything the kernels read per step (rows, kv_lens) is a tensor and the grid depends only on the
 batch size, so a decode step can be captured in a CUDA graph.
 """
@@ -17,12 +22,16 @@ import triton.language as tl
 
 @triton.jit
 def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, scale,
-            stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_tr,
-            stride_ob, stride_oh, stride_os,
-            GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-            D: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr):
+            stride_qb, stride_qh, stride_ks, stride_vs, stride_tr, stride_ob, stride_oh, stride_os,
+            HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, KVB: tl.constexpr,
+            BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+            IEEE: tl.constexpr):
+    # Grid (request, block of KVB KV heads, split). A slot's KVB heads are one contiguous row of
+    # KVB * D values, read whole; each query row carries its vector in its KV head's D columns
+    # and zeros elsewhere, so one dot gives every head its own scores and one dot (then a pick
+    # of the head's columns) its own output.
     b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    kv0 = tl.program_id(1) * KVB
     split = tl.program_id(2)
     row = tl.load(Rows + b).to(tl.int64)
     kv_len = tl.load(Lens + b)
@@ -30,22 +39,32 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, scale,
     start = split * per_split
     end = tl.minimum(start + per_split, kv_len)
 
+    offs_c = tl.arange(0, KVB * D)
+    col_head = offs_c // D  # local KV head of each column
+    cmask = kv0 + col_head < HKV
     offs_h = tl.arange(0, BLOCK_H)
-    hmask = offs_h < GROUP
-    heads = kvh * GROUP + offs_h
-    offs_d = tl.arange(0, D)
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=hmask[:, None], other=0.0)
+    row_head = offs_h // GROUP  # local KV head of each query row
+    heads = kv0 * GROUP + offs_h
+    hmask = (offs_h < KVB * GROUP) & (heads < HQ)
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + (offs_c % D)[None, :],
+                mask=hmask[:, None] & (row_head[:, None] == col_head[None, :]) & cmask[None, :], other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, D], tl.float32)
+    acc = tl.zeros([BLOCK_H, KVB * D], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    table = Table + row * stride_tr
+    # The next block's slots are loaded one iteration ahead: the K/V gathers then wait on one
+    # memory round trip per block, not two.
+    next_slots = tl.load(table + start + offs_n, mask=start + offs_n < end, other=0)
     for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        nmask = offs_n < end
-        slots = tl.load(Table + row * stride_tr + offs_n, mask=nmask, other=0).to(tl.int64)
-        k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :],
-                    mask=nmask[:, None], other=0.0)
+        nmask = n0 + offs_n < end
+        slots = next_slots.to(tl.int64)
+        ahead = n0 + BLOCK_N + offs_n
+        next_slots = tl.load(table + ahead, mask=ahead < end, other=0)
+        kv_mask = nmask[:, None] & cmask[None, :]
+        k = tl.load(K + slots[:, None] * stride_ks + kv0 * D + offs_c[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + slots[:, None] * stride_vs + kv0 * D + offs_c[None, :], mask=kv_mask, other=0.0)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -55,8 +74,6 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, scale,
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + slots[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
-                    mask=nmask[:, None], other=0.0)
         if IEEE:
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -64,9 +81,14 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, scale,
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
+    # each query row keeps the D columns of its own KV head
+    acc3 = tl.reshape(acc, [BLOCK_H, KVB, D])
+    own = row_head[:, None] == tl.arange(0, KVB)[None, :]
+    acc = tl.sum(tl.where(own[:, :, None], acc3, 0.0), axis=1)
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    offs_d = tl.arange(0, D)
     base = b * stride_ob + heads * stride_oh + split * stride_os
     tl.store(MidO + base[:, None] + offs_d[None, :], out, mask=hmask[:, None])
     tl.store(MidLse + b * (stride_ob // D) + heads * (stride_oh // D) + split, lse, mask=hmask)
@@ -87,28 +109,41 @@ def _stage2(MidO, MidLse, Out, stride_ob, stride_oh, stride_os, stride_outb, str
     tl.store(Out + b * stride_outb + h * stride_outh + offs_d, out.to(Out.dtype.element_ty))
 
 
+def kv_heads_per_program(hkv: int, d: int, max_cols: int = 256) -> int:
+    """KV heads one stage-1 program reads per slot: as many as fit in `max_cols` values (a
+    power of two, at most the head count rounded up), at least one."""
+    kvb = 1
+    while kvb * 2 * d <= max_cols and kvb < hkv:
+        kvb *= 2
+    return kvb
+
+
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                            table: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor,
-                           scale: float, num_splits: int = 8, block_n: int = 64) -> torch.Tensor:
-    """q [B, Hq, D]; k_pool/v_pool [num_slots, Hkv, D]; table [R, max_len] int32; rows [B];
-    kv_lens [B] (every request must hold at least one slot). Returns [B, Hq, D] in q's dtype."""
+                           scale: float, num_splits: int = 8, block_n: int = 64, num_warps: int = 4,
+                           num_stages: int = 2, kv_per_program: int | None = None) -> torch.Tensor:
+    """q [B, Hq, D]; k_pool/v_pool [num_slots, Hkv, D] (heads dense within a slot); table
+    [R, max_len] int32; rows [B]; kv_lens [B] (every request must hold at least one slot).
+    Returns [B, Hq, D] in q's dtype."""
     B, Hq, D = q.shape
     Hkv = k_pool.shape[1]
     group = Hq // Hkv
     assert D & (D - 1) == 0 and D >= 16, "head_dim must be a power of two >= 16"
     assert num_splits & (num_splits - 1) == 0
+    for pool in (k_pool, v_pool):
+        assert pool.stride(2) == 1 and pool.stride(1) == D, "a slot's heads must be dense"
+    kvb = kv_per_program or kv_heads_per_program(Hkv, D)
     q = q.contiguous()
     mid_o = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)
-    block_h = max(16, triton.next_power_of_2(group))
-    _stage1[(B, Hkv, num_splits)](
+    _stage1[(B, triton.cdiv(Hkv, kvb), num_splits)](
         q, k_pool, v_pool, table, rows, kv_lens, mid_o, mid_lse, scale,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1),
-        v_pool.stride(0), v_pool.stride(1), table.stride(0),
+        q.stride(0), q.stride(1), k_pool.stride(0), v_pool.stride(0), table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
-        GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, D=D, SPLITS=num_splits,
-        IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
+        HQ=Hq, HKV=Hkv, GROUP=group, KVB=kvb, BLOCK_H=max(16, triton.next_power_of_2(kvb * group)),
+        BLOCK_N=block_n, D=D, SPLITS=num_splits, IEEE=q.dtype == torch.float32,
+        num_warps=num_warps, num_stages=num_stages)
     _stage2[(B, Hq)](mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
                      out.stride(0), out.stride(1), D=D, SPLITS=num_splits)
     return out

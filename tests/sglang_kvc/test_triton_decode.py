@@ -1,0 +1,66 @@
+"""The paged Triton decode kernel (triton_decode.py) against a float64 dense reference.
+
+Runs on CUDA (`gpu` marker), or on CPU under the Triton interpreter (TRITON_INTERPRET=1 with
+triton importable; fp32 only, fewer requests); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRET = HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.bfloat16, torch.float32] if DEVICE == "cuda" else [torch.float32]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not (torch.cuda.is_available() or INTERPRET), reason="needs CUDA or TRITON_INTERPRET=1")]
+
+
+def paged_decode_attention(*args, **kwargs):
+    from sglang_kvc.triton_decode import paged_decode_attention as kernel
+
+    return kernel(*args, **kwargs)
+
+
+def test_kv_heads_per_program():
+    from sglang_kvc.triton_decode import kv_heads_per_program
+
+    # a 256-value slot row at most; never more heads than the pool has (rounded up to 2^k)
+    assert [kv_heads_per_program(h, d) for h, d in ((2, 64), (3, 64), (8, 128), (1, 16), (4, 32), (2, 256))] \
+        == [2, 4, 2, 1, 4, 1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv,d", [(14, 2, 64), (16, 8, 128), (4, 1, 16), (9, 3, 64), (12, 4, 32)])
+@pytest.mark.parametrize("kvb", [None, 1])
+def test_triton_decode_matches_dense(dtype, hq, hkv, d, kvb):
+    """Every KV-head blocking (the picked one, 1 head per program; 3 heads in a block of 4 and
+    4 heads in blocks of 4 / 8 columns' worth) against a float64 dense reference."""
+    torch.manual_seed(0)
+    dev = DEVICE
+    num_slots, B = (4096, 37) if dev == "cuda" else (1024, 6)
+    k_pool = torch.randn(num_slots, hkv, d, device=dev, dtype=dtype)
+    v_pool = torch.randn(num_slots, hkv, d, device=dev, dtype=dtype)
+    lens = torch.randint(1, 700 if dev == "cuda" else 200, (B,), device=dev, dtype=torch.int32)
+    lens[0], lens[1] = 1, 65  # one slot; one past a block
+    table = torch.zeros(B + 3, 800, dtype=torch.int32, device=dev)
+    rows = torch.randperm(B + 2, device=dev)[:B] + 1
+    perm = torch.randperm(num_slots - 1, device=dev) + 1
+    for i in range(B):  # distinct random slots per request
+        table[rows[i], :lens[i]] = perm[torch.randint(0, num_slots - 1, (int(lens[i]),), device=dev)].int()
+    q = torch.randn(B, hq, d, device=dev, dtype=dtype)
+    scale = d ** -0.5
+    for splits in (1, 4, 16):
+        out = paged_decode_attention(q, k_pool, v_pool, table, rows, lens, scale, splits, kv_per_program=kvb)
+        for i in range(B):
+            slots = table[rows[i], :lens[i]].long()
+            k = k_pool[slots].double().repeat_interleave(hq // hkv, dim=1)  # [L, Hq, D]
+            v = v_pool[slots].double().repeat_interleave(hq // hkv, dim=1)
+            att = torch.softmax(torch.einsum("hd,lhd->hl", q[i].double(), k) * scale, dim=-1)
+            ref = torch.einsum("hl,lhd->hd", att, v)
+            err = (out[i].double() - ref).norm() / ref.norm()
+            assert err < (2e-2 if dtype == torch.bfloat16 else 1e-5), (splits, i, err.item())

@@ -4,6 +4,7 @@ Split-KV (flash-decoding) in two stages. Stage 1, grid (request, block of KV hea
 program takes all query heads of its KV heads (so q·Kᵀ is a tensor-core dot even for GQA), walks
 its share of the request's slot table in BLOCK_N chunks with an online softmax, and writes a
 partial output and its log-sum-exp. Stage 2, grid (request, query head): merges the splits.
+With one split (large batches), stage 1 writes the output itself and stage 2 is not launched.
 
 Why blocks of KV heads: with one token per slot, a request's K/V rows are scattered over the
 pool, and a program per (request, KV head) read 128-byte pieces of them one dependent load after
@@ -21,8 +22,9 @@ import triton.language as tl
 
 
 @triton.jit
-def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, scale,
+def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale,
             stride_qb, stride_qh, stride_ks, stride_vs, stride_tr, stride_ob, stride_oh, stride_os,
+            stride_outb, stride_outh,
             HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, KVB: tl.constexpr,
             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
             IEEE: tl.constexpr):
@@ -87,8 +89,12 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, scale,
     acc = tl.sum(tl.where(own[:, :, None], acc3, 0.0), axis=1)
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
     offs_d = tl.arange(0, D)
+    if SPLITS == 1:  # the whole context: the final output, no merge kernel
+        dst = Out + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :]
+        tl.store(dst, out.to(Out.dtype.element_ty), mask=hmask[:, None])
+        return
+    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
     base = b * stride_ob + heads * stride_oh + split * stride_os
     tl.store(MidO + base[:, None] + offs_d[None, :], out, mask=hmask[:, None])
     tl.store(MidLse + b * (stride_ob // D) + heads * (stride_oh // D) + split, lse, mask=hmask)
@@ -134,16 +140,18 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         assert pool.stride(2) == 1 and pool.stride(1) == D, "a slot's heads must be dense"
     kvb = kv_per_program or kv_heads_per_program(Hkv, D)
     q = q.contiguous()
-    mid_o = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
+    mid_shape = (B, Hq, num_splits, D) if num_splits > 1 else (1, 1, 1, D)  # unused with one split
+    mid_o = torch.empty(mid_shape, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(mid_shape[:3], dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)
     _stage1[(B, triton.cdiv(Hkv, kvb), num_splits)](
-        q, k_pool, v_pool, table, rows, kv_lens, mid_o, mid_lse, scale,
+        q, k_pool, v_pool, table, rows, kv_lens, mid_o, mid_lse, out, scale,
         q.stride(0), q.stride(1), k_pool.stride(0), v_pool.stride(0), table.stride(0),
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), out.stride(0), out.stride(1),
         HQ=Hq, HKV=Hkv, GROUP=group, KVB=kvb, BLOCK_H=max(16, triton.next_power_of_2(kvb * group)),
         BLOCK_N=block_n, D=D, SPLITS=num_splits, IEEE=q.dtype == torch.float32,
         num_warps=num_warps, num_stages=num_stages)
-    _stage2[(B, Hq)](mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
-                     out.stride(0), out.stride(1), D=D, SPLITS=num_splits)
+    if num_splits > 1:
+        _stage2[(B, Hq)](mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+                         out.stride(0), out.stride(1), D=D, SPLITS=num_splits)
     return out

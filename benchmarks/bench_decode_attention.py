@@ -2,9 +2,10 @@
 read per second, for a batch of requests at a given context, per launch setting.
 
 The default row is the engine's setting before KV-head blocks (one KV head per program, 2
-splits at batch 256). Each timing is a CUDA graph of one call per layer (24 layers, each its own K/V pool, so the
-reads come from HBM as in a decode step), replayed 5 times (median). Slots are handed out in a
-shuffled order, as in a pool that has served requests for a while.
+splits at batch 256). Each timing is a CUDA graph of one call per layer (24 layers, each its own
+K/V pool, so the reads come from HBM as in a decode step), replayed 5 times (median). Slots are
+handed out in a shuffled order (`--layout random`), as in a pool that has served requests for a
+while.
 
     PYTHONPATH=sglang-kvc:. python benchmarks/bench_decode_attention.py [--batch 256]
         [--contexts 140 384 640] [--sweep]

@@ -93,17 +93,6 @@ class TorchAttention:
 class TritonAttention(TorchAttention):
     """Same prefill; decode attends over the paged pool in place (no per-step gather)."""
 
-    @staticmethod
-    def num_kv_splits(batch_size: int, kv_blocks: int, target: int = 256) -> int:
-        """Splits giving ~`target` (request, KV-head block, split) programs: enough to fill an
-        H100 (132 SMs) twice. Depends on shapes only, so a captured graph's grid stays valid
-        whatever the sequence lengths. (Measured at batch 256 on the 0.5B shape: one split is
-        as fast as two at long contexts and faster at short ones; bench_decode_attention.)"""
-        splits = 1
-        while splits < 32 and batch_size * kv_blocks * splits < target:
-            splits *= 2
-        return splits
-
     def forward_rotary(self, layer: int, q, k, v, positions, rotary) -> torch.Tensor:
         # One kernel for RoPE and the store. Rotated q goes to a fresh dense buffer: it is what
         # the decode kernel wants (q from the qkv split is strided; no extra copy kernel).
@@ -113,11 +102,9 @@ class TritonAttention(TorchAttention):
         return self.attend(layer, q, k, v)
 
     def decode(self, layer: int, q) -> torch.Tensor:
-        from .triton_decode import kv_heads_per_program, paged_decode_attention
+        from .triton_decode import paged_decode_attention
 
         m = self.meta
-        k_pool = self.kv.pool.k[layer]
-        hkv = k_pool.shape[1]
-        blocks = -(-hkv // kv_heads_per_program(hkv, k_pool.shape[2]))
-        return paged_decode_attention(q, k_pool, self.kv.pool.v[layer], self.kv.req_to_token.table,
-                                      m.rows, m.kv_lens, self.scale, self.num_kv_splits(q.shape[0], blocks))
+        pool = self.kv.pool
+        return paged_decode_attention(q, pool.k[layer], pool.v[layer], self.kv.req_to_token.table,
+                                      m.rows, m.kv_lens, self.scale)

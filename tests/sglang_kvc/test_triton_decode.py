@@ -34,12 +34,20 @@ def test_kv_heads_per_program():
         == [2, 4, 2, 1, 4, 1]
 
 
+def test_num_kv_splits_targets_256_programs():
+    from sglang_kvc.triton_decode import num_kv_splits
+
+    # (batch, KV-head blocks) -> the smallest power of two reaching 256 programs, at most 32
+    assert [num_kv_splits(b, k) for b, k in ((256, 1), (128, 1), (64, 1), (8, 2), (1, 1), (300, 2))] \
+        == [1, 2, 4, 16, 32, 1]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hq,hkv,d", [(14, 2, 64), (16, 8, 128), (4, 1, 16), (9, 3, 64), (12, 4, 32)])
 @pytest.mark.parametrize("kvb", [None, 1])
 def test_triton_decode_matches_dense(dtype, hq, hkv, d, kvb):
-    """Every KV-head blocking (the picked one, 1 head per program; 3 heads in a block of 4 and
-    4 heads in blocks of 4 / 8 columns' worth) against a float64 dense reference."""
+    """The picked KV-head blocking (e.g. 3 heads in a block of 4, masked) and one head per
+    program, 1 to 16 splits, against a float64 dense reference."""
     torch.manual_seed(0)
     dev = DEVICE
     num_slots, B = (4096, 37) if dev == "cuda" else (1024, 6)
@@ -54,7 +62,7 @@ def test_triton_decode_matches_dense(dtype, hq, hkv, d, kvb):
         table[rows[i], :lens[i]] = perm[torch.randint(0, num_slots - 1, (int(lens[i]),), device=dev)].int()
     q = torch.randn(B, hq, d, device=dev, dtype=dtype)
     scale = d ** -0.5
-    for splits in (1, 4, 16):
+    for splits in (1, 4, 16, None):  # None: picked from the shapes, as the engine calls it
         out = paged_decode_attention(q, k_pool, v_pool, table, rows, lens, scale, splits, kv_per_program=kvb)
         for i in range(B):
             slots = table[rows[i], :lens[i]].long()

@@ -20,7 +20,8 @@ import statistics
 
 import torch
 
-from sglang_kvc.triton_decode import paged_decode_attention
+from sglang_kvc.fused_ops import rope_store_
+from sglang_kvc.triton_decode import NewTokenKV, paged_decode_attention
 
 DEFAULT = dict(num_splits=2, block_n=64, num_warps=4, num_stages=2, kv_per_program=1)
 
@@ -96,6 +97,33 @@ def run_context(args, ctx: int, results: dict) -> None:
         results.setdefault(tuple(sorted(s.items())), {})[ctx] = (us, nbytes / us / 1e6, err.item())
 
 
+def run_rope(args, ctx: int) -> None:
+    """A layer's RoPE + K/V store + attention as the engine runs it: the separate rope_store_
+    kernel then the kernel, vs the kernel doing all three (NewTokenKV); picked settings."""
+    q, k, v, table, rows, lens = make_layers(args, ctx)
+    B, hq, hkv, d = args.batch, args.heads, args.kv_heads, args.head_dim
+    qkv = torch.randn(B, (hq + 2 * hkv) * d, device="cuda").bfloat16()
+    qs, ks, vs = (t.view(B, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+    pos = lens.long() - 1
+    freqs = torch.arange(ctx, device="cuda").float()[:, None] * torch.rand(d // 2, device="cuda")[None, :]
+    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+    slots = table[rows, pos].long()
+
+    def separate(i):
+        qr = rope_store_(qs, ks, vs, pos, cos, sin, k[i], v[i], slots,
+                         q_out=torch.empty(qs.shape, dtype=qs.dtype, device="cuda"))
+        return paged_decode_attention(qr, k[i], v[i], table, rows, lens, 0.125)
+
+    def fused(i):
+        new = NewTokenKV(ks, vs, pos, cos, sin, slots)
+        return paged_decode_attention(qs, k[i], v[i], table, rows, lens, 0.125, new=new)
+
+    for name, call in (("rope_store_ + attention", separate), ("fused (NewTokenKV)", fused)):
+        times = [graph_us(call, args.layers) for _ in range(args.rope_repeats)]
+        print(f"ctx {ctx} {name}: us per layer min/median/max "
+              f"{min(times):.2f} / {statistics.median(times):.2f} / {max(times):.2f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=256)
@@ -109,9 +137,16 @@ def main():
     ap.add_argument("--settings", default=None,
                     help="JSON list of settings to time instead of the default / the sweep")
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--rope", action="store_true",
+                    help="time RoPE + store + attention: separate kernels vs fused")
+    ap.add_argument("--rope-repeats", type=int, default=5)
     args = ap.parse_args()
     print(f"{torch.cuda.get_device_name()}: B={args.batch}, heads {args.heads}/{args.kv_heads}, "
           f"D={args.head_dim}, bf16, slots {args.layout}", flush=True)
+    if args.rope:
+        for ctx in args.contexts:
+            run_rope(args, ctx)
+        return
     results = {}
     for ctx in args.contexts:
         run_context(args, ctx, results)

@@ -9,8 +9,9 @@ Every backend first writes the step's new K/V into their slots (`out_slots`), th
 `TritonAttention` reads the pool through the table inside a Triton kernel (CUDA).
 
 The model calls `forward_rotary` (RoPE, store, attend): the torch backend ropes with the model's
-Rotary then runs `forward`; the Triton backend ropes q and k and writes K/V into the pool in one
-fused kernel (fused_ops.rope_store_).
+Rotary then runs `forward`; the Triton backend's decode kernel ropes q and k, stores K/V and
+attends in one kernel (triton_decode.NewTokenKV); its prefill, and decode steps that record
+queries for compression, rope and store in one fused kernel (fused_ops.rope_store_) first.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ class TritonAttention(TorchAttention):
     """Same prefill; decode attends over the paged pool in place (no per-step gather)."""
 
     def forward_rotary(self, layer: int, q, k, v, positions, rotary) -> torch.Tensor:
+        if not self.meta.is_prefill and not self._records_queries():
+            return self.decode_rotary(layer, q, k, v, positions, rotary)
         # One kernel for RoPE and the store. Rotated q goes to a fresh dense buffer: it is what
         # the decode kernel wants (q from the qkv split is strided; no extra copy kernel).
         pool = self.kv.pool
@@ -101,10 +104,21 @@ class TritonAttention(TorchAttention):
                         self.meta.out_slots, q_out=torch.empty(q.shape, dtype=q.dtype, device=q.device))
         return self.attend(layer, q, k, v)
 
-    def decode(self, layer: int, q) -> torch.Tensor:
+    def _records_queries(self) -> bool:
+        # The query ring wants rotated q in memory: those steps keep the separate RoPE kernel.
+        return self.ring is not None and self.meta.rec_rows is not None
+
+    def decode_rotary(self, layer: int, q, k, v, positions, rotary) -> torch.Tensor:
+        """RoPE, the K/V store and attention in the decode kernel itself (triton_decode)."""
+        from .triton_decode import NewTokenKV
+
+        new = NewTokenKV(k, v, positions, rotary.cos, rotary.sin, self.meta.out_slots)
+        return self.decode(layer, q, new)
+
+    def decode(self, layer: int, q, new=None) -> torch.Tensor:
         from .triton_decode import paged_decode_attention
 
         m = self.meta
         pool = self.kv.pool
         return paged_decode_attention(q, pool.k[layer], pool.v[layer], self.kv.req_to_token.table,
-                                      m.rows, m.kv_lens, self.scale)
+                                      m.rows, m.kv_lens, self.scale, new=new)

@@ -1,9 +1,9 @@
 """Fused elementwise ops of a decoder layer: one Triton kernel each, plus a torch reference.
 
 Why: a small model's decode step is launch-bound. Unfused, a layer runs ~40 tiny kernels (an
-RMSNorm alone is seven, RoPE fourteen); with these ops it runs ten:
-  add_rmsnorm -> qkv GEMM -> rope_store_ -> attention (2) -> o_proj -> add_rmsnorm -> gate_up
-  -> silu_mul -> down.
+RMSNorm alone is seven, RoPE fourteen); with these ops (and RoPE + store inside the decode
+attention kernel, triton_decode) a decode layer runs eight:
+  add_rmsnorm -> qkv GEMM -> attention -> o_proj -> add_rmsnorm -> gate_up -> silu_mul -> down.
 
 Numerics are today's: each kernel rounds where torch rounds. Elementwise products and sums of
 bf16/fp16 values are computed in fp32 and rounded to the activation dtype after each op (what

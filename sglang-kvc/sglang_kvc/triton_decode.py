@@ -10,24 +10,56 @@ Why blocks of KV heads: with one token per slot, a request's K/V rows are scatte
 pool, and a program per (request, KV head) read 128-byte pieces of them one dependent load after
 another: ~1.1-2.1 TB/s on an H100 whatever the split, warps or pipelining (bench_decode_attention).
 Reading a slot's heads as one row and prefetching the next block's slots is what helps.
+With `NewTokenKV` (the engine's decode steps), stage 1 also applies RoPE to q and the new token's
+k, writes its K/V into the pool and attends to it from registers: the separate RoPE + store
+kernel goes (-1.5 us per layer at context 384 on an H100, docs/benchmarks.md). It rounds like
+fused_ops' RoPE and is compiled without FMA contraction, so the pool gets the same bits.
 Everything the kernels read per step (rows, kv_lens) is a tensor and the grid depends only on the
 batch size, so a decode step can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
+
+from .fused_ops import _round
+
+
+@dataclass
+class NewTokenKV:
+    """The step's own K/V, un-rotated: stage 1 then applies RoPE to q and k itself, writes k and
+    v into the pool at `slots`, and attends to the new token from registers. This replaces the
+    separate RoPE + store kernel (one of ~10 kernels per layer in a launch-bound decode step)."""
+    k: torch.Tensor  # [B, Hkv, D], any token/head strides, last dim dense (a split of qkv)
+    v: torch.Tensor  # [B, Hkv, D], same
+    positions: torch.Tensor  # [B] logical positions: the cos/sin rows
+    cos: torch.Tensor  # [max_pos, D] tables (fp32 or the model dtype)
+    sin: torch.Tensor
+    slots: torch.Tensor  # [B] the new tokens' slots: table[row, kv_len - 1]
+
+
+@triton.jit
+def _rope_tile(X, idx, partner, mask, cos, sin, sign):
+    """RoPE of the values X[idx] (X[partner] holds each one's rotate_half partner), rounded
+    after each op like torch and fused_ops' RoPE: x*cos + sign*partner*sin."""
+    dtype = X.dtype.element_ty
+    x = tl.load(X + idx, mask=mask, other=0.0).to(tl.float32)
+    xr = tl.load(X + partner, mask=mask, other=0.0).to(tl.float32)
+    return (_round(x * cos, dtype) + _round(sign * xr * sin, dtype)).to(dtype)
 
 
 @triton.jit
 def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale,
             stride_qb, stride_qh, stride_ks, stride_vs, stride_tr, stride_ob, stride_oh, stride_os,
             stride_outb, stride_outh,
+            KN, VN, Pos, Cos, Sin, Slots, stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cos,
             HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, KVB: tl.constexpr,
             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-            IEEE: tl.constexpr):
+            IEEE: tl.constexpr, NEW: tl.constexpr):
     # Grid (request, block of KVB KV heads, split). A slot's KVB heads are one contiguous row of
     # KVB * D values, read whole; each query row carries its vector in its KV head's D columns
     # and zeros elsewhere, so one dot gives every head its own scores and one dot (then a pick
@@ -48,8 +80,28 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale,
     row_head = offs_h // GROUP  # local KV head of each query row
     heads = kv0 * GROUP + offs_h
     hmask = (offs_h < KVB * GROUP) & (heads < HQ)
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + (offs_c % D)[None, :],
-                mask=hmask[:, None] & (row_head[:, None] == col_head[None, :]) & cmask[None, :], other=0.0)
+    qmask = hmask[:, None] & (row_head[:, None] == col_head[None, :]) & cmask[None, :]
+    q_idx = b * stride_qb + heads[:, None] * stride_qh
+    if NEW:  # rotate q and the new k here; the new token is the last of the request's kv_len
+        pos = tl.load(Pos + b).to(tl.int64)
+        dcol = offs_c % D
+        partner = (dcol + D // 2) % D
+        cos = _round(tl.load(Cos + pos * stride_cos + dcol), Q.dtype.element_ty)
+        sin = _round(tl.load(Sin + pos * stride_cos + dcol), Q.dtype.element_ty)
+        sign = tl.where(dcol < D // 2, -1.0, 1.0)
+        q = _rope_tile(Q, q_idx + dcol[None, :], q_idx + partner[None, :], qmask, cos[None, :],
+                       sin[None, :], sign[None, :])
+        kn_idx = b * stride_knb + (kv0 + col_head) * stride_knh
+        k_new = _rope_tile(KN, kn_idx + dcol, kn_idx + partner, cmask, cos, sin, sign)
+        v_new = tl.load(VN + b * stride_vnb + (kv0 + col_head) * stride_vnh + dcol, mask=cmask)
+        has_new = (end == kv_len) & (start < end)  # the split holding position kv_len - 1
+        end = tl.where(has_new, end - 1, end)  # the pool loop stops before it
+        if has_new:
+            slot = tl.load(Slots + b).to(tl.int64)
+            tl.store(K + slot * stride_ks + kv0 * D + offs_c, k_new.to(K.dtype.element_ty), mask=cmask)
+            tl.store(V + slot * stride_vs + kv0 * D + offs_c, v_new.to(V.dtype.element_ty), mask=cmask)
+    else:
+        q = tl.load(Q + q_idx + (offs_c % D)[None, :], mask=qmask, other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -82,6 +134,16 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale,
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+    if NEW:
+        if has_new:  # the new token from registers; p rounded for the product as the dots do
+            s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale
+            m_new = tl.maximum(m_i, s_new)
+            alpha = tl.exp(m_i - m_new)
+            p_new = tl.exp(s_new - m_new)
+            l_i = l_i * alpha + p_new
+            pv = p_new.to(v_new.dtype).to(tl.float32)[:, None] * v_new.to(tl.float32)[None, :]
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
 
     # each query row keeps the D columns of its own KV head
     acc3 = tl.reshape(acc, [BLOCK_H, KVB, D])
@@ -138,33 +200,48 @@ def num_kv_splits(batch_size: int, kv_blocks: int, target: int = 256) -> int:
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                            table: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor,
                            scale: float, num_splits: int | None = None, block_n: int = 64, num_warps: int = 4,
-                           num_stages: int = 2, kv_per_program: int | None = None) -> torch.Tensor:
-    """q [B, Hq, D]; k_pool/v_pool [num_slots, Hkv, D] (heads dense within a slot); table
-    [R, max_len] int32; rows [B]; kv_lens [B] (every request must hold at least one slot).
-    Returns [B, Hq, D] in q's dtype. `num_splits` / `kv_per_program` None: picked from the
-    shapes (num_kv_splits / kv_heads_per_program)."""
+                           num_stages: int = 2, kv_per_program: int | None = None,
+                           new: NewTokenKV | None = None) -> torch.Tensor:
+    """q [B, Hq, D] (any token/head strides, last dim dense); k_pool/v_pool [num_slots, Hkv, D]
+    (heads dense within a slot); table [R, max_len] int32; rows [B]; kv_lens [B] (every request
+    must hold at least one slot). Returns [B, Hq, D] in q's dtype. `num_splits` /
+    `kv_per_program` None: picked from the shapes (num_kv_splits / kv_heads_per_program).
+    `new`: q and the new token's K/V are un-rotated; the kernel ropes and stores them."""
     B, Hq, D = q.shape
     Hkv = k_pool.shape[1]
-    group = Hq // Hkv
     assert D & (D - 1) == 0 and D >= 16, "head_dim must be a power of two >= 16"
     for pool in (k_pool, v_pool):
         assert pool.stride(2) == 1 and pool.stride(1) == D, "a slot's heads must be dense"
     kvb = kv_per_program or kv_heads_per_program(Hkv, D)
     num_splits = num_splits or num_kv_splits(B, triton.cdiv(Hkv, kvb))
     assert num_splits & (num_splits - 1) == 0
-    q = q.contiguous()
+    q = q if q.stride(-1) == 1 else q.contiguous()
     mid_shape = (B, Hq, num_splits, D) if num_splits > 1 else (1, 1, 1, D)  # unused with one split
     mid_o = torch.empty(mid_shape, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(mid_shape[:3], dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
+    out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
     _stage1[(B, triton.cdiv(Hkv, kvb), num_splits)](
         q, k_pool, v_pool, table, rows, kv_lens, mid_o, mid_lse, out, scale,
         q.stride(0), q.stride(1), k_pool.stride(0), v_pool.stride(0), table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), out.stride(0), out.stride(1),
-        HQ=Hq, HKV=Hkv, GROUP=group, KVB=kvb, BLOCK_H=max(16, triton.next_power_of_2(kvb * group)),
-        BLOCK_N=block_n, D=D, SPLITS=num_splits, IEEE=q.dtype == torch.float32,
-        num_warps=num_warps, num_stages=num_stages)
+        *_new_token_args(new, q), HQ=Hq, HKV=Hkv, GROUP=Hq // Hkv, KVB=kvb,
+        BLOCK_H=max(16, triton.next_power_of_2(kvb * Hq // Hkv)), BLOCK_N=block_n, D=D,
+        SPLITS=num_splits, IEEE=q.dtype == torch.float32, NEW=new is not None,
+        num_warps=num_warps, num_stages=num_stages,
+        # RoPE rounds after each op like torch (fused_ops): no contraction into FMAs
+        enable_fp_fusion=new is None)
     if num_splits > 1:
         _stage2[(B, Hq)](mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
                          out.stride(0), out.stride(1), D=D, SPLITS=num_splits)
     return out
+
+
+def _new_token_args(new: NewTokenKV | None, q: torch.Tensor) -> tuple:
+    """Stage 1's KN, VN, Pos, Cos, Sin, Slots and their strides (placeholders without `new`)."""
+    if new is None:
+        return (q, q, q, q, q, q, 0, 0, 0, 0, 0)
+    k, v, cos = new.k, new.v, new.cos
+    assert k.shape == v.shape and k.shape[0] == q.shape[0] and k.shape[2] == q.shape[2]
+    assert k.stride(-1) == v.stride(-1) == 1 and cos.stride() == new.sin.stride() and cos.stride(-1) == 1
+    return (k, v, new.positions, cos, new.sin, new.slots,
+            k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0))

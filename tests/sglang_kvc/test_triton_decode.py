@@ -72,3 +72,47 @@ def test_triton_decode_matches_dense(dtype, hq, hkv, d, kvb):
             ref = torch.einsum("hl,lhd->hd", att, v)
             err = (out[i].double() - ref).norm() / ref.norm()
             assert err < (2e-2 if dtype == torch.bfloat16 else 1e-5), (splits, i, err.item())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv,d", [(14, 2, 64), (9, 3, 64), (4, 1, 16)])
+def test_fused_rope_store_matches_separate_kernels(dtype, hq, hkv, d):
+    """NewTokenKV (RoPE + K/V store + attention in stage 1) against fused_ops.rope_store_ followed
+    by the plain kernel: the pool gets the same bits, the output agrees to rounding, for q/k/v
+    as strided splits of one qkv row (the model's layout) and every split count."""
+    from sglang_kvc.fused_ops import rope_store_
+    from sglang_kvc.triton_decode import NewTokenKV
+
+    torch.manual_seed(1)
+    dev = DEVICE
+    num_slots, B, max_pos = (32768, 37, 900) if dev == "cuda" else (1024, 5, 300)
+    lens = torch.randint(1, 700 if dev == "cuda" else 150, (B,), device=dev, dtype=torch.int32)
+    lens[0], lens[1] = 1, 65  # only the new token; the new token alone in its block
+    table = torch.zeros(B + 1, 800, dtype=torch.int32, device=dev)
+    rows = torch.randperm(B + 1, device=dev)[:B]
+    perm = torch.randperm(num_slots - 1, device=dev) + 1
+    starts = torch.cumsum(lens, 0) - lens
+    for i in range(B):  # disjoint random slots per request; the last one is the new token's
+        table[rows[i], :lens[i]] = perm[starts[i]:starts[i] + lens[i]].int()
+    out_slots = table[rows, lens.long() - 1].long()
+    positions = lens.long() - 1 + torch.randint(0, 50, (B,), device=dev)  # logical >= slots held
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device=dev).float() / d))
+    freqs = torch.arange(max_pos, device=dev).float()[:, None] * inv[None, :]
+    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+    qkv = torch.randn(B, (hq + 2 * hkv) * d, device=dev, dtype=dtype)
+    q, k, v = (t.view(B, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+    k_pool = torch.randn(num_slots, hkv, d, device=dev, dtype=dtype)
+    v_pool = torch.randn(num_slots, hkv, d, device=dev, dtype=dtype)
+    ref_k, ref_v = k_pool.clone(), v_pool.clone()
+    q_rot = rope_store_(q.clone(), k.clone(), v, positions, cos, sin, ref_k, ref_v, out_slots,
+                        q_out=torch.empty(q.shape, dtype=dtype, device=dev))
+    for splits in (1, 4, None):
+        kp, vp = k_pool.clone(), v_pool.clone()
+        new = NewTokenKV(k, v, positions, cos, sin, out_slots)
+        out = paged_decode_attention(q, kp, vp, table, rows, lens, d ** -0.5, splits, new=new)
+        ref = paged_decode_attention(q_rot, ref_k, ref_v, table, rows, lens, d ** -0.5, splits)
+        assert torch.equal(vp, ref_v), splits
+        assert torch.equal(kp, ref_k), (splits, (kp != ref_k).sum().item(), (kp.float() - ref_k.float()).abs().max())
+        # bf16: the new token's p is rounded at another running max than inside the block
+        err = (out.double() - ref.double()).norm() / ref.double().norm()
+        assert err < (5e-3 if dtype == torch.bfloat16 else 1e-6), (splits, err.item())

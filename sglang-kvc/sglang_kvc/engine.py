@@ -62,7 +62,8 @@ class StepStats:
     def to_dict(self) -> dict:
         n = max(self.decode_steps, 1)
         return {"decode_steps": self.decode_steps, "host_ms_per_step": 1e3 * self.host_s / n,
-                "gpu_wait_ms_per_step": 1e3 * self.gpu_wait_s / n}
+                "gpu_wait_ms_per_step": 1e3 * self.gpu_wait_s / n,
+                "decode_s": self.host_s + self.gpu_wait_s}
 
 
 _MEMORY_TAGS = {"kv_cache", "weights", "cuda_graph"}
@@ -371,8 +372,8 @@ class Engine:
             if not ids:
                 raise ValueError("text tokenizes to no tokens")
         vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
+        if min(ids) < 0 or max(ids) >= vocab:
+            bad = [t for t in ids if not 0 <= t < vocab]
             raise ValueError(f"token id(s) {bad[:5]} out of vocabulary [0, {vocab})")
         if len(ids) >= self.max_seq_len:
             raise ValueError(f"the input ({len(ids)} tokens) is longer than the model's context "

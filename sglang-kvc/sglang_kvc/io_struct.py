@@ -125,7 +125,7 @@ def parse_generate(body: Any, sampling_defaults: dict | None = None) -> tuple[li
         for p in prompts:
             if not isinstance(p, list) or not p:
                 raise ValueError("input_ids must not be empty")
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            if set(map(type, p)) != {int}:  # C-speed over 32k ids; bools and floats fail
                 raise ValueError("input_ids must contain only integers")
     if batch and not prompts:
         raise ValueError("empty batch")

@@ -51,7 +51,8 @@ class SlotAllocator:
         self.reset()
 
     def reset(self) -> None:
-        self.free_slots = torch.arange(1, self.num_slots, dtype=torch.int64, device=self.device)
+        self._free = torch.arange(1, self.num_slots, dtype=torch.int64, device=self.device)
+        self._freed: list[torch.Tensor] = []  # freed since the list was last read (see free)
         self._num_free = self.num_slots - 1
         self.peak_used = 0  # most slots ever held at once (allocations happen before compaction)
 
@@ -66,14 +67,28 @@ class SlotAllocator:
     def alloc(self, n: int) -> torch.Tensor:
         if n > self._num_free:
             raise RuntimeError(f"KV pool exhausted: want {n} slots, {self._num_free} free")
-        out, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        out, self._free = self.free_slots[:n], self.free_slots[n:]
         self._num_free -= n
         self.peak_used = max(self.peak_used, self.capacity - self._num_free)
         return out
 
+    @property
+    def free_slots(self) -> torch.Tensor:
+        """The free slots, in the order alloc hands them out."""
+        if self._freed:
+            self._free = torch.cat([self._free, *self._freed])
+            self._freed = []
+        return self._free
+
+    @free_slots.setter
+    def free_slots(self, slots: torch.Tensor) -> None:
+        self._free, self._freed = slots, []
+
     def free(self, slots: torch.Tensor) -> None:
+        """Freed slots queue up and join the free list when it is next read: one concatenation
+        per step instead of one per finished request (each copied the whole free list)."""
         if slots.numel():
-            self.free_slots = torch.cat([self.free_slots, slots.to(torch.int64)])
+            self._freed.append(slots.to(torch.int64, copy=True))  # the caller may reuse its tensor
             self._num_free += slots.numel()
 
 
@@ -120,12 +135,16 @@ class KVCache:
     def extend(self, seqs: list, counts: list[int]) -> torch.Tensor:
         """Allocate `counts[i]` new slots at the end of seqs[i]'s table; returns them flat."""
         slots = self.allocator.alloc(sum(counts))
-        table = self.req_to_token.table
-        start = 0
+        n = torch.tensor(counts, dtype=torch.int64)
+        seg = torch.repeat_interleave(torch.arange(len(counts)), n)
+        rows = torch.tensor([s.row for s in seqs], dtype=torch.int64)[seg]
+        cols = torch.tensor([s.kv_len for s in seqs], dtype=torch.int64)[seg] \
+            + torch.arange(len(seg)) - (torch.cumsum(n, 0) - n)[seg]
+        dev = slots.device
+        # one scatter for the whole batch (a slice assignment per request cost ~3 launches each)
+        self.req_to_token.table[rows.to(dev), cols.to(dev)] = slots.to(torch.int32)
         for s, c in zip(seqs, counts):
-            table[s.row, s.kv_len:s.kv_len + c] = slots[start:start + c].to(torch.int32)
             s.kv_len += c
-            start += c
         return slots
 
     def extend_one(self, seqs: list, rows: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:

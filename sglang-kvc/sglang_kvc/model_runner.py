@@ -12,6 +12,7 @@ between steps, after the engine has read the tokens its trigger looks at.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -88,6 +89,22 @@ def pack_outputs(out: SampleOutput, hits: torch.Tensor) -> torch.Tensor:
     if out.top_values is not None:
         packed = torch.cat([packed, out.top_values, out.top_ids.double()], dim=1)
     return packed
+
+
+def prefill_layout(counts: list[int], first_pos: list[int], device) -> tuple[torch.Tensor, ...]:
+    """For a prefill of requests with `counts` new tokens starting at logical positions
+    `first_pos`: each flat token's position [T], and the right-padded layout attention uses,
+    pad_index [B, Lmax] (flat token index, padding -> 0) and pad_valid [B, Lmax]. Built with a
+    few tensor ops from B numbers: Python lists of every token cost ~15 ms per 16k-token step."""
+    n = torch.tensor(counts, dtype=torch.int64)
+    start = torch.cumsum(n, 0) - n
+    token = torch.arange(int(n.sum()))
+    seg = torch.repeat_interleave(torch.arange(len(counts)), n)
+    positions = torch.tensor(first_pos, dtype=torch.int64)[seg] + token - start[seg]
+    col = torch.arange(max(counts))[None, :]
+    valid = col < n[:, None]
+    pad_index = torch.where(valid, start[:, None] + col, 0)
+    return tuple(t.to(device, non_blocking=True) for t in (positions, pad_index, valid))
 
 
 def sampling_columns(seqs: list[Sequence], vocab: int) -> tuple[list[list[float]], list[list[int]]]:
@@ -287,20 +304,11 @@ class ModelRunner:
         dev = self.device
         chunks = [s.pending_ids() for s in seqs]
         counts = [len(c) for c in chunks]
-        positions = [p for s, n in zip(seqs, counts) for p in range(s.num_computed, s.num_computed + n)]
         flat = [t for c in chunks for t in c]
         out_slots = self.kv.extend(seqs, counts)
-        lmax = max(counts)
-        starts, pad_index, valid = [], [], []
-        offset = 0
-        for n in counts:
-            starts.append(offset)
-            pad_index.append([offset + i if i < n else 0 for i in range(lmax)])
-            valid.append([i < n for i in range(lmax)])
-            offset += n
-        meta = AttentionMetadata(
-            is_prefill=True, out_slots=out_slots,
-            pad_index=torch.tensor(pad_index, device=dev), pad_valid=torch.tensor(valid, device=dev))
+        starts = list(itertools.accumulate(counts, initial=0))[:-1]
+        positions, pad_index, valid = prefill_layout(counts, [s.num_computed for s in seqs], dev)
+        meta = AttentionMetadata(is_prefill=True, out_slots=out_slots, pad_index=pad_index, pad_valid=valid)
         if self.attn.ring is not None:
             # The last w tokens of each request fill its query ring.
             w = self.attn.ring.window
@@ -309,7 +317,7 @@ class ModelRunner:
             idx, rows, pos = torch.tensor(rec, device=dev).unbind(1)
             meta.rec_index, meta.rec_rows, meta.rec_pos = idx, rows, pos
         self.attn.meta = meta
-        hidden = self.model(torch.tensor(flat, device=dev), torch.tensor(positions, device=dev), self.attn)
+        hidden = self.model(torch.tensor(flat, device=dev), positions, self.attn)
         last = torch.tensor([st + n - 1 for st, n in zip(starts, counts)], device=dev)
         logits = self.model.logits(hidden[last], upcast=False)
         input_lp = {}

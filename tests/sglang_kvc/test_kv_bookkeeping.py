@@ -1,0 +1,71 @@
+"""The slot table and free list under batched extends and deferred frees, and the prefill's
+token layout, against per-request hand-built references (the loops they replaced)."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_kvc.kv_cache import KVCache, KVPool
+from sglang_kvc.model_runner import prefill_layout
+
+
+class Req:
+    def __init__(self):
+        self.row, self.kv_len, self.peak_kv = None, 0, 0
+
+
+def make_cache(num_slots=64):
+    pool = KVPool(num_slots, 2, 1, 4, torch.float32, torch.device("cpu"))
+    return KVCache(pool, max_requests=6, max_len=40)
+
+
+def test_batched_extend_writes_each_request_its_slots():
+    kv = make_cache()
+    reqs = [Req() for _ in range(3)]
+    for r in reqs:
+        kv.attach(r)
+    kv.extend(reqs, [3, 1, 4])
+    slots = kv.extend(reqs[::2], [2, 5])  # a second chunk for two of them, other order
+    table = kv.req_to_token.table
+    assert [r.kv_len for r in reqs] == [5, 1, 9]
+    assert slots.tolist() == list(range(9, 16))  # the free list in order after 1..8
+    assert table[reqs[0].row, :5].tolist() == [1, 2, 3, 9, 10]
+    assert table[reqs[1].row, :2].tolist() == [4, 0]
+    assert table[reqs[2].row, :9].tolist() == [5, 6, 7, 8, 11, 12, 13, 14, 15]
+
+
+def test_deferred_frees_keep_order_and_counts():
+    kv = make_cache(num_slots=16)
+    reqs = [Req() for _ in range(3)]
+    for r in reqs:
+        kv.attach(r)
+    kv.extend(reqs, [4, 3, 2])  # slots 1..9; 6 free (10..15)
+    kv.release(reqs[1])  # 5, 6, 7
+    kv.release(reqs[0])  # 1..4
+    assert kv.num_free == 13
+    assert kv.allocator.alloc(8).tolist() == [10, 11, 12, 13, 14, 15, 5, 6]
+    assert kv.allocator.free_slots.tolist() == [7, 1, 2, 3, 4]
+    kv.allocator.free(torch.tensor([9, 8]))
+    assert kv.allocator.free_slots.tolist() == [7, 1, 2, 3, 4, 9, 8] and kv.num_free == 7
+
+
+def test_freed_slots_are_copied():
+    kv = make_cache(num_slots=8)
+    given = torch.tensor([3, 4])
+    kv.allocator.alloc(7)
+    kv.allocator.free(given)
+    given.fill_(0)  # the caller reuses its tensor before the list is read
+    assert kv.allocator.free_slots.tolist() == [3, 4]
+
+
+def test_prefill_layout_matches_per_token_lists():
+    counts, first = [3, 1, 5, 2], [0, 7, 2, 40]
+    positions, pad_index, valid = prefill_layout(counts, first, torch.device("cpu"))
+    ref_pos, ref_idx, ref_valid, offset = [], [], [], 0
+    for n, p in zip(counts, first):
+        ref_pos += list(range(p, p + n))
+        ref_idx.append([offset + i if i < n else 0 for i in range(max(counts))])
+        ref_valid.append([i < n for i in range(max(counts))])
+        offset += n
+    assert positions.tolist() == ref_pos
+    assert pad_index.tolist() == ref_idx and valid.tolist() == ref_valid

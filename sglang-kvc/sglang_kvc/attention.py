@@ -31,7 +31,7 @@ class AttentionMetadata:
     out_slots: torch.Tensor  # [T] int64, where each new token's K/V goes
     # prefill: right-padded layout of the flat tokens, one row per request
     pad_index: torch.Tensor | None = None  # [B, Lmax] flat token index (padding -> 0)
-    pad_valid: torch.Tensor | None = None  # [B, Lmax] bool
+    pad_rows: torch.Tensor | None = None  # [T] each flat token's row in the [B * Lmax] layout
     # decode
     rows: torch.Tensor | None = None  # [B] int64 table rows
     kv_lens: torch.Tensor | None = None  # [B] int32 slots held, including the new one
@@ -78,7 +78,7 @@ class TorchAttention:
         qp, kp, vp = (t[m.pad_index].transpose(1, 2) for t in (q, k, v))
         out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=self.scale,
                                              enable_gqa=True)
-        return out.transpose(1, 2)[m.pad_valid]
+        return out.transpose(1, 2).flatten(0, 1)[m.pad_rows]  # integer index: no device sync
 
     def decode(self, layer: int, q) -> torch.Tensor:
         m = self.meta

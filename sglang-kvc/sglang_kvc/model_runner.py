@@ -93,18 +93,21 @@ def pack_outputs(out: SampleOutput, hits: torch.Tensor) -> torch.Tensor:
 
 def prefill_layout(counts: list[int], first_pos: list[int], device) -> tuple[torch.Tensor, ...]:
     """For a prefill of requests with `counts` new tokens starting at logical positions
-    `first_pos`: each flat token's position [T], and the right-padded layout attention uses,
-    pad_index [B, Lmax] (flat token index, padding -> 0) and pad_valid [B, Lmax]. Built with a
-    few tensor ops from B numbers: Python lists of every token cost ~15 ms per 16k-token step."""
+    `first_pos`: each flat token's position [T], the right-padded layout attention uses,
+    pad_index [B, Lmax] (flat token index, padding -> 0), and pad_rows [T], each flat token's
+    row in that layout flattened to [B * Lmax]. Built on the host from B numbers: Python lists
+    of every token cost ~15 ms per 16k-token step, and a boolean mask to unpad would make the
+    device sync in every layer."""
     n = torch.tensor(counts, dtype=torch.int64)
     start = torch.cumsum(n, 0) - n
-    token = torch.arange(int(n.sum()))
     seg = torch.repeat_interleave(torch.arange(len(counts)), n)
-    positions = torch.tensor(first_pos, dtype=torch.int64)[seg] + token - start[seg]
-    col = torch.arange(max(counts))[None, :]
-    valid = col < n[:, None]
-    pad_index = torch.where(valid, start[:, None] + col, 0)
-    return tuple(t.to(device, non_blocking=True) for t in (positions, pad_index, valid))
+    offset = torch.arange(len(seg)) - start[seg]  # each token's index within its request
+    positions = torch.tensor(first_pos, dtype=torch.int64)[seg] + offset
+    lmax = max(counts)
+    col = torch.arange(lmax)[None, :]
+    pad_index = torch.where(col < n[:, None], start[:, None] + col, 0)
+    pad_rows = seg * lmax + offset
+    return tuple(t.to(device, non_blocking=True) for t in (positions, pad_index, pad_rows))
 
 
 def sampling_columns(seqs: list[Sequence], vocab: int) -> tuple[list[list[float]], list[list[int]]]:
@@ -307,8 +310,8 @@ class ModelRunner:
         flat = [t for c in chunks for t in c]
         out_slots = self.kv.extend(seqs, counts)
         starts = list(itertools.accumulate(counts, initial=0))[:-1]
-        positions, pad_index, valid = prefill_layout(counts, [s.num_computed for s in seqs], dev)
-        meta = AttentionMetadata(is_prefill=True, out_slots=out_slots, pad_index=pad_index, pad_valid=valid)
+        positions, pad_index, pad_rows = prefill_layout(counts, [s.num_computed for s in seqs], dev)
+        meta = AttentionMetadata(is_prefill=True, out_slots=out_slots, pad_index=pad_index, pad_rows=pad_rows)
         if self.attn.ring is not None:
             # The last w tokens of each request fill its query ring.
             w = self.attn.ring.window

@@ -60,12 +60,16 @@ def test_freed_slots_are_copied():
 
 def test_prefill_layout_matches_per_token_lists():
     counts, first = [3, 1, 5, 2], [0, 7, 2, 40]
-    positions, pad_index, valid = prefill_layout(counts, first, torch.device("cpu"))
+    positions, pad_index, pad_rows = prefill_layout(counts, first, torch.device("cpu"))
     ref_pos, ref_idx, ref_valid, offset = [], [], [], 0
     for n, p in zip(counts, first):
         ref_pos += list(range(p, p + n))
         ref_idx.append([offset + i if i < n else 0 for i in range(max(counts))])
         ref_valid.append([i < n for i in range(max(counts))])
         offset += n
-    assert positions.tolist() == ref_pos
-    assert pad_index.tolist() == ref_idx and valid.tolist() == ref_valid
+    assert positions.tolist() == ref_pos and pad_index.tolist() == ref_idx
+    # unpadding by pad_rows = by the boolean mask of valid entries
+    padded = torch.randn(len(counts), max(counts), 3)
+    assert torch.equal(padded.flatten(0, 1)[pad_rows], padded[torch.tensor(ref_valid)])
+    flat = torch.randn(sum(counts), 3)  # pad then unpad: the flat tokens back, in order
+    assert torch.equal(flat[pad_index].flatten(0, 1)[pad_rows], flat)

@@ -117,7 +117,7 @@ def timed_generate(engine, ids: list, params: dict, logprobs: bool) -> dict:
     n = sum(len(o["output_ids"]) for o in outs)
     stats = engine.step_stats.to_dict()
     # The decode steps alone (each request's first token comes from its prefill step).
-    decode_tok_s = (n - len(outs)) / max(stats.get("decode_s", float("nan")), 1e-9)
+    decode_tok_s = (n - len(outs)) / max(stats["decode_s"], 1e-9)
     return {"tok_s": n / dt, "decode_tok_s": decode_tok_s, "seconds": dt, "tokens": n, **stats,
             "first_ids": outs[0]["output_ids"][:16]}
 

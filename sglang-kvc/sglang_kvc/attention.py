@@ -63,10 +63,15 @@ class TorchAttention:
         self.store(layer, k, v)
         return self.attend(layer, q, k, v)
 
+    def _records_queries(self) -> bool:
+        # Steps with query-ring metadata record rotated q (the Triton decode then keeps the
+        # separate RoPE kernel: the ring wants rotated q in memory).
+        return self.ring is not None and self.meta.rec_rows is not None
+
     def attend(self, layer: int, q, k, v) -> torch.Tensor:
         """Attention for K/V already in the pool (q, k already rotated)."""
         m = self.meta
-        if self.ring is not None and m.rec_rows is not None:
+        if self._records_queries():
             self.ring.record(layer, q if m.rec_index is None else q[m.rec_index], m.rec_rows, m.rec_pos)
         if self.meta.is_prefill:
             return self.prefill(q, k, v)
@@ -103,10 +108,6 @@ class TritonAttention(TorchAttention):
         q = rope_store_(q, k, v, positions, rotary.cos, rotary.sin, pool.k[layer], pool.v[layer],
                         self.meta.out_slots, q_out=torch.empty(q.shape, dtype=q.dtype, device=q.device))
         return self.attend(layer, q, k, v)
-
-    def _records_queries(self) -> bool:
-        # The query ring wants rotated q in memory: those steps keep the separate RoPE kernel.
-        return self.ring is not None and self.meta.rec_rows is not None
 
     def decode_rotary(self, layer: int, q, k, v, positions, rotary) -> torch.Tensor:
         """RoPE, the K/V store and attention in the decode kernel itself (triton_decode)."""

@@ -262,6 +262,13 @@ def _rmsnorm_kernel(X, R, W, Out, ResOut, sx0, sx1, sr0, sr1, N, eps,
 
 
 @_jit
+def rope_combine(x, partner, cos, sin, dtype: tl.constexpr):
+    """x*cos + partner*sin (partner = the rotate_half value, sign included), fp32 in, rounded to
+    `dtype` after each product and after the sum, as torch's bf16/fp16 ops round."""
+    return (_round(x * cos, dtype) + _round(partner * sin, dtype)).to(dtype)
+
+
+@_jit
 def _rope_heads(X, XO, sx_h, sxo_h, H, cos1, cos2, sin1, sin2,
                 BLOCK_H: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
     """Rotate one token's H heads (X, XO point at its rows); returns both halves and the mask.
@@ -272,8 +279,8 @@ def _rope_heads(X, XO, sx_h, sxo_h, H, cos1, cos2, sin1, sin2,
     dtype = X.dtype.element_ty
     x1 = tl.load(X + h * sx_h + d, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(X + h * sx_h + HALF + d, mask=mask, other=0.0).to(tl.float32)
-    o1 = (_round(x1 * cos1, dtype) + _round(-x2 * sin1, dtype)).to(dtype)
-    o2 = (_round(x2 * cos2, dtype) + _round(x1 * sin2, dtype)).to(dtype)
+    o1 = rope_combine(x1, -x2, cos1, sin1, dtype)
+    o2 = rope_combine(x2, x1, cos2, sin2, dtype)
     tl.store(XO + h * sxo_h + d, o1, mask=mask)
     tl.store(XO + h * sxo_h + HALF + d, o2, mask=mask)
     return o1, o2, mask

@@ -45,6 +45,16 @@ class KVPool:
         return self.k is not None
 
 
+def segments(counts: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For a flat batch of requests with `counts` tokens each (host tensors): each token's
+    request index [T], each request's first flat index [B], each token's index within its
+    request [T]. One place for the arithmetic that replaces per-request Python loops."""
+    n = torch.tensor(counts, dtype=torch.int64)
+    start = torch.cumsum(n, 0) - n
+    seg = torch.repeat_interleave(torch.arange(len(counts)), n)
+    return seg, start, torch.arange(len(seg)) - start[seg]
+
+
 class SlotAllocator:
     def __init__(self, num_slots: int, device: torch.device):
         self.num_slots, self.device = num_slots, device
@@ -67,7 +77,8 @@ class SlotAllocator:
     def alloc(self, n: int) -> torch.Tensor:
         if n > self._num_free:
             raise RuntimeError(f"KV pool exhausted: want {n} slots, {self._num_free} free")
-        out, self._free = self.free_slots[:n], self.free_slots[n:]
+        free = self.free_slots
+        out, self._free = free[:n], free[n:]
         self._num_free -= n
         self.peak_used = max(self.peak_used, self.capacity - self._num_free)
         return out
@@ -135,11 +146,9 @@ class KVCache:
     def extend(self, seqs: list, counts: list[int]) -> torch.Tensor:
         """Allocate `counts[i]` new slots at the end of seqs[i]'s table; returns them flat."""
         slots = self.allocator.alloc(sum(counts))
-        n = torch.tensor(counts, dtype=torch.int64)
-        seg = torch.repeat_interleave(torch.arange(len(counts)), n)
+        seg, _, offset = segments(counts)
         rows = torch.tensor([s.row for s in seqs], dtype=torch.int64)[seg]
-        cols = torch.tensor([s.kv_len for s in seqs], dtype=torch.int64)[seg] \
-            + torch.arange(len(seg)) - (torch.cumsum(n, 0) - n)[seg]
+        cols = torch.tensor([s.kv_len for s in seqs], dtype=torch.int64)[seg] + offset
         dev = slots.device
         # one scatter for the whole batch (a slice assignment per request cost ~3 launches each)
         self.req_to_token.table[rows.to(dev), cols.to(dev)] = slots.to(torch.int32)

@@ -24,7 +24,7 @@ from .compression import CompressionConfig
 from .compression.compressor import Compressor
 from .compression.query_ring import QueryRing
 from .compression.trigger import Trigger
-from .kv_cache import KVCache, KVPool
+from .kv_cache import KVCache, KVPool, segments
 from .model import CausalLM
 from .model_config import ModelConfig
 from .row_state import RowState
@@ -98,14 +98,11 @@ def prefill_layout(counts: list[int], first_pos: list[int], device) -> tuple[tor
     row in that layout flattened to [B * Lmax]. Built on the host from B numbers: Python lists
     of every token cost ~15 ms per 16k-token step, and a boolean mask to unpad would make the
     device sync in every layer."""
-    n = torch.tensor(counts, dtype=torch.int64)
-    start = torch.cumsum(n, 0) - n
-    seg = torch.repeat_interleave(torch.arange(len(counts)), n)
-    offset = torch.arange(len(seg)) - start[seg]  # each token's index within its request
+    seg, start, offset = segments(counts)
     positions = torch.tensor(first_pos, dtype=torch.int64)[seg] + offset
     lmax = max(counts)
     col = torch.arange(lmax)[None, :]
-    pad_index = torch.where(col < n[:, None], start[:, None] + col, 0)
+    pad_index = torch.where(col < torch.tensor(counts)[:, None], start[:, None] + col, 0)
     pad_rows = seg * lmax + offset
     return tuple(t.to(device, non_blocking=True) for t in (positions, pad_index, pad_rows))
 

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fused_ops import _round
+from .fused_ops import _round, rope_combine
 
 
 @dataclass
@@ -44,12 +44,11 @@ class NewTokenKV:
 
 @triton.jit
 def _rope_tile(X, idx, partner, mask, cos, sin, sign):
-    """RoPE of the values X[idx] (X[partner] holds each one's rotate_half partner), rounded
-    after each op like torch and fused_ops' RoPE: x*cos + sign*partner*sin."""
-    dtype = X.dtype.element_ty
+    """RoPE of the values X[idx] (X[partner] holds each one's rotate_half partner, `sign` its
+    sign), with fused_ops' rounding."""
     x = tl.load(X + idx, mask=mask, other=0.0).to(tl.float32)
     xr = tl.load(X + partner, mask=mask, other=0.0).to(tl.float32)
-    return (_round(x * cos, dtype) + _round(sign * xr * sin, dtype)).to(dtype)
+    return rope_combine(x, sign * xr, cos, sin, X.dtype.element_ty)
 
 
 @triton.jit
@@ -82,9 +81,9 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale,
     hmask = (offs_h < KVB * GROUP) & (heads < HQ)
     qmask = hmask[:, None] & (row_head[:, None] == col_head[None, :]) & cmask[None, :]
     q_idx = b * stride_qb + heads[:, None] * stride_qh
+    dcol = offs_c % D  # each column's index within its head
     if NEW:  # rotate q and the new k here; the new token is the last of the request's kv_len
         pos = tl.load(Pos + b).to(tl.int64)
-        dcol = offs_c % D
         partner = (dcol + D // 2) % D
         cos = _round(tl.load(Cos + pos * stride_cos + dcol), Q.dtype.element_ty)
         sin = _round(tl.load(Sin + pos * stride_cos + dcol), Q.dtype.element_ty)
@@ -101,7 +100,7 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale,
             tl.store(K + slot * stride_ks + kv0 * D + offs_c, k_new.to(K.dtype.element_ty), mask=cmask)
             tl.store(V + slot * stride_vs + kv0 * D + offs_c, v_new.to(V.dtype.element_ty), mask=cmask)
     else:
-        q = tl.load(Q + q_idx + (offs_c % D)[None, :], mask=qmask, other=0.0)
+        q = tl.load(Q + q_idx + dcol[None, :], mask=qmask, other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)

@@ -24,7 +24,7 @@ from sglang_kvc.compression import CompressionConfig
 from sglang_kvc.compression.compressor import Compressor
 from sglang_kvc.compression.query_ring import QueryRing
 from sglang_kvc.compression.trigger import Trigger
-from sglang_kvc.kv_cache import KVCache, KVPool
+from sglang_kvc.kvcache.kv_cache import KVCache, KVPool
 
 
 def make_round(args, algo: str, device: torch.device):

@@ -20,8 +20,8 @@ import statistics
 
 import torch
 
-from sglang_kvc.fused_ops import rope_store_
-from sglang_kvc.triton_decode import NewTokenKV, paged_decode_attention
+from sglang_kvc.layers.fused_ops import rope_store_
+from sglang_kvc.layers.triton_decode import NewTokenKV, paged_decode_attention
 
 DEFAULT = dict(num_splits=2, block_n=64, num_warps=4, num_stages=2, kv_per_program=1)
 

@@ -50,7 +50,7 @@ def engine_args(a, budget: int, tokens: int):
 
 def measure(a, budget: int, ids: list[list[int]], labels: list[str]) -> dict:
     from evaluation.grader.tasks import score_gsm8k
-    from sglang_kvc.engine import Engine
+    from sglang_kvc.engine.engine import Engine
     from trainer.rollout.backends import EngineRollout, RolloutConfig
 
     n = a.samples

@@ -30,7 +30,7 @@ import requests
 import torch
 
 from checkpoint_tools.tiny_models import SHAPES, make_tiny_model
-from sglang_kvc.weights import iter_safetensors
+from sglang_kvc.weights.loader import iter_safetensors
 from trainer.rollout.backends import HTTPRollout
 from trainer.rollout.fleet import EngineFleet, FleetConfig
 from trainer.rollout.weight_sync import WeightSync

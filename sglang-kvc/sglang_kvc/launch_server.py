@@ -24,8 +24,8 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    from .engine import Engine
-    from .http_server import create_app
+    from .engine.engine import Engine
+    from .server.http_server import create_app
 
     engine = Engine(server_args=args)
     try:

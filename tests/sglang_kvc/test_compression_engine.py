@@ -8,9 +8,9 @@ import torch
 
 from sglang_kvc.compression import CompressionConfig
 from sglang_kvc.compression.trigger import Trigger
-from sglang_kvc.engine import Engine
-from sglang_kvc.sampling_params import SamplingParams
-from sglang_kvc.sequence import Sequence
+from sglang_kvc.engine.engine import Engine
+from sglang_kvc.engine.sampling_params import SamplingParams
+from sglang_kvc.engine.sequence import Sequence
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.mark.parametrize("algo", ["rkv", "snapkv", "streamingllm"])
 def test_cuda_graph_compression_matches_eager_and_cpu(tiny_models, algo):
-    from sglang_kvc.engine import Engine
+    from sglang_kvc.engine.engine import Engine
 
     g = torch.Generator().manual_seed(0)
     ids = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (5, 19, 33, 8)]

@@ -15,7 +15,7 @@ import torch
 from sglang_kvc.compression import (CompressionConfig, RKVPolicy, SnapKVPolicy,
                                     StreamingLLMPolicy, make_policy)
 from sglang_kvc.compression.query_ring import QueryRing
-from sglang_kvc.kv_cache import KVCache, KVPool
+from sglang_kvc.kvcache.kv_cache import KVCache, KVPool
 
 
 # ---------------------------------------------------------------- dense references

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.mark.parametrize("cuda_graph", [True, False])
 def test_cuda_fp32_engine_matches_cpu(tiny_models, prompts, cuda_graph):
-    from sglang_kvc.engine import Engine
+    from sglang_kvc.engine.engine import Engine
 
     params = {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True}
     outs = {}
@@ -29,7 +29,7 @@ def test_cuda_fp32_engine_matches_cpu(tiny_models, prompts, cuda_graph):
 def test_cuda_bf16_logprobs_close_to_hf(tiny_models, prompts):
     from transformers import AutoModelForCausalLM
 
-    from sglang_kvc.engine import Engine
+    from sglang_kvc.engine.engine import Engine
 
     path = str(tiny_models["llama3"])
     with Engine(model_path=path, device="cuda", dtype="bfloat16") as eng:
@@ -56,7 +56,7 @@ def test_graphed_steps_match_eager_and_cpu(tiny_models, extra):
     filters, logprobs, top logprobs, stop ids, min_new_tokens bans, requests ending at different
     steps, overlap on) give the eager CUDA engine's and the CPU engine's tokens; fp32, so the
     only differences are summation orders."""
-    from sglang_kvc.engine import Engine
+    from sglang_kvc.engine.engine import Engine
 
     from .test_overlap import assert_same, request_mix, run_mix
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from checkpoint_tools.tiny_models import FAMILIES
-from sglang_kvc.engine import Engine
+from sglang_kvc.engine.engine import Engine
 
 N_NEW = 24
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_kvc.engine import Engine
-from sglang_kvc.sampler import Sampler, SamplingBatch, uniform_from_counter
+from sglang_kvc.engine.engine import Engine
+from sglang_kvc.engine.sampler import Sampler, SamplingBatch, uniform_from_counter
 
 SAMPLE = {"temperature": 1.0, "max_new_tokens": 20, "ignore_eos": True}
 

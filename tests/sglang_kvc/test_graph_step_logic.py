@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_kvc.cuda_graph import DecodeGraphs
+from sglang_kvc.engine.cuda_graph import DecodeGraphs
 
 from .test_overlap import assert_same, make, request_mix, run_mix
 

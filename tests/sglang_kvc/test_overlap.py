@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_kvc.engine import Engine
-from sglang_kvc.io_struct import parse_generate
-from sglang_kvc.row_state import RowState
+from sglang_kvc.engine.engine import Engine
+from sglang_kvc.engine.io_struct import parse_generate
+from sglang_kvc.engine.row_state import RowState
 
 
 def make(tiny_models, overlap: bool, **kw) -> Engine:

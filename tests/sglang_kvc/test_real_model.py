@@ -25,7 +25,7 @@ def real(smollm2):
 
 
 def _engine(path, **kw):
-    from sglang_kvc.engine import Engine
+    from sglang_kvc.engine.engine import Engine
 
     return Engine(model_path=str(path), device="cpu", dtype="float32", max_total_tokens=8192, **kw)
 

@@ -21,13 +21,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 
 
 def paged_decode_attention(*args, **kwargs):
-    from sglang_kvc.triton_decode import paged_decode_attention as kernel
+    from sglang_kvc.layers.triton_decode import paged_decode_attention as kernel
 
     return kernel(*args, **kwargs)
 
 
 def test_kv_heads_per_program():
-    from sglang_kvc.triton_decode import kv_heads_per_program
+    from sglang_kvc.layers.triton_decode import kv_heads_per_program
 
     # a 256-value slot row at most; never more heads than the pool has (rounded up to 2^k)
     assert [kv_heads_per_program(h, d) for h, d in ((2, 64), (3, 64), (8, 128), (1, 16), (4, 32), (2, 256))] \
@@ -35,7 +35,7 @@ def test_kv_heads_per_program():
 
 
 def test_num_kv_splits_targets_256_programs():
-    from sglang_kvc.triton_decode import num_kv_splits
+    from sglang_kvc.layers.triton_decode import num_kv_splits
 
     # (batch, KV-head blocks) -> the smallest power of two reaching 256 programs, at most 32
     assert [num_kv_splits(b, k) for b, k in ((256, 1), (128, 1), (64, 1), (8, 2), (1, 1), (300, 2))] \
@@ -80,8 +80,8 @@ def test_fused_rope_store_matches_separate_kernels(dtype, hq, hkv, d):
     """NewTokenKV (RoPE + K/V store + attention in stage 1) against fused_ops.rope_store_ followed
     by the plain kernel: the pool gets the same bits, the output agrees to rounding, for q/k/v
     as strided splits of one qkv row (the model's layout) and every split count."""
-    from sglang_kvc.fused_ops import rope_store_
-    from sglang_kvc.triton_decode import NewTokenKV
+    from sglang_kvc.layers.fused_ops import rope_store_
+    from sglang_kvc.layers.triton_decode import NewTokenKV
 
     torch.manual_seed(1)
     dev = DEVICE

@@ -16,9 +16,9 @@ import pytest
 import requests
 import torch
 
-from sglang_kvc.weight_sync import (bucket_layout, flatten, serialize_ipc_bucket, specs,
+from sglang_kvc.weights.transport import (bucket_layout, flatten, serialize_ipc_bucket, specs,
                                     unflatten)
-from sglang_kvc.weights import iter_safetensors
+from sglang_kvc.weights.loader import iter_safetensors
 
 from .conftest import free_port
 
@@ -129,8 +129,8 @@ def test_unknown_load_format_and_weight_names_are_400(serve):
 
 TRAINER = textwrap.dedent("""
     import os, sys
-    from sglang_kvc.weight_sync import create_weight_update_group, flatten
-    from sglang_kvc.weights import iter_safetensors
+    from sglang_kvc.weights.transport import create_weight_update_group, flatten
+    from sglang_kvc.weights.loader import iter_safetensors
     port, ckpt = int(sys.argv[1]), sys.argv[2]
     group = create_weight_update_group("127.0.0.1", port, rank=0, world_size=2, backend="gloo",
                                        group_name="flat")

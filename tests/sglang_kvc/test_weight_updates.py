@@ -11,8 +11,8 @@ import textwrap
 
 import requests
 
-from sglang_kvc.weight_sync import serialize_named_tensors
-from sglang_kvc.weights import iter_safetensors
+from sglang_kvc.weights.transport import serialize_named_tensors
+from sglang_kvc.weights.loader import iter_safetensors
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
 
@@ -70,8 +70,8 @@ def test_update_from_tensor(serve, tiny_models, hf_reference, prompts):
 TRAINER = textwrap.dedent("""
     import os
     import sys
-    from sglang_kvc.weight_sync import create_weight_update_group
-    from sglang_kvc.weights import iter_safetensors
+    from sglang_kvc.weights.transport import create_weight_update_group
+    from sglang_kvc.weights.loader import iter_safetensors
     port, ckpt = int(sys.argv[1]), sys.argv[2]
     group = create_weight_update_group("127.0.0.1", port, rank=0, world_size=2, backend="gloo")
     for name, tensor in iter_safetensors(ckpt):
@@ -113,7 +113,7 @@ def test_update_from_distributed(serve, tiny_models, hf_reference, prompts):
 
 
 def test_in_process_weight_update(tiny_models, hf_reference, prompts):
-    from sglang_kvc.engine import Engine
+    from sglang_kvc.engine.engine import Engine
 
     with Engine(model_path=str(tiny_models["qwen2.5"]), device="cpu") as eng:
         eng.update_weights_from_tensor(named_tensors=iter_safetensors(tiny_models["qwen2.5-seed1"]))

@@ -73,7 +73,7 @@ class EngineRollout:
 
     def generate(self, prompts: list[list[int]], n: int, cfg: RolloutConfig, **overrides
                  ) -> list[Generation]:
-        from sglang_kvc.io_struct import parse_generate
+        from sglang_kvc.engine.io_struct import parse_generate
 
         input_ids, params = [], []
         for i, ids in enumerate(prompts):

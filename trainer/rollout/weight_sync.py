@@ -124,14 +124,14 @@ class WeightSync:
         self.engine.update_weights_from_tensor(named_tensors=bucket, weight_version=version)
 
     def _push_tensor(self, bucket, version, urls):
-        from sglang_kvc.weight_sync import serialize_named_tensors
+        from sglang_kvc.weights.transport import serialize_named_tensors
 
         payload = {"serialized_named_tensors": [serialize_named_tensors(bucket)],
                    "weight_version": version, "flush_cache": True}
         self.http.call("/update_weights_from_tensor", payload, urls=urls)
 
     def _push_ipc(self, bucket, version, urls):
-        from sglang_kvc.weight_sync import serialize_ipc_bucket
+        from sglang_kvc.weights.transport import serialize_ipc_bucket
 
         payload, keep_alive = serialize_ipc_bucket(bucket)
         self.http.call("/update_weights_from_tensor",
@@ -140,7 +140,7 @@ class WeightSync:
         del keep_alive  # every engine answered: none maps the buffer any more
 
     def _push_distributed(self, bucket, version, urls):
-        from sglang_kvc.weight_sync import flatten, specs
+        from sglang_kvc.weights.transport import flatten, specs
 
         flat = flatten(bucket)
         group, name = self.group.ensure(urls, "nccl" if flat.is_cuda else "gloo")
@@ -191,7 +191,7 @@ class _Group:
             return self.pg, self.name
         self._drop(urls)
         self.generation += 1
-        from sglang_kvc.weight_sync import create_weight_update_group
+        from sglang_kvc.weights.transport import create_weight_update_group
 
         port, world = self.port or _free_port(), 1 + len(urls)
         body = {"master_address": self.address, "master_port": port, "world_size": world,

@@ -13,7 +13,7 @@ import pytest
 import requests
 import torch
 
-from sglang_kvc.weights import iter_safetensors
+from sglang_kvc.weights.loader import iter_safetensors
 from trainer.rollout.backends import HTTPRollout
 from trainer.rollout.fleet import EngineFleet, FleetConfig
 from trainer.rollout.weight_sync import WeightSync

@@ -13,7 +13,7 @@ from typing import Iterable, Iterator
 import torch
 from safetensors import safe_open
 
-from .model import CausalLM
+from ..models.causal_lm import CausalLM
 
 
 def safetensors_files(model_dir: str | Path) -> list[Path]:

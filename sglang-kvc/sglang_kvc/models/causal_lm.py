@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fused_ops import add_rmsnorm, rmsnorm, rope_, silu_mul
-from .model_config import ModelConfig, rope_inv_freq
+from ..layers.fused_ops import add_rmsnorm, rmsnorm, rope_, silu_mul
+from .config import ModelConfig, rope_inv_freq
 
 
 class RMSNorm(nn.Module):

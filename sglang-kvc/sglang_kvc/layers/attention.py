@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .fused_ops import rope_store_
-from .kv_cache import KVCache
+from ..kvcache.kv_cache import KVCache
 
 
 @dataclass

@@ -19,20 +19,20 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .attention import AttentionMetadata, TorchAttention, TritonAttention
-from .compression import CompressionConfig
-from .compression.compressor import Compressor
-from .compression.query_ring import QueryRing
-from .compression.trigger import Trigger
-from .kv_cache import KVCache, KVPool, segments
-from .model import CausalLM
-from .model_config import ModelConfig
+from ..layers.attention import AttentionMetadata, TorchAttention, TritonAttention
+from ..compression import CompressionConfig
+from ..compression.compressor import Compressor
+from ..compression.query_ring import QueryRing
+from ..compression.trigger import Trigger
+from ..kvcache.kv_cache import KVCache, KVPool, segments
+from ..models.causal_lm import CausalLM
+from ..models.config import ModelConfig
 from .row_state import RowState
 from .sampler import SampleOutput, Sampler, SamplingBatch
 from .scheduler import Batch
 from .sequence import Sequence
-from .server_args import ServerArgs
-from .weights import iter_safetensors, load_named_tensors
+from ..server_args import ServerArgs
+from ..weights.loader import iter_safetensors, load_named_tensors
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def resolve_dtype(name: str, cfg: ModelConfig, model_path: str) -> torch.dtype:
         return _DTYPES[name]
     if cfg.checkpoint_dtype is not None:
         return cfg.checkpoint_dtype
-    from .weights import checkpoint_dtype
+    from ..weights.loader import checkpoint_dtype
 
     return checkpoint_dtype(model_path)
 
@@ -189,7 +189,7 @@ class ModelRunner:
         ring = None
         if self.compression is not None:
             trigger = Trigger(self.compression, newline_ids, think_end_id)
-            from .compression import make_policy
+            from ..compression import make_policy
 
             if make_policy(self.compression).needs_queries:
                 ring = QueryRing(cfg.num_layers, args.max_running_requests + 1,

@@ -28,18 +28,18 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from . import __version__
+from .. import __version__
 from .detokenizer import Detokenizer
 from .io_struct import GenerateItem, parse_generate
-from .model_config import ModelConfig
+from ..models.config import ModelConfig
 from .model_runner import ModelRunner, PendingStep, StepOutput
 from .scheduler import Batch, Scheduler, SchedulerConfig
 from .sequence import Sequence, Status
-from .server_args import ServerArgs
-from .weight_sync import (WeightUpdateGroup, bucket_layout, deserialize_ipc_bucket,
+from ..server_args import ServerArgs
+from ..weights.transport import (WeightUpdateGroup, bucket_layout, deserialize_ipc_bucket,
                           deserialize_named_tensors, receive_each, receive_flattened)
-from .weights import _destination as weight_destination
-from .weights import iter_safetensors, safetensors_shapes, validate_shapes
+from ..weights.loader import _destination as weight_destination
+from ..weights.loader import iter_safetensors, safetensors_shapes, validate_shapes
 
 log = logging.getLogger(__name__)
 

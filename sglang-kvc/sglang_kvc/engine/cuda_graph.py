@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionMetadata
+from ..layers.attention import AttentionMetadata
 from .sampler import SamplingBatch
 
 _PAD_STEP = (0, 1, 0, 0)  # position, kv length, draw index, row of a padding entry

@@ -16,8 +16,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from .engine import Engine
-from .io_struct import parse_generate
+from ..engine.engine import Engine
+from ..engine.io_struct import parse_generate
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .kv_cache import KVCache
+from ..kvcache.kv_cache import KVCache
 from .sequence import Sequence, Status
 
 

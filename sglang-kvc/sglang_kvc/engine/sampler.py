@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .fused_ops import counter_uniform, row_argmax
+from ..layers.fused_ops import counter_uniform, row_argmax
 
 _M32 = 0xFFFFFFFF
 

@@ -15,8 +15,8 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from .engine import Engine
-from .io_struct import parse_generate
+from ..engine.engine import Engine
+from ..engine.io_struct import parse_generate
 
 # OpenAI field -> native sampling parameter.
 _SAMPLING_MAP = {

@@ -1,0 +1,1 @@
+"""Weights: loading safetensors into the model, and the transports of weight updates."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from sglang_kvc.kvcache.kv_cache import KVCache, KVPool
-from sglang_kvc.engine.model_runner import prefill_layout
+from sglang_kvc.engine.step_io import prefill_layout
 
 
 class Req:

@@ -152,7 +152,7 @@ def test_engine_thread_death_fails_requests_instead_of_hanging(tiny_models):
         def broken(batch, out):
             raise KeyError("boom")
 
-        eng._process = broken
+        eng.loop._process = broken
         out = eng.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 4})
         assert out["meta_info"]["finish_reason"]["type"] == "abort"
         assert "engine died" in out["meta_info"]["finish_reason"]["message"]

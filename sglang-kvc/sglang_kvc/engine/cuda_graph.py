@@ -18,6 +18,7 @@ import torch
 
 from ..layers.attention import AttentionMetadata
 from .sampler import SamplingBatch
+from .step_io import pack_outputs, sampling_columns
 
 _PAD_STEP = (0, 1, 0, 0)  # position, kv length, draw index, row of a padding entry
 
@@ -82,8 +83,6 @@ class DecodeGraphs:
             s.num_computed += 1
 
     def _load_params(self, seqs: list, gbs: int) -> None:
-        from .model_runner import sampling_columns
-
         V, pad = self.runner.cfg.vocab_size, gbs - len(seqs)
         floats, ints = sampling_columns(seqs, V)
         # padding entries: greedy, no filter (top_k = vocabulary)
@@ -102,8 +101,6 @@ class DecodeGraphs:
             divisors=f[3], sampled=f[4] > 0)
 
     def _body(self, gbs: int, mode: tuple) -> torch.Tensor:
-        from .model_runner import pack_outputs
-
         r = self.runner
         positions, kv_lens, _, rows = self.step_ints[:, :gbs]
         slots = self.out_slots[:gbs]

@@ -1,0 +1,48 @@
+"""`/get_server_info`: the server args plus the pool, queue, compression and step counters, in
+SGLang's field names where SGLang has them."""
+
+from __future__ import annotations
+
+from .. import __version__
+
+
+def pool_info(kv) -> dict:
+    used = kv.capacity - kv.num_free
+    return {"capacity": kv.capacity, "used": used, "free": kv.num_free,
+            "usage": used / kv.capacity, "allocated": kv.pool.allocated,
+            "bytes": kv.pool.bytes, "peak_used": kv.allocator.peak_used,
+            "bytes_per_slot": kv.pool.bytes // kv.pool.num_slots}
+
+
+def compression_info(c) -> dict:
+    return {"algorithm": c.cfg.algorithm, "budget": c.cfg.budget,
+            "divide_length": c.cfg.divide_length, "selection": c.cfg.mode,
+            "num_compressions": c.num_compressions, "tokens_evicted": c.tokens_evicted,
+            "query_ring_bytes": c.ring.bytes if c.ring is not None else 0}
+
+
+def server_info(engine) -> dict:
+    sch, runner = engine.scheduler, engine.runner
+    info = engine.args.to_dict()
+    info.update({
+        "version": __version__,
+        "max_total_num_tokens": engine.kv.capacity,
+        "context_length": engine.context_length,
+        "kv_pool": pool_info(engine.kv),
+        "num_running_reqs": len(sch.running),
+        "num_waiting_reqs": len(sch.waiting),
+        "num_preemptions": sch.num_preemptions,
+        "paused": sch.paused,
+        "weight_version": engine.weight_version,
+        "resolved_device": str(runner.device),
+        "resolved_dtype": str(runner.dtype).removeprefix("torch."),
+        "resolved_attention_backend": runner.backend_name,
+        "max_running_reqs_seen": sch.max_running,
+        "overlap_schedule": engine.overlap,
+        "step_stats": engine.step_stats.to_dict(),
+    })
+    if engine.compressor is not None:
+        info["compression"] = compression_info(engine.compressor)
+    info["internal_states"] = [{k: info[k] for k in (
+        "num_running_reqs", "num_waiting_reqs", "num_preemptions", "max_total_num_tokens")}]
+    return info

@@ -1,0 +1,75 @@
+"""Request intake: a parsed `/generate` item becomes its n sequences, checked against the
+vocabulary and the context length, each with its own seed and a callback that resolves its
+future (and streams, when asked)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .io_struct import GenerateItem
+from .sequence import Sequence
+
+UpdateFn = Callable[[dict, bool], Any]  # (output dict, finished)
+
+
+@dataclass
+class IntakeLimits:
+    vocab_size: int
+    max_seq_len: int
+
+
+def prompt_ids(item: GenerateItem, tokenizer) -> list[int]:
+    if item.input_ids is not None:
+        return item.input_ids
+    if tokenizer is None:
+        raise ValueError("text input needs a tokenizer (server runs --skip-tokenizer-init)")
+    ids = tokenizer.encode(item.text)
+    if not ids:
+        raise ValueError("text tokenizes to no tokens")
+    return ids
+
+
+def check_prompt(ids: list[int], item: GenerateItem, limits: IntakeLimits) -> None:
+    vocab = limits.vocab_size
+    if min(ids) < 0 or max(ids) >= vocab:
+        bad = [t for t in ids if not 0 <= t < vocab]
+        raise ValueError(f"token id(s) {bad[:5]} out of vocabulary [0, {vocab})")
+    if len(ids) >= limits.max_seq_len:
+        raise ValueError(f"the input ({len(ids)} tokens) is longer than the model's context "
+                         f"length ({limits.max_seq_len} tokens)")
+    if item.logprob_start_len >= len(ids):
+        raise ValueError(f"logprob_start_len ({item.logprob_start_len}) must be < the prompt "
+                         f"length ({len(ids)})")
+
+
+def make_sequences(item: GenerateItem, tokenizer, limits: IntakeLimits,
+                   rng: random.Random) -> list[Sequence]:
+    """The item's n samples; sample i of a seeded request draws with seed + i."""
+    ids = prompt_ids(item, tokenizer)
+    check_prompt(ids, item, limits)
+    n = item.params.n
+    seqs = []
+    for i in range(n):
+        if item.params.sampling_seed is not None:
+            seed = (item.params.sampling_seed + i) & 0xFFFFFFFF
+        else:
+            seed = rng.getrandbits(32)
+        seqs.append(Sequence(
+            rid=item.rid if n == 1 else f"{item.rid}-{i}", group_rid=item.rid,
+            prompt_ids=list(ids), params=item.params, seed=seed,
+            return_logprob=item.return_logprob, top_logprobs_num=item.top_logprobs_num,
+            logprob_start_len=item.logprob_start_len, stream=item.stream,
+            return_text_in_logprobs=item.return_text_in_logprobs))
+    return seqs
+
+
+def notifier(fut: concurrent.futures.Future, on_update: UpdateFn | None) -> UpdateFn:
+    def notify(out: dict, finished: bool):
+        if on_update is not None:
+            on_update(out, finished)
+        if finished and not fut.done():
+            fut.set_result(out)
+    return notify

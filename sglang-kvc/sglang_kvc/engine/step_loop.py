@@ -1,0 +1,235 @@
+"""The engine thread: `schedule -> launch -> process` steps, and the inbox that feeds it.
+
+One background thread owns the model, the KV cache and the scheduler. Everything else (HTTP
+handlers, `generate` callers) talks to it through a FIFO inbox: new requests and control commands
+(abort, weight updates, pause, ...) are applied between steps in arrival order, so no lock guards
+the engine state.
+
+Overlap scheduling (SGLang's default too): the thread launches step N+1 before it reads step N's
+tokens, so scheduling, input preparation and output processing run while the GPU computes. A
+request that ended at step N (EOS, stop string) therefore rides along in step N+1, whose token
+for it is dropped; limits the host knows in advance (max_new_tokens, context length) never cost
+that extra step. Control commands first finish the step in flight, so they see settled state.
+`--disable-overlap-schedule` reads every step's outputs before launching the next.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from .finish import abort_reason, check_finish, error_reason
+from .model_runner import ModelRunner
+from .output import OutputBuilder
+from .scheduler import Batch, Scheduler
+from .sequence import Sequence, Status
+from .step_io import PendingStep, StepOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepStats:
+    """Where the engine thread's time goes on decode steps: host = everything but waiting for
+    the GPU's outputs (schedule, launch, output processing, compression launches)."""
+    decode_steps: int = 0
+    host_s: float = 0.0
+    gpu_wait_s: float = 0.0
+
+    def add(self, loop_s: float, wait_s: float) -> None:
+        self.decode_steps += 1
+        self.host_s += loop_s - wait_s
+        self.gpu_wait_s += wait_s
+
+    def to_dict(self) -> dict:
+        n = max(self.decode_steps, 1)
+        return {"decode_steps": self.decode_steps, "host_ms_per_step": 1e3 * self.host_s / n,
+                "gpu_wait_ms_per_step": 1e3 * self.gpu_wait_s / n,
+                "decode_s": self.host_s + self.gpu_wait_s}
+
+
+class StepLoop:
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, outputs: OutputBuilder,
+                 max_seq_len: int, overlap: bool):
+        self.runner, self.scheduler, self.outputs = runner, scheduler, outputs
+        self.max_seq_len, self.overlap = max_seq_len, overlap
+        self._inflight: PendingStep | None = None
+        self._waited_s = 0.0  # total time blocked on step outputs
+        self.step_stats = StepStats()
+        self.num_steps = 0
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self.stopped = False
+        self._thread = threading.Thread(target=self._run, name="sglang-kvc-engine", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- callers' side
+
+    def put(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            self._inbox.put(("seq", seq))
+        self._wake.set()
+
+    def call(self, fn, *args):
+        """Run fn(*args) on the engine thread between steps and return its result."""
+        if threading.current_thread() is self._thread:
+            return fn(*args)
+        if self.stopped:
+            raise RuntimeError("engine is shut down")
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("cmd", fn, args, fut))
+        self._wake.set()
+        return fut.result()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and not self.stopped
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    # ---------------------------------------------------------------- engine thread
+
+    def _drain_inbox(self, take_seq: Callable[[Sequence], None],
+                     take_cmd: Callable[[Callable, tuple, concurrent.futures.Future], None]) -> None:
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if msg[0] == "seq":
+                take_seq(msg[1])
+            else:
+                take_cmd(*msg[1:])
+
+    def _run_command(self, fn, args, fut: concurrent.futures.Future) -> None:
+        self._complete_inflight()  # commands see every launched step processed
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            fut.set_exception(e)
+
+    def _run(self) -> None:
+        try:
+            while not self.stopped:
+                self._iterate()
+            self._complete_inflight()
+        except BaseException as e:  # noqa: BLE001 - a dead engine thread must not hang callers
+            log.critical("engine thread died", exc_info=e)
+            self.stopped = True
+            self._fail_everything(e)
+
+    def _iterate(self) -> None:
+        self._drain_inbox(self.scheduler.add, self._run_command)
+        t0, waited0 = time.perf_counter(), self._waited_s
+        step = self._launch_next()
+        completed = self._complete_inflight()
+        if step is None:
+            if not completed:
+                self._wake.wait(timeout=0.05)
+                self._wake.clear()
+            return
+        self._inflight = step
+        self._after_launch(step)
+        if not self.overlap:
+            self._complete_inflight()
+        if not step.batch.is_prefill:
+            self.step_stats.add(time.perf_counter() - t0, self._waited_s - waited0)
+
+    def _fail_everything(self, e: BaseException) -> None:
+        """Answer every request and queued command with the error (the thread is gone)."""
+        reason = error_reason(f"engine died: {e!r}", e)
+        sch = self.scheduler
+        for seq in list(sch.running) + list(sch.waiting):
+            self.finish(seq, reason)
+        self._drain_inbox(lambda seq: self.finish(seq, reason),
+                          lambda fn, args, fut: fut.set_exception(RuntimeError(f"engine died: {e!r}")))
+
+    def _launch_next(self) -> PendingStep | None:
+        batch = self.scheduler.schedule() if self.runner.kv.pool.allocated else None
+        if batch is None:
+            return None
+        try:
+            return self.runner.launch(batch)
+        except Exception as e:  # noqa: BLE001 - fail the batch, keep serving
+            self._fail(batch, e)
+            return None
+
+    def _after_launch(self, step: PendingStep) -> None:
+        """Compression for the launched step: its trigger reads the tokens this step fed, known
+        once the previous step was processed (done just before)."""
+        try:
+            self.runner.after_step(step.batch)
+        except Exception as e:  # noqa: BLE001
+            self._inflight = None
+            self._fail(step.batch, e)
+
+    def _complete_inflight(self) -> bool:
+        """Wait for the step in flight, if any, and hand its tokens to the requests."""
+        step, self._inflight = self._inflight, None
+        if step is None:
+            return False
+        try:
+            out = step.result()
+        except Exception as e:  # noqa: BLE001
+            self._fail(step.batch, e)
+            return True
+        finally:
+            self._waited_s += step.wait_s
+        self.num_steps += 1
+        self._process(step.batch, out)
+        return True
+
+    def _fail(self, batch: Batch, e: Exception) -> None:
+        log.error("step failed", exc_info=e)
+        for seq in batch.seqs:
+            self.finish(seq, error_reason(f"engine error: {e}", e))
+
+    def _process(self, batch: Batch, out: StepOutput) -> None:
+        for i, seq in enumerate(batch.seqs):
+            if seq.finished:  # ended at the step before (overlap) or aborted: token dropped
+                continue
+            if i in out.input_logprobs:
+                seq.input_logprobs, seq.input_top_logprobs = out.input_logprobs[i]
+            if seq.params.max_new_tokens == 0:
+                self.finish(seq, {"type": "length", "length": 0})
+                continue
+            self._take_token(seq, out, i)
+
+    def _take_token(self, seq: Sequence, out: StepOutput, i: int) -> None:
+        tok = out.token_ids[i]
+        seq.output_ids.append(tok)
+        if out.logprobs is not None:
+            seq.output_logprobs.append(out.logprobs[i])
+        if seq.top_logprobs_num:
+            seq.output_top_logprobs.append(out.top_logprobs[i][:seq.top_logprobs_num])
+        reason = check_finish(seq, tok, out.stop_hits[i], self.max_seq_len, self.outputs.detok)
+        if reason is not None:
+            self.finish(seq, reason)
+        elif seq.stream:
+            if not seq.params.stop:
+                self.outputs.detok.update(seq)
+            seq.on_update(self.outputs.build(seq, final=False), False)
+
+    def finish(self, seq: Sequence, reason: dict) -> None:
+        if seq.finished:
+            return
+        self.scheduler.remove(seq)
+        seq.finish_reason = reason
+        seq.status = Status.FINISHED
+        seq.finished_at = time.time()
+        seq.on_update(self.outputs.build(seq, final=True), True)
+
+    def abort(self, rid: str, abort_all: bool, message: str) -> int:
+        """(engine thread) End the matching requests, running or waiting."""
+        victims = [s for s in list(self.scheduler.running) + list(self.scheduler.waiting)
+                   if abort_all or s.rid == rid or s.group_rid == rid]
+        for seq in victims:
+            self.finish(seq, abort_reason(message))
+        return len(victims)

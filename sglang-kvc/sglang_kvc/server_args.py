@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .compression import POLICIES
+
 
 def _arg(default: Any, help: str, **kw) -> Any:
     return field(default=default, metadata={"help": help, **kw})
@@ -56,7 +58,7 @@ class ServerArgs:
 
     # KV-cache compression (reference sglang-kvc names; docs/engine.md "Compression").
     compress_algorithm: str | None = _arg(
-        None, "rkv, snapkv or streamingllm (case-insensitive; RKV accepted); unset = dense KV")
+        None, f"{', '.join(POLICIES)} (case-insensitive; RKV accepted); unset = dense KV")
     compress_max_prompt: int = _arg(
         512, "KV token budget B: a request is compressed back to B tokens, and only once it "
              "holds more than B")
@@ -107,8 +109,8 @@ class ServerArgs:
         if isinstance(algo, str):
             algo = algo.strip().lower()
             self.compress_algorithm = None if algo in ("", "none") else algo
-        if self.compress_algorithm not in (None, "rkv", "snapkv", "streamingllm"):
-            raise ValueError(f"--compress-algorithm must be rkv, snapkv or streamingllm "
+        if self.compress_algorithm not in (None, *POLICIES):
+            raise ValueError(f"--compress-algorithm must be one of {', '.join(POLICIES)} "
                              f"(got {algo!r})")
         for name in ("compress_max_prompt", "compress_max_window", "compress_divide_length",
                      "compress_kernel_size", "compress_num_sink"):

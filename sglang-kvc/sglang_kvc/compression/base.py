@@ -69,6 +69,11 @@ class CompressionPolicy(abc.ABC):
     def __init__(self, cfg: CompressionConfig):
         self.cfg = cfg
 
+    def scratch_elems(self, m: int) -> int:
+        """Extra elements scoring m tokens needs per (layer, KV head), beyond keys, queries and
+        scores: the compressor sizes its chunks of requests with it."""
+        return 0
+
     @abc.abstractmethod
     def score(self, keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         """[R, L, Hkv, n - w] float scores of the non-window tokens; higher is kept first."""

@@ -51,8 +51,7 @@ class Compressor:
         pool = self.kv.pool
         L, _, hkv, d = pool.shape
         m = n - self.cfg.window
-        sim = m * m if self.cfg.algorithm == "rkv" else 0
-        return L * hkv * (sim + 2 * n * d + m * 8)
+        return L * hkv * (self.policy.scratch_elems(m) + 2 * n * d + m * 8)
 
     @torch.inference_mode()
     def compress(self, seqs: list) -> torch.Tensor:

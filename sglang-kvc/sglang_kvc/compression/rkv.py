@@ -9,6 +9,9 @@ from .scoring import key_redundancy, pool1d, window_importance
 
 
 class RKVPolicy(CompressionPolicy):
+    def scratch_elems(self, m: int) -> int:
+        return m * m  # the key similarity matrix of the torch path
+
     def score(self, keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         c = self.cfg
         old = keys[..., :keys.shape[-2] - c.window, :]

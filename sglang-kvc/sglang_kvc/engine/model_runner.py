@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch
 
 from ..layers.attention import AttentionMetadata, TorchAttention, TritonAttention
-from ..compression import CompressionConfig
+from ..compression import POLICIES, CompressionConfig
 from ..compression.compressor import Compressor
 from ..compression.query_ring import QueryRing
 from ..compression.trigger import Trigger
@@ -39,6 +39,46 @@ from ..weights.loader import iter_safetensors, load_named_tensors
 log = logging.getLogger(__name__)
 
 
+def resolve_backend(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if name == "triton" and device.type != "cuda":
+        raise ValueError("--attention-backend triton needs a CUDA device")
+    return name
+
+
+def kv_pool_slots(args: ServerArgs, cfg: ModelConfig, device: torch.device, kv_dtype: torch.dtype) -> int:
+    """Slots of the KV pool: what --mem-fraction-static leaves on a GPU (capped by
+    --max-total-tokens), or --max-total-tokens on a CPU; +1 for the padding slot 0."""
+    per_token = cfg.kv_bytes_per_token_per_elem * torch.empty((), dtype=kv_dtype).element_size()
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        budget = total * args.mem_fraction_static - torch.cuda.memory_allocated(device)
+        slots = int(budget // per_token)
+        if args.max_total_tokens:
+            slots = min(slots, args.max_total_tokens)
+        if slots < 16:
+            raise RuntimeError("not enough GPU memory for the KV pool; raise --mem-fraction-static")
+    else:
+        slots = args.max_total_tokens or 16384
+    return slots + 1  # slot 0 is the padding slot
+
+
+def compression_parts(args: ServerArgs, cfg: ModelConfig, dtype, device, newline_ids,
+                      think_end_id) -> tuple[CompressionConfig | None, Trigger | None, QueryRing | None]:
+    """The compression config, its trigger, and the query ring when the policy scores with
+    queries (None, None, None when compression is off)."""
+    compression = CompressionConfig.from_server_args(args)
+    if compression is None:
+        return None, None, None
+    trigger = Trigger(compression, newline_ids, think_end_id)
+    ring = None
+    if POLICIES[compression.algorithm].needs_queries:
+        ring = QueryRing(cfg.num_layers, args.max_running_requests + 1, compression.window,
+                         cfg.num_heads, cfg.head_dim, dtype, device)
+    return compression, trigger, ring
+
+
 class ModelRunner:
     def __init__(self, args: ServerArgs, cfg: ModelConfig, eos_ids: set[int],
                  newline_ids: set[int] | None = None, think_end_id: int | None = None):
@@ -54,26 +94,13 @@ class ModelRunner:
         load_named_tensors(self.model, iter_safetensors(args.model_path))
 
         # Compression state is allocated before the pool, which is sized from what is left.
-        self.compression = CompressionConfig.from_server_args(args)
-        ring = None
-        if self.compression is not None:
-            trigger = Trigger(self.compression, newline_ids, think_end_id)
-            from ..compression import make_policy
-
-            if make_policy(self.compression).needs_queries:
-                ring = QueryRing(cfg.num_layers, args.max_running_requests + 1,
-                                 self.compression.window, cfg.num_heads, cfg.head_dim,
-                                 self.dtype, self.device)
+        self.compression, trigger, ring = compression_parts(args, cfg, self.dtype, self.device,
+                                                            newline_ids, think_end_id)
         kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
-        pool = KVPool(self._num_slots(kv_dtype), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                      kv_dtype, self.device)
+        pool = KVPool(kv_pool_slots(args, cfg, self.device, kv_dtype), cfg.num_layers,
+                      cfg.num_kv_heads, cfg.head_dim, kv_dtype, self.device)
         self.kv = KVCache(pool, args.max_running_requests, self.context_length)
-        backend = args.attention_backend
-        if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "torch"
-        if backend == "triton" and self.device.type != "cuda":
-            raise ValueError("--attention-backend triton needs a CUDA device")
-        self.backend_name = backend
+        backend = self.backend_name = resolve_backend(args.attention_backend, self.device)
         cls = TritonAttention if backend == "triton" else TorchAttention
         self.attn = cls(self.kv, cfg.num_heads, cfg.head_dim)
         self.attn.ring = ring
@@ -89,20 +116,6 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self, args.cuda_graph_max_bs)
         log.info("KV pool: %d slots (%.2f GB, %s), device %s, dtype %s, attention %s",
                  pool.num_slots - 1, pool.bytes / 1e9, kv_dtype, self.device, self.dtype, backend)
-
-    def _num_slots(self, kv_dtype: torch.dtype) -> int:
-        per_token = self.cfg.kv_bytes_per_token_per_elem * torch.empty((), dtype=kv_dtype).element_size()
-        if self.device.type == "cuda":
-            total = torch.cuda.get_device_properties(self.device).total_memory
-            budget = total * self.args.mem_fraction_static - torch.cuda.memory_allocated(self.device)
-            slots = int(budget // per_token)
-            if self.args.max_total_tokens:
-                slots = min(slots, self.args.max_total_tokens)
-            if slots < 16:
-                raise RuntimeError("not enough GPU memory for the KV pool; raise --mem-fraction-static")
-        else:
-            slots = self.args.max_total_tokens or 16384
-        return slots + 1  # slot 0 is the padding slot
 
     # ------------------------------------------------------------------ forward
 

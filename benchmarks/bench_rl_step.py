@@ -181,8 +181,9 @@ def step_numbers(m: dict, rec: Recorder, arch, decode: DecodeModel, machine: Mac
                update_tokens_per_s=sum(s.length for s in rec.update) / m["time_update"],
                sync_gb_per_s=m.get("sync_bytes", 0.0) / 1e9 / max(m["time_sync"], 1e-9),
                response_len_mean=m["response_len_mean"])
-    out.update({k: m[k] for k in ("kv_compressions_per_sample", "kv_peak_slots_per_sample")
-                if k in m})
+    out.update({k: m[k] for k in ("kv_compressions_per_sample", "kv_peak_slots_per_sample",
+                                  "kv_pool_peak_used", "kv_pool_peak_bytes", "kv_pool_capacity",
+                                  "rollout_preemptions", "rollout_tail_fraction") if k in m})
     if machine.peak_flops:
         out["recompute_mfu"] = fwd / m["time_recompute"] / machine.peak_flops
         out["update_mfu"] = train / m["time_update"] / machine.peak_flops
@@ -221,7 +222,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hf-checkpoint", default=None, help="default: a random --shape checkpoint")
     p.add_argument("--shape", default="qwen2.5-0.5b",
-                   choices=["tiny", "qwen2.5-0.5b", "smollm2-135m"],
+                   choices=["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "smollm2-135m"],
                    help="random checkpoint's shape (tiny: a CPU smoke run, not a measurement)")
     p.add_argument("--prompts", type=int, default=32, help="prompts per step")
     p.add_argument("--samples", type=int, default=8, help="samples per prompt")

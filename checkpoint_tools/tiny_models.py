@@ -171,6 +171,9 @@ SHAPES = {
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
                          max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                         max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6),
 }
 
 

@@ -113,7 +113,20 @@ def sample_stats(gens: list[Generation], rewards: list[float]) -> dict:
             "prompt_len_mean": sum(g.meta.get("prompt_tokens", 0) for g in gens) / len(gens),
             "response_len_max": float(max(lengths)),
             "response_truncated_fraction": sum(g.finish_reason == "length" for g in gens) / len(gens),
-            "aborted": float(sum(g.finish_reason == "abort" for g in gens))}
+            "aborted": float(sum(g.finish_reason == "abort" for g in gens)),
+            # samples preempted (their KV dropped and recomputed) because the pool ran out
+            "rollout_preemptions": float(sum(g.meta.get("num_preemptions", 0) for g in gens)),
+            **tail_stats(gens)}
+
+
+def tail_stats(gens: list[Generation]) -> dict:
+    """The long tail: the share of the rollout spent after 90% of its samples had finished
+    (latencies from submission, so a wave submitted at once is measured from one start)."""
+    lat = sorted(g.meta["e2e_latency"] for g in gens if g.meta.get("e2e_latency") is not None)
+    if not lat or lat[-1] <= 0:
+        return {}
+    p90 = lat[min(len(lat) - 1, int(0.9 * len(lat)))]
+    return {"rollout_tail_fraction": (lat[-1] - p90) / lat[-1]}
 
 
 def compression_stats(gens: list[Generation]) -> dict:

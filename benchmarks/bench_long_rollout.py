@@ -1,0 +1,177 @@
+"""The long-rollout RL step where KV memory binds: dense vs R-KV vs SnapKV in the same KV pool.
+
+Each configuration runs the real training loop (``bench_rl_step.py``: in-process engine,
+reward, π_old recompute, update, weight sync) in its own process, on one shared random
+checkpoint, with long-tailed response lengths (``long_tail.py``: log-normal, most samples short,
+a few at the cap) and a KV pool sized as a deployment leaves it: ``--dense-fraction`` of what the
+whole batch would hold densely at the cap (0.25: dense holds a quarter of the batch at once, as a
+7B model on one 80 GB GPU does at 8k tokens).
+
+    python benchmarks/bench_long_rollout.py --shape qwen2.5-0.5b --response-len 4096 8192 \\
+        --configs dense rkv:512 rkv:1024 snapkv:512 snapkv:1024 --steps 2 \\
+        --json runs/long.json --plot docs/plots/long_rollout_steps.png
+
+Per configuration and length: each phase's seconds (min / median / max over ``--steps`` steps
+after a short warm-up rollout), rollout tokens/s, the pool's peak slots and capacity, preempted
+requests, and the tail: the share of the rollout spent after 90% of the samples had finished.
+The step and rollout speed-ups are ratios to dense at the same length, measured in one call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_rl_step import build_checkpoint  # noqa: E402
+from bench_train import device_name, emit  # noqa: E402
+
+PHASES = ("rollout", "recompute", "update", "sync")
+
+
+def parse_config(spec: str) -> dict:
+    """``dense`` or ``algorithm:budget[:divide_length]``."""
+    if spec == "dense":
+        return {"name": "dense", "compress": "none"}
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or parts[0] not in ("rkv", "snapkv", "streamingllm"):
+        raise SystemExit(f"--configs {spec!r}: expected dense or rkv|snapkv|streamingllm:BUDGET[:DIVIDE]")
+    budget = int(parts[1])
+    divide = int(parts[2]) if len(parts) == 3 else max(16, budget // 4)
+    return {"name": spec, "compress": parts[0], "budget": budget, "divide": divide}
+
+
+def pool_tokens(args, cap: int) -> int:
+    """KV slots: --dense-fraction of the batch at the cap (prompt included, ~64 tokens)."""
+    return int(args.dense_fraction * args.prompts * args.samples * (cap + 64))
+
+
+def config_argv(args, cfg: dict, cap: int, hf: Path, out: Path, work: Path) -> list[str]:
+    argv = [sys.executable, str(HERE / "bench_rl_step.py"), "--hf-checkpoint", str(hf),
+            "--prompts", str(args.prompts), "--samples", str(args.samples),
+            "--response-len", str(cap), "--steps", str(args.steps), "--seed", str(args.seed),
+            "--max-tokens-per-gpu", str(args.max_tokens_per_gpu), "--json", str(out),
+            "--workdir", str(work), "--compress", cfg["compress"]]
+    if cfg["compress"] != "none":
+        argv += ["--kv-budget", str(cfg["budget"]), "--compress-divide-length", str(cfg["divide"])]
+    plugin = (f"cap={cap} median_frac={args.median_frac} sigma={args.sigma} "
+              f"warmup_scale={args.warmup_scale} seed={args.seed}").split()
+    return argv + ["--sglang-max-total-tokens", str(pool_tokens(args, cap)),
+                   "--custom-generate-function-path", "long_tail.LongTailLengths",
+                   "--custom-generate-args", *plugin, *args.extra]
+
+
+def run_config(args, cfg: dict, cap: int, hf: Path, work: Path) -> dict:
+    out = work / f"{cfg['name'].replace(':', '_')}_{cap}.json"
+    argv = config_argv(args, cfg, cap, hf, out, work / f"{cfg['name'].replace(':', '_')}_{cap}")
+    print(f"[long-rollout] {cfg['name']} at {cap} tokens: {' '.join(argv[1:])}", flush=True)
+    done = subprocess.run(argv, cwd=HERE.parent)
+    if done.returncode != 0:
+        return {"error": f"exit {done.returncode}"}
+    return json.loads(out.read_text())["summary"]
+
+
+def row(cfg: dict, cap: int, summary: dict, dense: dict | None) -> dict:
+    if "error" in summary:
+        return {"config": cfg["name"], "response_len": cap, **summary}
+    med = {k: v["median"] for k, v in summary.items()}
+    r = {"config": cfg["name"], "response_len": cap, **{f"{p}_s": med.get(f"{p}_s") for p in PHASES},
+         "step_s": med.get("total_s"), "rollout_tokens_per_s": med.get("rollout_tokens_per_s"),
+         "pool_peak_slots": med.get("kv_pool_peak_used"), "pool_slots": med.get("kv_pool_capacity"),
+         "preemptions": med.get("rollout_preemptions"), "tail_fraction": med.get("rollout_tail_fraction"),
+         "response_len_mean": med.get("response_len_mean"), "spread": summary}
+    if med.get("kv_pool_peak_bytes") and r["pool_peak_slots"]:
+        r["pool_gib"] = r["pool_slots"] * med["kv_pool_peak_bytes"] / r["pool_peak_slots"] / 2**30
+    if dense and dense.get("step_s") and r["step_s"]:
+        r["step_speedup"] = dense["step_s"] / r["step_s"]
+        r["rollout_speedup"] = dense["rollout_s"] / r["rollout_s"]
+    return r
+
+
+def print_rows(rows: list[dict]) -> None:
+    cols = ("config", "response_len", "step_s", "rollout_s", "recompute_s", "update_s", "sync_s",
+            "rollout_tokens_per_s", "pool_peak_slots", "preemptions", "tail_fraction",
+            "pool_gib", "step_speedup", "rollout_speedup")
+    print(" ".join(f"{c[:12]:>12s}" for c in cols))
+    for r in rows:
+        print(" ".join(f"{r.get(c):>12.4g}" if isinstance(r.get(c), (int, float)) else
+                       f"{str(r.get(c)):>12s}" for c in cols))
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Stacked step time per configuration, one panel per response length."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    caps = sorted({r["response_len"] for r in rows})
+    fig, axes = plt.subplots(1, len(caps), figsize=(4.5 * len(caps), 4), squeeze=False)
+    for ax, cap in zip(axes[0], caps):
+        mine = [r for r in rows if r["response_len"] == cap and r.get("step_s")]
+        bottom = [0.0] * len(mine)
+        for phase in PHASES:
+            vals = [r.get(f"{phase}_s") or 0.0 for r in mine]
+            ax.bar([r["config"] for r in mine], vals, bottom=bottom, label=phase)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_title(f"{cap}-token cap")
+        ax.set_ylabel("seconds per RL step")
+        ax.tick_params(axis="x", rotation=30)
+    axes[0][0].legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="qwen2.5-0.5b", help="bench_rl_step.py's --shape")
+    p.add_argument("--response-len", type=int, nargs="+", default=[4096], help="caps to run")
+    p.add_argument("--configs", nargs="+", default=["dense", "rkv:512", "rkv:1024", "snapkv:512",
+                                                    "snapkv:1024"])
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--dense-fraction", type=float, default=0.25,
+                   help="the pool holds this fraction of the batch's dense KV at the cap")
+    p.add_argument("--median-frac", type=float, default=0.25, help="median length / cap")
+    p.add_argument("--sigma", type=float, default=0.8, help="log-normal spread of the lengths")
+    p.add_argument("--warmup-scale", type=float, default=0.125,
+                   help="the warm-up rollout's lengths are scaled by this (compiles, captures)")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--max-tokens-per-gpu", type=int, default=16384)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None, help="stacked step-time PNG")
+    args, extra = p.parse_known_args(argv)
+    args.extra = extra
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-long-rollout-"))
+    hf = build_checkpoint(args.shape, work / "hf")
+    configs = [parse_config(c) for c in args.configs]
+    rows = []
+    for cap in args.response_len:
+        dense = None
+        for cfg in configs:
+            r = row(cfg, cap, run_config(args, cfg, cap, hf, work), dense)
+            dense = r if cfg["compress"] == "none" else dense
+            rows.append(r)
+            print_rows([r])
+    print_rows(rows)
+    if args.plot:
+        plot(rows, Path(args.plot))
+    return emit({"gpu": device_name(), "shape": args.shape, "prompts": args.prompts,
+                 "samples": args.samples, "dense_fraction": args.dense_fraction,
+                 "median_frac": args.median_frac, "sigma": args.sigma, "rows": rows}, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Per-rollout statistics a user reads for long rollouts: preemptions and the tail's share."""
+
+from __future__ import annotations
+
+from trainer.rollout.backends import Generation
+from trainer.rollout.manager import sample_stats, tail_stats
+
+
+def _gen(latency, preempted=0, n=3):
+    return Generation([1] * n, [0.0] * n, "", "stop", None,
+                      {"e2e_latency": latency, "num_preemptions": preempted, "prompt_tokens": 2})
+
+
+def test_tail_is_the_share_after_90_percent_finished():
+    gens = [_gen(float(t)) for t in (1, 2, 3, 4, 5, 6, 7, 8, 9, 20)]
+    # sorted latencies; index int(0.9 * 10) = 9 -> 20 itself: one sample in ten is the tail edge
+    assert tail_stats(gens) == {"rollout_tail_fraction": 0.0}
+    gens = [_gen(float(t)) for t in [1.0] * 18 + [2.0, 10.0]]
+    # 20 samples: the 90th percentile (index 18) finished at 2 s, the last at 10 s -> 0.8
+    assert tail_stats(gens)["rollout_tail_fraction"] == (10.0 - 2.0) / 10.0
+
+
+def test_tail_without_latencies_is_absent():
+    g = Generation([1], [0.0], "", "stop", None, {})
+    assert tail_stats([g]) == {}
+
+
+def test_preemptions_are_summed():
+    stats = sample_stats([_gen(1.0, 2), _gen(2.0, 0), _gen(3.0, 1)], [1.0, 0.0, 1.0])
+    assert stats["rollout_preemptions"] == 3.0
+    assert stats["rollout_tail_fraction"] == 0.0

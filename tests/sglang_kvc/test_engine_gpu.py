@@ -70,3 +70,30 @@ def test_graphed_steps_match_eager_and_cpu(tiny_models, extra):
                 assert eng.runner.graphs.graphs  # the graphed path really ran
     assert_same(outs["graph"], outs["eager"], tol=1e-3)
     assert_same(outs["graph"], outs["cpu"], tol=1e-3)
+
+
+@pytest.mark.parametrize("move_pool", [False, True])
+def test_graphs_survive_a_kv_release_or_are_recaptured(tiny_models, prompts, move_pool):
+    """The trainer releases the KV pool around every training phase. The decode graphs are kept
+    when the pool comes back at the same addresses and re-captured when it moved (a tensor taking
+    its old place forces that); either way the tokens and log-probs equal a fresh engine's."""
+    from sglang_kvc.engine.engine import Engine
+
+    params = {"temperature": 1.0, "max_new_tokens": 16, "ignore_eos": True, "sampling_seed": 5}
+    path = str(tiny_models["qwen2.5"])
+    with Engine(model_path=path, device="cuda", dtype="float32", max_total_tokens=2048) as eng:
+        first = eng.generate(prompt=prompts, sampling_params=params, return_logprob=True)
+        captures = eng.get_server_info()["cuda_graphs"]["captures"]
+        ptrs = eng.runner.graphs.kv_ptrs
+        eng.release_memory(["kv_cache"])
+        squatter = torch.empty(eng.kv.pool.bytes, dtype=torch.uint8, device="cuda") if move_pool else None
+        eng.resume_memory(["kv_cache"])
+        again = eng.generate(prompt=prompts, sampling_params=params, return_logprob=True)
+        info = eng.get_server_info()["cuda_graphs"]
+        now = (eng.kv.pool.k.data_ptr(), eng.kv.pool.v.data_ptr())
+        del squatter
+    for a, b in zip(first, again):
+        assert a["output_ids"] == b["output_ids"]
+        assert a["meta_info"]["output_token_logprobs"] == b["meta_info"]["output_token_logprobs"]
+    # re-captured exactly when the pool moved (the old graphs would write the old addresses)
+    assert (info["captures"] > captures) == (now != ptrs)

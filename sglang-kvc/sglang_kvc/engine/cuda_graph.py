@@ -14,6 +14,8 @@ Compression runs eagerly between replays (model_runner.after_step).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..layers.attention import AttentionMetadata
@@ -34,13 +36,25 @@ class DecodeGraphs:
         # temperature, top_p, min_p, divisor (0 -> 1), sampled; top_k, seed, filtered
         self.params_f = torch.zeros(5, self.max_bs, dtype=torch.float32, device=dev)
         self.params_i = torch.zeros(3, self.max_bs, dtype=torch.int64, device=dev)
+        self.num_captures, self.capture_s = 0, 0.0  # over the engine's life (server info)
         self.clear()
 
     def clear(self) -> None:
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
+        self.kv_ptrs: tuple[int, int] | None = None  # the KV pool the graphs were captured on
         self._params_key = None
         self._slots_bs: dict[int, int] = {}
+
+    def pool_moved(self) -> bool:
+        """Whether the KV pool now lives elsewhere than when the graphs were captured (their
+        kernels read and write it through baked-in addresses)."""
+        pool = self.runner.kv.pool
+        return self.kv_ptrs is not None and self.kv_ptrs != (pool.k.data_ptr(), pool.v.data_ptr())
+
+    def stats(self) -> dict:
+        return {"graphs": len(self.graphs), "captures": self.num_captures,
+                "capture_s": self.capture_s}
 
     def can_run(self, bs: int) -> bool:
         return bs <= self.max_bs
@@ -113,6 +127,14 @@ class DecodeGraphs:
         return pack_outputs(out, r.rows.record(rows, out.ids))
 
     def _capture(self, gbs: int, mode: tuple) -> None:
+        t0 = time.perf_counter()
+        self._capture_graph(gbs, mode)
+        pool = self.runner.kv.pool
+        self.kv_ptrs = (pool.k.data_ptr(), pool.v.data_ptr())
+        self.num_captures += 1
+        self.capture_s += time.perf_counter() - t0
+
+    def _capture_graph(self, gbs: int, mode: tuple) -> None:
         # The warm-up runs the step for real (Triton compiles and autotunes outside capture);
         # the replay that follows recomputes the same values into the same places, once the
         # rows' input tokens, which the warm-up overwrote with its samples, are put back.

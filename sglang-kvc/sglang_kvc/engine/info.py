@@ -41,6 +41,8 @@ def server_info(engine) -> dict:
         "overlap_schedule": engine.overlap,
         "step_stats": engine.step_stats.to_dict(),
     })
+    if runner.graphs is not None:
+        info["cuda_graphs"] = runner.graphs.stats()
     if engine.compressor is not None:
         info["compression"] = compression_info(engine.compressor)
     info["internal_states"] = [{k: info[k] for k in (

@@ -295,11 +295,13 @@ class ModelRunner:
         return n
 
     def release(self, tags: set[str]) -> None:
+        """Free the tagged memory. The decode graphs survive a KV-pool release (the trainer's
+        per-rollout offload): they are re-captured only if the pool comes back elsewhere."""
         if "kv_cache" in tags and self.kv.pool.allocated:
             self.kv.pool.release()
         if "weights" in tags and self.device.type == "cuda":
             self.model.to("cpu")
-        if self.graphs is not None:
+        if self.graphs is not None and tags & {"weights", "cuda_graph"}:
             self.graphs.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -310,7 +312,7 @@ class ModelRunner:
         if "kv_cache" in tags and not self.kv.pool.allocated:
             self.kv.pool.allocate()
             self.kv.reset()
-        if self.graphs is not None and self.kv.pool.allocated:
+        if self.graphs is not None and self.kv.pool.allocated and self.graphs.pool_moved():
             self.graphs.clear()
 
     def shutdown(self) -> None:

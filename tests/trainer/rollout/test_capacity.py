@@ -1,0 +1,21 @@
+"""The pool's capacity in samples, against hand-computed values."""
+
+from trainer.rollout.capacity import capacity_line, samples_that_fit, slots_per_sample
+
+
+def test_dense_and_compressed_slots():
+    assert slots_per_sample(60, 4096) == 4156
+    assert slots_per_sample(60, 4096, 512, 128) == 640  # B + N
+    assert slots_per_sample(700, 4096, 512, 128) == 701  # a long prompt: P + 1
+    assert slots_per_sample(60, 100, 512, 128) == 160  # never more than dense
+
+
+def test_samples_that_fit():
+    assert samples_that_fit(135168, 60, 4096) == 32  # 135168 // 4156
+    assert samples_that_fit(135168, 60, 4096, 512, 128) == 211  # 135168 // 640
+
+
+def test_line():
+    assert capacity_line(135168, 60, 4096, "rkv", 512, 128) == (
+        "holds 32 samples of 60 + 4096 tokens at once dense, 211 with rkv 512+128")
+    assert capacity_line(1000, 10, 90, None, None, None) == "holds 10 samples of 10 + 90 tokens at once dense"

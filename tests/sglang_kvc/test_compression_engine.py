@@ -9,6 +9,7 @@ import torch
 from sglang_kvc.compression import CompressionConfig
 from sglang_kvc.compression.trigger import Trigger
 from sglang_kvc.engine.engine import Engine
+from sglang_kvc.engine.io_struct import parse_generate
 from sglang_kvc.engine.sampling_params import SamplingParams
 from sglang_kvc.engine.sequence import Sequence
 
@@ -49,6 +50,31 @@ def test_budget_above_every_sequence_is_dense(tiny_models, algo):
         assert [x[0] for x in g["meta_info"]["output_token_logprobs"]] == \
             [x[0] for x in w["meta_info"]["output_token_logprobs"]]
         assert g["meta_info"]["compression"]["num_compressions"] == 0
+
+
+@pytest.mark.parametrize("algo", ["rkv", "snapkv", "streamingllm"])
+def test_request_with_compress_false_is_dense_on_a_compressing_engine(tiny_models, algo):
+    """`compress: false` (a dense evaluation on the rollout engine): that request's tokens and
+    log-probs are the dense engine's, while its batch-mates in the same batch still compress."""
+    ids = prompts_of([5, 17, 30], seed=1)
+    params = dict(temperature=1.0, ignore_eos=True, max_new_tokens=40, sampling_seed=7)
+    with make_engine(tiny_models) as dense:
+        want = dense.generate(input_ids=ids, sampling_params=params, return_logprob=True)
+    with make_engine(tiny_models, compress_algorithm=algo, compress_max_prompt=12,
+                     compress_divide_length=4, compress_max_window=3) as eng:
+        items, _ = parse_generate({"input_ids": ids + ids, "sampling_params": params,
+                                   "return_logprob": True, "compress": [False] * 3 + [True] * 3},
+                                  eng.sampling_defaults)
+        outs = [f.result() for f in eng.submit(items)]
+    for g, w in zip(outs[:3], want):
+        assert g["output_ids"] == w["output_ids"]
+        # a batch of other shapes: fp32 sums in other orders
+        assert max(abs(a[0] - b[0]) for a, b in zip(g["meta_info"]["output_token_logprobs"],
+                                                    w["meta_info"]["output_token_logprobs"])) < 1e-5
+        assert g["meta_info"]["compression"]["num_compressions"] == 0
+    assert all(o["meta_info"]["compression"]["num_compressions"] > 0 for o in outs[3:])
+    with pytest.raises(ValueError, match="compress must be a boolean"):
+        parse_generate({"input_ids": ids[0], "compress": "no"})
 
 
 @pytest.mark.parametrize("algo,compress_prompt", [("rkv", False), ("rkv", True),

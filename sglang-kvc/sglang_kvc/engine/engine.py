@@ -115,13 +115,13 @@ class Engine:
 
     def generate(self, prompt=None, input_ids=None, sampling_params=None, return_logprob=False,
                  logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=False,
-                 rid=None, stream=False):
+                 rid=None, stream=False, compress=None):
         """SGLang's Engine.generate: single or batched prompts; returns a dict, or a list for a
         batch or n > 1; with stream=True an iterator of cumulative output dicts (one prompt)."""
         body = {"text": prompt, "input_ids": input_ids, "sampling_params": sampling_params,
                 "return_logprob": return_logprob, "return_text_in_logprobs": return_text_in_logprobs,
                 "rid": rid, "stream": stream, "logprob_start_len": logprob_start_len,
-                "top_logprobs_num": top_logprobs_num}
+                "top_logprobs_num": top_logprobs_num, "compress": compress}
         items, is_batch = parse_generate({k: v for k, v in body.items() if v is not None},
                                          self.sampling_defaults)
         if stream:

@@ -62,7 +62,9 @@ def make_sequences(item: GenerateItem, tokenizer, limits: IntakeLimits,
             prompt_ids=list(ids), params=item.params, seed=seed,
             return_logprob=item.return_logprob, top_logprobs_num=item.top_logprobs_num,
             logprob_start_len=item.logprob_start_len, stream=item.stream,
-            return_text_in_logprobs=item.return_text_in_logprobs))
+            return_text_in_logprobs=item.return_text_in_logprobs,
+            # the trigger never fires for a stopped request: it keeps its whole KV
+            compress_stopped=not item.compress))
     return seqs
 
 

@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 GENERATE_KEYS = {
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
     "top_logprobs_num", "return_text_in_logprobs", "stream", "token_ids_logprob",
+    "compress",  # ours: false = this request keeps its whole KV on a compressing server
 }
 # SGLang fields that would change the result, accepted at their default (what every stock client
 # sends) and refused otherwise: a value we would silently ignore is a wrong answer.
@@ -86,6 +87,7 @@ class GenerateItem:
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
+    compress: bool = True  # False: dense KV for this request (e.g. a dense evaluation)
 
 
 def _pick(value: Any, i: int, batch: bool, name: str, size: int) -> Any:
@@ -145,9 +147,11 @@ def parse_generate(body: Any, sampling_defaults: dict | None = None) -> tuple[li
             top_logprobs_num=get("top_logprobs_num", 0) or 0,
             return_text_in_logprobs=get("return_text_in_logprobs", False),
             stream=bool(body.get("stream", False)),
+            compress=get("compress", True),
         )
-        if not isinstance(item.return_logprob, bool):
-            raise ValueError("return_logprob must be a boolean")
+        for name in ("return_logprob", "compress"):
+            if not isinstance(getattr(item, name), bool):
+                raise ValueError(f"{name} must be a boolean")
         for name in ("logprob_start_len", "top_logprobs_num"):
             v = getattr(item, name)
             if not isinstance(v, int) or isinstance(v, bool):

@@ -10,6 +10,12 @@ Randomness is counter-based: a request's draw at output position i is a hash of
 (seed, i), turned into one uniform u in (0, 1) and inverted through the CDF of the (filtered)
 distribution. A seeded request therefore samples the same tokens whatever else is in the batch,
 whatever the batch order, and after preemption and recompute.
+
+The common RL step (no top-k / top-p / min-p, no top log-probs; greedy rows allowed) runs as two
+Triton kernels on CUDA (layers/sampling_kernels.py): the logits are read once, in their dtype, with
+no fp32 [B, V] copies. Same semantics; the CDF is summed in another order, so a drawn token can
+differ from this torch path's only when u * total lies within float rounding of a CDF boundary
+(~1e-6 of the total); log-probs agree to fp32 rounding, greedy ids exactly.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..layers.fused_ops import counter_uniform, row_argmax
+from ..layers.sampling_kernels import fused_sampling_enabled, sample_full_vocab
 
 _M32 = 0xFFFFFFFF
 
@@ -75,16 +82,17 @@ class Sampler:
         """`logits` [B, V] in the model dtype or fp32; softmaxes run in fp32."""
         if sb.ban_rows is not None:
             logits[sb.ban_rows, sb.ban_ids] = float("-inf")
-        greedy_ids = row_argmax(logits)  # the same index in the model dtype as after upcasting
         if sb.all_greedy and not sb.need_logprobs:
-            return SampleOutput(greedy_ids, None, None, None)
+            # the same index in the model dtype as after upcasting
+            return SampleOutput(row_argmax(logits), None, None, None)
+        if _fusable(sb) and fused_sampling_enabled(logits):
+            return self._fused(logits, sb)
+        greedy_ids = row_argmax(logits)
         logits = logits.float()
         if sb.all_greedy:
             ids, scaled = greedy_ids, logits
         else:
-            sampled = sb.sampled if sb.sampled is not None else sb.temperatures > 0
-            temps = sb.divisors if sb.divisors is not None else torch.where(
-                sampled, sb.temperatures, torch.ones_like(sb.temperatures))
+            sampled, temps = _row_modes(sb)
             scaled = logits / temps[:, None]
             ids = self._draw(scaled, sb)
             ids = torch.where(sampled, ids, greedy_ids)
@@ -95,6 +103,13 @@ class Sampler:
             if sb.top_logprobs_num > 0:
                 top_v, top_i = lp.topk(sb.top_logprobs_num, dim=-1)
         return SampleOutput(ids, logprobs, top_v, top_i)
+
+    @staticmethod
+    def _fused(logits: torch.Tensor, sb: SamplingBatch) -> SampleOutput:
+        sampled, temps = (None, None) if sb.all_greedy else _row_modes(sb)
+        ids, logprobs = sample_full_vocab(logits, temps, sampled, sb.seeds, sb.steps,
+                                          sb.need_logprobs)
+        return SampleOutput(ids, logprobs, None, None)
 
     @staticmethod
     def _draw(scaled: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
@@ -114,6 +129,20 @@ class Sampler:
         if sb.filtered is None:
             return ids
         return torch.where(sb.filtered, ids, _inverse_cdf(probs, u))
+
+
+def _fusable(sb: SamplingBatch) -> bool:
+    """Steps the fused kernels serve: no top log-probs, and the sampled rows walk the CDF in
+    vocabulary order (filtered rows sort it, which stays torch's)."""
+    return sb.top_logprobs_num == 0 and (sb.all_greedy or not sb.need_filter)
+
+
+def _row_modes(sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sampled [B] bool, divisor [B]: temperature, 1 for greedy rows), precomputed or not."""
+    sampled = sb.sampled if sb.sampled is not None else sb.temperatures > 0
+    temps = sb.divisors if sb.divisors is not None else torch.where(
+        sampled, sb.temperatures, torch.ones_like(sb.temperatures))
+    return sampled, temps
 
 
 def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang_kvc import fused_ops as fo
+from sglang_kvc.layers import fused_ops as fo
 
 NORM_SHAPES = [(1, 576), (7, 896), (300, 896), (300, 576)]
 ROPE_HEADS = [(9, 3, 64), (14, 2, 64), (14, 2, 128)]  # (Hq, Hkv, D)

@@ -6,6 +6,7 @@ state runs on the engine thread between steps."""
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import json
 import logging
 import queue
@@ -80,6 +81,16 @@ def _compression_token_ids(args: ServerArgs, tokenizer) -> tuple[set[int] | None
     return newline_ids, think_end_id
 
 
+def _freeze_startup_heap() -> None:
+    """Move what exists after startup (torch, transformers, the model: ~0.5M objects) out of the
+    cyclic GC's reach. Responses with log-probs allocate one small list per token, which
+    triggers full collections; each walked the whole startup heap: 0.31 s of a 256 x 512-token
+    batch's output building instead of 0.03 s (the 0.5 s end-to-end gap of T = 1 + log-probs
+    against greedy on an H100)."""
+    gc.collect()
+    gc.freeze()
+
+
 class Engine:
     def __init__(self, model_path: str | None = None, server_args: ServerArgs | None = None, **kwargs):
         from transformers import AutoConfig
@@ -108,6 +119,7 @@ class Engine:
         self.outputs = OutputBuilder(self.tokenizer, self.detok, self.compressor, args.weight_version)
         self._limits = IntakeLimits(self.model_config.vocab_size, self.max_seq_len)
         self._rng = random.Random(args.random_seed)
+        _freeze_startup_heap()
         self.loop = StepLoop(self.runner, self.scheduler, self.outputs, self.max_seq_len, self.overlap)
         self.weights = WeightUpdater(self.runner, self.loop.call, self._abort_all, self._set_version)
 

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     from .engine.engine import Engine
-    from .server.http_server import create_app
+    from .server.app import create_app
 
     engine = Engine(server_args=args)
     try:

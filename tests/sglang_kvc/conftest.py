@@ -71,7 +71,7 @@ def serve(tiny_models):
     """Factory: an Engine on a tiny checkpoint behind uvicorn in a thread; stopped after the module.
     Returns the ServerThread (with .url and .engine)."""
     from sglang_kvc.engine.engine import Engine
-    from sglang_kvc.server.http_server import ServerThread
+    from sglang_kvc.server.app import ServerThread
 
     started = []
 

@@ -7,16 +7,20 @@ OpenAI's error shape so the official client raises BadRequestError with the mess
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import time
 import uuid
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..engine.engine import Engine
 from ..engine.io_struct import parse_generate
+from .http_io import get_engine, sample_order, sse
+
+router = APIRouter()
 
 # OpenAI field -> native sampling parameter.
 _SAMPLING_MAP = {
@@ -40,6 +44,14 @@ class OpenAIError(ValueError):
 def _error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"object": "error", "message": message, "type": "BadRequestError",
                          "param": None, "code": status}, status_code=status)
+
+
+async def openai_error_handler(_request: Request, exc: OpenAIError) -> JSONResponse:
+    return _error(str(exc))
+
+
+def _model_name(engine: Engine) -> str:
+    return engine.args.served_model_name or engine.args.model_path
 
 
 def _sampling(body: dict, default_max: int | None) -> dict:
@@ -69,6 +81,150 @@ def _usage(outs: list[dict], n: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def _head(engine: Engine, prefix: str) -> dict:
+    """The id, creation time and model that every chunk and the response of one request repeat."""
+    return {"created": int(time.time()), "id": f"{prefix}-{uuid.uuid4().hex}",
+            "model": _model_name(engine)}
+
+
+def _envelope(head: dict, obj: str, choices: list, **rest) -> dict:
+    return {"id": head["id"], "object": obj, "created": head["created"], "model": head["model"],
+            "choices": choices, **rest}
+
+# ------------------------------------------------------------ submitting and streaming
+
+
+async def _body(request: Request) -> dict:
+    raw = await request.body()
+    try:
+        body = json.loads(raw) if raw.strip() else None
+    except json.JSONDecodeError as e:
+        raise OpenAIError(f"malformed JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise OpenAIError("request body must be a JSON object")
+    return body
+
+
+def _submit(engine: Engine, native: dict, on_update=None):
+    try:
+        items, _ = parse_generate(native, engine.sampling_defaults)
+        return items, engine.submit(items, on_update=on_update)
+    except ValueError as e:
+        raise OpenAIError(str(e)) from e
+
+
+async def _results(engine: Engine, native: dict) -> tuple[list, list[dict]]:
+    items, futures = _submit(engine, native)
+    return items, [await asyncio.wrap_future(f) for f in futures]
+
+
+async def _stream(engine: Engine, native: dict, make_chunk) -> StreamingResponse:
+    """Submit `native` (errors are still a 400 here) and stream `make_chunk(index, new_text,
+    output, is_first)` for every update."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+    items, futures = _submit(engine, native,
+                             lambda out, fin: loop.call_soon_threadsafe(q.put_nowait, (out, fin)))
+    events = _events(engine, q, items, len(futures), make_chunk)
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+async def _events(engine: Engine, q: asyncio.Queue, items, remaining: int, make_chunk):
+    order = sample_order(items)
+    sent = [0] * len(order)  # characters of each sample's text already sent
+    first = [True] * len(order)
+    try:
+        while remaining:
+            out, fin = await q.get()
+            remaining -= fin
+            idx = order[out["meta_info"]["id"]]
+            delta = out["text"][sent[idx]:]
+            sent[idx] = len(out["text"])
+            yield sse(make_chunk(idx, delta, out, first[idx]))
+            first[idx] = False
+        yield "data: [DONE]\n\n"
+    finally:
+        if remaining:  # client went away: stop generating for it
+            for it in items:
+                engine.abort_request(it.rid)
+
+# ------------------------------------------------------------ /v1/models
+
+
+@router.get("/v1/models")
+async def models(engine: Engine = Depends(get_engine)):
+    name = _model_name(engine)
+    return {"object": "list", "data": [{
+        "id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang-kvc",
+        "root": name, "max_model_len": engine.context_length}]}
+
+# ------------------------------------------------------------ /v1/completions
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, engine: Engine = Depends(get_engine)):
+    body = await _body(request)
+    native, logprobs, echo = _completion_request(body)
+    head = _head(engine, "cmpl")
+    if body.get("stream"):
+        native["stream"] = True
+        return await _stream(engine, native, functools.partial(_completion_chunk, head))
+    items, outs = await _results(engine, native)
+    n = body.get("n") or 1
+    choices = [_completion_choice(engine, i, out, items[i // n], logprobs, echo)
+               for i, out in enumerate(outs)]
+    return _envelope(head, "text_completion", choices, usage=_usage(outs, n))
+
+
+def _completion_request(body: dict) -> tuple[dict, int | None, bool]:
+    """The native request for a completions body, with its `logprobs` and `echo` options."""
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise OpenAIError("prompt is required")
+    native: dict = {"sampling_params": _sampling(body, 16)}
+    # A string or a list of strings is text; anything else is token ids (one prompt or a batch).
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
+        native["text"] = prompt
+    else:
+        native["input_ids"] = prompt
+    logprobs = _logprobs_option(body, native)
+    return native, logprobs, _echo_option(body, native, logprobs)
+
+
+def _logprobs_option(body: dict, native: dict) -> int | None:
+    logprobs = body.get("logprobs")
+    if logprobs is not None:
+        if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
+            raise OpenAIError("logprobs must be a non-negative integer")
+        native.update(return_logprob=True, top_logprobs_num=logprobs, return_text_in_logprobs=True)
+    return logprobs
+
+
+def _echo_option(body: dict, native: dict, logprobs: int | None) -> bool:
+    echo = body.get("echo") or False
+    if not isinstance(echo, bool):
+        raise OpenAIError("echo must be a boolean")
+    if echo and body.get("stream"):
+        raise OpenAIError("echo is not supported together with stream")
+    if echo and logprobs is not None:
+        native["logprob_start_len"] = 0  # the prompt's own log-probs (lm-eval's loglikelihood)
+    return echo
+
+
+def _completion_chunk(head: dict, idx: int, delta: str, out: dict, _first: bool) -> dict:
+    reason, matched = _finish(out["meta_info"])
+    return _envelope(head, "text_completion", [{"index": idx, "text": delta, "logprobs": None,
+                                                "finish_reason": reason, "matched_stop": matched}])
+
+
+def _completion_choice(engine: Engine, i: int, out: dict, item, logprobs: int | None, echo: bool) -> dict:
+    reason, matched = _finish(out["meta_info"])
+    prefix = _prompt_text(item, engine) if echo else ""
+    return {"index": i, "text": prefix + out["text"],
+            "logprobs": _completion_logprobs(out["meta_info"], logprobs, echo),
+            "finish_reason": reason, "matched_stop": matched}
+
+
 def _prompt_text(item, engine: Engine) -> str:
     """The prompt as text for ``echo`` (token-id prompts are decoded, as OpenAI servers do)."""
     if item.text is not None:
@@ -93,173 +249,76 @@ def _completion_logprobs(meta: dict, logprobs: int | None, echo: bool) -> dict |
             "top_logprobs": [None if top is None else {(t or ""): lp for lp, _, t in top}
                              for top in tops] if logprobs else None}
 
+# ------------------------------------------------------------ /v1/chat/completions
 
-def add_openai_routes(app: FastAPI, engine: Engine) -> None:
-    model_name = engine.args.served_model_name or engine.args.model_path
 
-    @app.exception_handler(OpenAIError)
-    async def _openai_error(_req, exc):
-        return _error(str(exc))
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, engine: Engine = Depends(get_engine)):
+    body = await _body(request)
+    native = _chat_request(engine, body)
+    head = _head(engine, "chatcmpl")
+    if body.get("stream"):
+        native["stream"] = True
+        return await _stream(engine, native, functools.partial(_chat_chunk, head))
+    _, outs = await _results(engine, native)
+    want_lp = bool(body.get("logprobs"))
+    choices = [_chat_choice(i, out, want_lp) for i, out in enumerate(outs)]
+    return _envelope(head, "chat.completion", choices, usage=_usage(outs, body.get("n") or 1))
 
-    async def _body(request: Request) -> dict:
-        raw = await request.body()
-        try:
-            body = json.loads(raw) if raw.strip() else None
-        except json.JSONDecodeError as e:
-            raise OpenAIError(f"malformed JSON: {e}") from e
-        if not isinstance(body, dict):
-            raise OpenAIError("request body must be a JSON object")
-        return body
 
-    def _submit(native: dict, on_update=None):
-        try:
-            items, _ = parse_generate(native, engine.sampling_defaults)
-            return items, engine.submit(items, on_update=on_update)
-        except ValueError as e:
-            raise OpenAIError(str(e)) from e
+def _chat_request(engine: Engine, body: dict) -> dict:
+    ids = _chat_prompt_ids(engine, body)
+    # Unless the client caps it, the answer may fill the rest of the context.
+    default_max = max(1, engine.max_seq_len - len(ids) - 1)
+    native: dict = {"input_ids": ids, "sampling_params": _sampling(body, default_max)}
+    if body.get("logprobs"):
+        native.update(return_logprob=True, top_logprobs_num=body.get("top_logprobs") or 0,
+                      return_text_in_logprobs=True)
+    return native
 
-    async def _stream(native: dict, make_chunk):
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
-        items, futures = _submit(native, lambda out, fin: loop.call_soon_threadsafe(q.put_nowait, (out, fin)))
-        order = {}
-        for it in items:
-            for j in range(it.params.n):
-                order[it.rid if it.params.n == 1 else f"{it.rid}-{j}"] = len(order)
-        sent = [0] * len(order)
-        first = [True] * len(order)
 
-        async def events():
-            remaining = len(futures)
-            try:
-                while remaining:
-                    out, fin = await q.get()
-                    remaining -= fin
-                    idx = order[out["meta_info"]["id"]]
-                    delta = out["text"][sent[idx]:]
-                    sent[idx] = len(out["text"])
-                    yield f"data: {json.dumps(make_chunk(idx, delta, out, first[idx]))}\n\n"
-                    first[idx] = False
-                yield "data: [DONE]\n\n"
-            finally:
-                if remaining:
-                    for it in items:
-                        engine.abort_request(it.rid)
+def _chat_prompt_ids(engine: Engine, body: dict) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise OpenAIError("messages must be a non-empty list")
+    if engine.tokenizer is None:
+        raise OpenAIError("chat needs a tokenizer (server runs --skip-tokenizer-init)")
+    try:
+        text = engine.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True,
+            **(body.get("chat_template_kwargs") or {}))
+    except Exception as e:  # noqa: BLE001 - template errors are the client's input
+        raise OpenAIError(f"cannot apply chat template: {e}") from e
+    # The template already wrote the special tokens (BOS included): don't add them twice.
+    return engine.tokenizer.encode(text, add_special_tokens=False)
 
-        return StreamingResponse(events(), media_type="text/event-stream")
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": int(time.time()), "owned_by": "sglang-kvc",
-            "root": model_name, "max_model_len": engine.context_length}]}
+def _chat_chunk(head: dict, idx: int, delta_text: str, out: dict, first: bool) -> dict:
+    reason, matched = _finish(out["meta_info"])
+    delta = {"content": delta_text}
+    if first:  # OpenAI sends the role once, in a choice's first chunk
+        delta["role"] = "assistant"
+    return _envelope(head, "chat.completion.chunk", [{"index": idx, "delta": delta, "logprobs": None,
+                                                      "finish_reason": reason, "matched_stop": matched}])
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await _body(request)
-        prompt = body.get("prompt")
-        if prompt is None:
-            raise OpenAIError("prompt is required")
-        native: dict = {"sampling_params": _sampling(body, 16)}
-        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
-            native["text"] = prompt
-        else:
-            native["input_ids"] = prompt
-        logprobs = body.get("logprobs")
-        if logprobs is not None:
-            if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
-                raise OpenAIError("logprobs must be a non-negative integer")
-            native.update(return_logprob=True, top_logprobs_num=logprobs, return_text_in_logprobs=True)
-        echo = body.get("echo") or False
-        if not isinstance(echo, bool):
-            raise OpenAIError("echo must be a boolean")
-        if echo and body.get("stream"):
-            raise OpenAIError("echo is not supported together with stream")
-        if echo and logprobs is not None:
-            native["logprob_start_len"] = 0  # the prompt's own log-probs (lm-eval's loglikelihood)
-        created, cid = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
 
-        if body.get("stream"):
-            native["stream"] = True
+def _chat_choice(i: int, out: dict, want_lp: bool) -> dict:
+    reason, matched = _finish(out["meta_info"])
+    return {"index": i, "message": {"role": "assistant", "content": out["text"],
+                                    "reasoning_content": None, "tool_calls": None},
+            "logprobs": _chat_logprobs(out["meta_info"]) if want_lp else None,
+            "finish_reason": reason, "matched_stop": matched}
 
-            def chunk(idx, delta, out, _first):
-                reason, matched = _finish(out["meta_info"])
-                return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
-                        "choices": [{"index": idx, "text": delta, "logprobs": None,
-                                     "finish_reason": reason, "matched_stop": matched}]}
-            return await _stream(native, chunk)
 
-        items, futures = _submit(native)
-        outs = [await asyncio.wrap_future(f) for f in futures]
-        n = body.get("n") or 1
-        choices = []
-        for i, out in enumerate(outs):
-            reason, matched = _finish(out["meta_info"])
-            prefix = _prompt_text(items[i // n], engine) if echo else ""
-            choices.append({"index": i, "text": prefix + out["text"],
-                            "logprobs": _completion_logprobs(out["meta_info"], logprobs, echo),
-                            "finish_reason": reason, "matched_stop": matched})
-        return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
-                "choices": choices, "usage": _usage(outs, n)}
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        body = await _body(request)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise OpenAIError("messages must be a non-empty list")
-        if engine.tokenizer is None:
-            raise OpenAIError("chat needs a tokenizer (server runs --skip-tokenizer-init)")
-        try:
-            text = engine.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True,
-                **(body.get("chat_template_kwargs") or {}))
-        except Exception as e:  # noqa: BLE001 - template errors are the client's input
-            raise OpenAIError(f"cannot apply chat template: {e}") from e
-        ids = engine.tokenizer.encode(text, add_special_tokens=False)
-        default_max = max(1, engine.max_seq_len - len(ids) - 1)
-        native: dict = {"input_ids": ids, "sampling_params": _sampling(body, default_max)}
-        want_lp = bool(body.get("logprobs"))
-        top_n = body.get("top_logprobs") or 0
-        if want_lp:
-            native.update(return_logprob=True, top_logprobs_num=top_n, return_text_in_logprobs=True)
-        created, cid = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
-
-        def chat_logprobs(out: dict):
-            if not want_lp:
-                return None
-            meta = out["meta_info"]
-            lps = meta.get("output_token_logprobs", [])
-            tops = meta.get("output_top_logprobs") or [[] for _ in lps]
-            content = []
-            for (lp, _, tok), top in zip(lps, tops):
-                tok = tok or ""
-                content.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()),
-                                "top_logprobs": [{"token": t or "", "logprob": v,
-                                                  "bytes": list((t or "").encode())} for v, _, t in top]})
-            return {"content": content}
-
-        if body.get("stream"):
-            native["stream"] = True
-
-            def chunk(idx, delta_text, out, first):
-                reason, matched = _finish(out["meta_info"])
-                delta = {"content": delta_text}
-                if first:
-                    delta["role"] = "assistant"
-                return {"id": cid, "object": "chat.completion.chunk", "created": created,
-                        "model": model_name, "choices": [{"index": idx, "delta": delta, "logprobs": None,
-                                                          "finish_reason": reason, "matched_stop": matched}]}
-            return await _stream(native, chunk)
-
-        _, futures = _submit(native)
-        outs = [await asyncio.wrap_future(f) for f in futures]
-        choices = []
-        for i, out in enumerate(outs):
-            reason, matched = _finish(out["meta_info"])
-            choices.append({"index": i, "message": {"role": "assistant", "content": out["text"],
-                                                    "reasoning_content": None, "tool_calls": None},
-                            "logprobs": chat_logprobs(out), "finish_reason": reason,
-                            "matched_stop": matched})
-        return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
-                "choices": choices, "usage": _usage(outs, body.get("n") or 1)}
+def _chat_logprobs(meta: dict) -> dict:
+    """OpenAI's chat ``logprobs`` object: per output token its log-prob, bytes and top
+    alternatives."""
+    lps = meta.get("output_token_logprobs", [])
+    tops = meta.get("output_top_logprobs") or [[] for _ in lps]
+    content = []
+    for (lp, _, tok), top in zip(lps, tops):
+        tok = tok or ""
+        content.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()),
+                        "top_logprobs": [{"token": t or "", "logprob": v,
+                                          "bytes": list((t or "").encode())} for v, _, t in top]})
+    return {"content": content}

@@ -1,0 +1,78 @@
+"""What every route shares: reading request bodies, the native error shape, server-sent events,
+the bridge from engine callbacks to the event loop, and the `get_engine` dependency.
+
+Bad input raises `BadRequest` (a ValueError); app.py turns it into HTTP 400
+`{"error": {"message": ...}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from ..engine.engine import Engine
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def get_engine(request: Request) -> Engine:
+    """Route dependency: the engine `create_app` put on the app's state."""
+    return request.app.state.engine
+
+
+def error_response(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+async def read_json(request: Request, allow_empty: bool = True) -> Any:
+    raw = await request.body()
+    if not raw.strip():
+        if allow_empty:
+            return {}
+        raise BadRequest("request body is empty")
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise BadRequest(f"malformed JSON: {e}") from e
+
+
+async def read_object(request: Request) -> dict:
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def sample_order(items) -> dict[str, int]:
+    """Each sample's id -> its index, prompt-major then sample (the engine names the samples of
+    an n > 1 request `{rid}-{j}`), so streamed updates can be told apart in any arrival order."""
+    order: dict[str, int] = {}
+    for it in items:
+        for j in range(it.params.n):
+            order[it.rid if it.params.n == 1 else f"{it.rid}-{j}"] = len(order)
+    return order
+
+
+def stream_bridge(engine: Engine, items) -> tuple[asyncio.Queue, list]:
+    """Submit items; their updates arrive on an asyncio queue as (index, output, finished)."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+    # Indices are assigned before submitting, so none is missing when the first update arrives.
+    index_of = sample_order(items)
+
+    def on_update(out: dict, finished: bool) -> None:  # runs on the engine's thread
+        idx = index_of.setdefault(out["meta_info"]["id"], len(index_of))
+        loop.call_soon_threadsafe(q.put_nowait, (idx, out, finished))
+
+    futures = engine.submit(items, on_update=on_update)
+    return q, futures

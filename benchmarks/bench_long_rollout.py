@@ -124,16 +124,17 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    caps = sorted({r["response_len"] for r in rows})
-    fig, axes = plt.subplots(1, len(caps), figsize=(4.5 * len(caps), 4), squeeze=False)
-    for ax, cap in zip(axes[0], caps):
-        mine = [r for r in rows if r["response_len"] == cap and r.get("step_s")]
+    panels = sorted({(r["response_len"], round(r.get("pool_gib") or 0, 1)) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
+    for ax, (cap, gib) in zip(axes[0], panels):
+        mine = [r for r in rows if (r["response_len"], round(r.get("pool_gib") or 0, 1)) == (cap, gib)
+                and r.get("step_s")]
         bottom = [0.0] * len(mine)
         for phase in PHASES:
             vals = [r.get(f"{phase}_s") or 0.0 for r in mine]
             ax.bar([r["config"] for r in mine], vals, bottom=bottom, label=phase)
             bottom = [b + v for b, v in zip(bottom, vals)]
-        ax.set_title(f"{cap}-token cap")
+        ax.set_title(f"{cap}-token cap, {gib:g} GiB KV pool")
         ax.set_ylabel("seconds per RL step")
         ax.tick_params(axis="x", rotation=30)
     axes[0][0].legend()

@@ -71,3 +71,26 @@ def test_bench_long_rollout_tiny_on_cpu(tmp_path):
     assert dense["pool_slots"] == int(0.25 * 8 * (48 + 64))
     assert rkv["step_speedup"] == dense["step_s"] / rkv["step_s"]
     assert (tmp_path / "steps.png").stat().st_size > 0
+
+
+def test_plot_rows_pair_each_run_with_dense_in_its_pool(tmp_path):
+    from plot_long_rollout import load_rows
+
+    def summary(step, rollout, peak_slots, peak_bytes, capacity):
+        med = {"total_s": step, "rollout_s": rollout, "recompute_s": 1.0, "update_s": 2.0,
+               "sync_s": 0.1, "kv_pool_peak_used": peak_slots, "kv_pool_peak_bytes": peak_bytes,
+               "kv_pool_capacity": capacity}
+        return {"response_len": 4096, "summary": {k: {"min": v, "median": v, "max": v}
+                                                  for k, v in med.items()}}
+
+    gib = 2**30
+    runs = {"dense_4096.json": summary(40.0, 30.0, 1000, 1000 * 12 * 2**20, 1024),  # 12 GiB pool
+            "rkv_512_4096.json": summary(20.0, 10.0, 500, 500 * 12 * 2**20, 1024),
+            "dense_4096_small.json": summary(80.0, 60.0, 100, 100 * 12 * 2**20, 256),  # 3 GiB
+            "snapkv_512_4096_small.json": summary(40.0, 15.0, 100, 100 * 12 * 2**20, 256)}
+    for name, body in runs.items():
+        (tmp_path / name).write_text(json.dumps(body))
+    rows = {(r["config"], round(r["pool_gib"])): r for r in load_rows(tmp_path)}
+    assert rows[("rkv:512", 12)]["step_speedup"] == 2.0 and rows[("rkv:512", 12)]["rollout_speedup"] == 3.0
+    assert rows[("snapkv:512", 3)]["step_speedup"] == 2.0 and rows[("snapkv:512", 3)]["rollout_speedup"] == 4.0
+    assert rows[("dense", 3)]["pool_gib"] == 256 * 12 * 2**20 / gib

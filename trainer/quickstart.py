@@ -17,10 +17,12 @@ line and boxing the result, which makes responses long enough that compression r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -95,11 +97,50 @@ def smollm2_rows(n: int, seed: int) -> list[dict]:
     return rows
 
 
+def chain_rows(n: int, seed: int) -> list[dict]:
+    """Running sums (``dataset.long_arith``, 25 steps): every step's line is checked
+    (``--rm-type chain``), so answers stay ~270 tokens long while GRPO trains."""
+    from dataset.long_arith import chain_rows as rows
+
+    return rows(n, seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class SmolTask:
+    """A ``--task`` of ``--model smollm2``."""
+
+    rows: Callable[[int, int], list[dict]]  # (n, seed) -> rows
+    rm_type: str
+    max_len: int  # --rollout-max-response-len
+    sample_tokens: int  # KV pool slots a dense sample may hold: prompt + response
+    kv_budget: int  # --sglang-compress-max-prompt unless --kv-budget
+    warmup_steps: int  # supervised steps of 4 worked answers before GRPO (trainer.warmup)
+
+
+# ``arith`` is the short task: its reward checks the last number, and GRPO shortened answers from
+# ~100 to ~12 tokens. ``chain`` needs 255-285 response tokens for full credit; the model writes its
+# format at temperature 1 only after a short warm-up (sample reward 0.00 before, 0.30 after 12 steps).
+# Measurements: docs/long_task.md.
+SMOLLM2_TASKS = {"arith": SmolTask(smollm2_rows, "gsm8k", 160, 220, 40, 0),
+                 "chain": SmolTask(chain_rows, "chain", 400, 600, 128, 12)}
+
+
+def smollm2_warm_up(model_dir: Path, work: Path, task: SmolTask, steps: int, seed: int) -> Path:
+    """``steps`` supervised steps on the task's worked answers (rows of another seed than the
+    training data's), saved to ``work/model-warm`` in fp32."""
+    from .warmup import warm_up as sft
+
+    losses = sft(model_dir, task.rows(4 * steps, seed + 10_000), work / "model-warm", steps, seed=seed)
+    print(f"[quickstart] warm-up: {steps} supervised steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    return work / "model-warm"
+
+
 def tiny_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     """A tiny model warmed up on the counting format; GRPO with R-KV budget ``--kv-budget``."""
     model_dir = build_model(work / "model", args.seed)
-    loss = warm_up(model_dir, args.warmup_steps, args.seed)
-    print(f"[quickstart] warm-up: {args.warmup_steps} supervised steps, final loss {loss:.3f}")
+    steps = 60 if args.warmup_steps is None else args.warmup_steps
+    loss = warm_up(model_dir, steps, args.seed)
+    print(f"[quickstart] warm-up: {steps} supervised steps, final loss {loss:.3f}")
     flags = ["--rollout-batch-size", "16", "--n-samples-per-prompt", "8", "--global-batch-size", "128",
              "--rollout-max-response-len", "40", "--rm-type", "math",
              "--max-tokens-per-gpu", "4096", "--sglang-max-total-tokens", "16384",
@@ -114,9 +155,9 @@ def tiny_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
 
 
 def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
-    """The real SmolLM2-135M-Instruct (scripts/get-smollm2.sh), its chat template, gsm8k-style
-    reward (the last number); 4 prompts x 8 samples per rollout on a CPU (~1 min each on 2
-    cores), 64 x 8 on a GPU."""
+    """The real SmolLM2-135M-Instruct (scripts/get-smollm2.sh), its chat template, the ``--task``'s
+    rows and reward (arith: gsm8k-style, the last number; chain: every step, after a warm-up);
+    4 prompts x 8 samples per rollout on a CPU (~1 min each on 2 cores for arith), 64 x 8 on a GPU."""
     import subprocess
 
     model_dir = Path(args.model_dir or Path(__file__).resolve().parents[1] / "models" /
@@ -124,23 +165,27 @@ def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     if not (model_dir / "model.safetensors").is_file():
         script = Path(__file__).resolve().parents[1] / "scripts" / "get-smollm2.sh"
         subprocess.run(["bash", str(script), str(model_dir)], check=True)
+    task = SMOLLM2_TASKS[args.task]
+    steps = task.warmup_steps if args.warmup_steps is None else args.warmup_steps
+    if steps:
+        model_dir = smollm2_warm_up(model_dir, work, task, steps, args.seed)
     prompts = 64 if torch.cuda.is_available() else 4
     flags = ["--rollout-batch-size", str(prompts), "--n-samples-per-prompt", "8",
-             "--global-batch-size", str(prompts * 8), "--rollout-max-response-len", "160",
-             "--rm-type", "gsm8k",
+             "--global-batch-size", str(prompts * 8), "--rollout-max-response-len", str(task.max_len),
+             "--rm-type", task.rm_type,
              # micro-batch logits are tokens x 49,152 vocab: 4k tokens keep a CPU run in memory
              "--max-tokens-per-gpu", "16384" if torch.cuda.is_available() else "4096",
-             "--sglang-max-total-tokens", str(prompts * 8 * 220 + 4096),
+             "--sglang-max-total-tokens", str(prompts * 8 * task.sample_tokens + 4096),
              "--sglang-max-running-requests", str(prompts * 8)]
     if not torch.cuda.is_available():  # the trainer computes in fp32 on a CPU: so does the engine
         flags += ["--sglang-dtype", "float32"]
-    # R-KV keeps 40 tokens (+ a 16-token buffer) of ~140 (52 prompt + ~88 response): the peak KV
-    # per sample is at most 56 slots, under half of dense's
+    # arith: R-KV keeps 40 tokens (+ a 16-token buffer) of ~140 (52 prompt + ~88 response): the
+    # peak KV per sample is at most 56 slots, under half of dense's. chain: 128 (+ 16) of ~460.
     if args.compress_algorithm != "none":
         flags += ["--sglang-compress-algorithm", args.compress_algorithm,
-                  "--sglang-compress-max-prompt", str(args.kv_budget or 40),
+                  "--sglang-compress-max-prompt", str(args.kv_budget or task.kv_budget),
                   "--sglang-compress-divide-length", "16", "--sglang-compress-max-window", "8"]
-    return model_dir, smollm2_rows(4000, args.seed), flags
+    return model_dir, task.rows(4000, args.seed), flags
 
 
 SETUPS = {"tiny": tiny_setup, "smollm2": smollm2_setup}
@@ -151,21 +196,27 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(SETUPS), default="tiny",
                    help="tiny: a small random model warmed up on addition (default); smollm2: the "
-                        "real SmolLM2-135M-Instruct on one-digit arithmetic")
+                        "real SmolLM2-135M-Instruct on one-digit arithmetic (or --task chain)")
     p.add_argument("--model-dir", default=None, help="smollm2: where the HF checkpoint is (built "
                    "there by scripts/get-smollm2.sh when missing; default models/SmolLM2-135M-Instruct)")
     p.add_argument("--workdir", default=None, help="default: runs/quickstart[-smollm2]")
     p.add_argument("--num-rollout", type=int, default=None, help="default: 40 tiny, 4 smollm2 on "
                    "a CPU, 30 smollm2 on a GPU")
-    p.add_argument("--warmup-steps", type=int, default=60)
+    p.add_argument("--task", choices=sorted(SMOLLM2_TASKS), default="arith",
+                   help="smollm2: arith (one-digit arithmetic, default) or chain (25-step running "
+                        "sums, every step checked: answers stay long)")
+    p.add_argument("--warmup-steps", type=int, default=None, help="supervised steps before GRPO "
+                   "(default: 60 tiny, 12 smollm2 chain, 0 smollm2 arith)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compress-algorithm", default="rkv", help="rkv, snapkv, streamingllm or none")
     p.add_argument("--kv-budget", type=int, default=None, help="--sglang-compress-max-prompt "
-                   "(default: 20 tiny, 40 smollm2)")
+                   "(default: 20 tiny, 40 smollm2 arith, 128 smollm2 chain)")
     p.add_argument("--lr", type=float, default=None, help="default: 3e-4 tiny, 2e-6 smollm2")
     args, extra = p.parse_known_args(argv)  # anything else goes to trainer.train
-    work = Path(args.workdir or ("runs/quickstart" if args.model == "tiny"
-                                 else "runs/quickstart-smollm2"))
+    if args.model == "tiny" and args.task != "arith":
+        p.error("--task is for --model smollm2 (the tiny model learns its own counting task)")
+    work = Path(args.workdir or ("runs/quickstart" if args.model == "tiny" else
+                                 "runs/quickstart-smollm2" + ("" if args.task == "arith" else f"-{args.task}")))
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     lr = args.lr or DEFAULT_LR[args.model]

@@ -14,13 +14,14 @@ from .equivalence import GradeOptions, answers_equal, gold_answer, grade, predic
 from .extract import boxed_contents, extract_answer, final_boxed, gsm8k_answer, last_boxed
 from .normalize import normalize
 from .pool import GraderPool, GradeResult, grade_many, grade_one
-from .tasks import (check_countdown, countdown_spec, exact_number, math_gold, score_arithmetic,
-                    score_countdown, score_countdown_r1, score_gsm8k)
+from .tasks import (chain_equations, chain_spec, check_countdown, countdown_spec, exact_number,
+                    math_gold, score_arithmetic, score_chain, score_countdown, score_countdown_r1,
+                    score_gsm8k)
 
 __all__ = [
-    "GradeOptions", "GradeResult", "GraderPool", "answers_equal", "boxed_contents",
-    "check_countdown", "countdown_spec", "exact_number", "extract_answer", "final_boxed",
+    "GradeOptions", "GradeResult", "GraderPool", "answers_equal", "boxed_contents", "chain_equations",
+    "chain_spec", "check_countdown", "countdown_spec", "exact_number", "extract_answer", "final_boxed",
     "gold_answer", "grade", "grade_many", "grade_one", "gsm8k_answer", "last_boxed", "math_gold",
-    "normalize", "prediction_answer", "score_arithmetic", "score_countdown", "score_countdown_r1",
-    "score_gsm8k",
+    "normalize", "prediction_answer", "score_arithmetic", "score_chain", "score_countdown",
+    "score_countdown_r1", "score_gsm8k",
 ]

@@ -1,5 +1,5 @@
-"""Exact scoring of the synthetic and numeric tasks (the trainer's ``gsm8k``, ``countdown`` and
-``arithmetic`` rewards); ``math`` goes through :mod:`.equivalence`.
+"""Exact scoring of the synthetic and numeric tasks (the trainer's ``gsm8k``, ``countdown``,
+``arithmetic`` and ``chain`` rewards); ``math`` goes through :mod:`.equivalence`.
 
     score_countdown("... \\\\boxed{(1 + 2) * 3}", '{"target": 9, "numbers": [1, 2, 3]}')  # -> 1.0
     score_gsm8k("... #### 1,000", "1000")                                           # -> 1.0
@@ -148,6 +148,55 @@ def score_arithmetic(response: str, label) -> float:
         raise ValueError(f"arithmetic label is not a number: {label!r}")
     pred = exact_number(extract_answer(response))
     return 1.0 if pred is not None and pred == gold else 0.0
+
+
+def chain_spec(label) -> tuple[int, list[int]]:
+    """``(start, steps)`` of a chain label: ``{"start": S, "steps": [a, -b, ...]}`` or its JSON."""
+    spec = label
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"chain label is not JSON: {label!r} ({exc})") from None
+    if not (isinstance(spec, dict) and isinstance(spec.get("steps"), list) and spec["steps"]
+            and "start" in spec):
+        raise ValueError(f"chain label must be {{\"start\": S, \"steps\": [...]}} with steps, got {label!r}")
+    return int(spec["start"]), [int(x) for x in spec["steps"]]
+
+
+# ``12 + 5 = 17`` anywhere in the text. The lookarounds read whole numbers only ("112 + 5" is not
+# "12 + 5", "= 17.5" is not "= 17"); the dashes models write for a minus count as one.
+_CHAIN_LINE = re.compile(r"(?<![\d.])(\d{1,9})\s*([+\-\u2212\u2013])\s*(\d{1,9})\s*=\s*(\d{1,9})(?!\d|\.\d)")
+_MAX_CHAIN_TEXT = 50_000  # characters read; a full answer is ~15 per step
+
+
+def chain_equations(text: str) -> list[tuple[int, int, int]]:
+    """Every ``a + b = c`` / ``a - b = c`` in the text, in order, as ``(a, signed b, c)``."""
+    return [(int(a), int(b) if op == "+" else -int(b), int(c))
+            for a, op, b, c in _CHAIN_LINE.findall((text or "")[:_MAX_CHAIN_TEXT])]
+
+
+def score_chain(response: str, label) -> float:
+    """Fraction of the chain's steps done right, errors carried forward (as an examiner marks).
+
+    The response's chain is its equations that continue it: the first that starts from the
+    label's start, then each that starts from the previous one's result (others -- a copied
+    example, prose -- are skipped). Its i-th equation is the attempt at step i and earns 1/N when
+    it adds the i-th number and its sum is right. A wrong sum loses that step only (the next step
+    continues from the written total); a skipped or extra step shifts the numbers off. Only a
+    full chain scores 1, and a response can earn at most (equations written) / N: the length is
+    what the task asks for.
+    """
+    total, steps = chain_spec(label)
+    credit = i = 0
+    for a, b, c in chain_equations(response):
+        if i == len(steps):
+            break
+        if a != total:
+            continue
+        credit += b == steps[i] and c == a + b
+        total, i = c, i + 1
+    return credit / len(steps)
 
 
 def math_gold(label) -> str | None:

@@ -25,6 +25,9 @@ Every answer extraction and exact check lives in ``evaluation.grader`` (``final_
   only (no ``eval``).
 * ``arithmetic``: the label is an exact number (``dataset.synthetic`` arithmetic tasks); the
   extracted answer must equal it exactly.
+* ``chain``: running sums (``dataset.long_arith``, label ``{"start": S, "steps": [...]}``); the
+  fraction of steps written as ``total + number = new total`` with all three numbers right, in
+  order (``evaluation.grader.tasks.score_chain``), so only a full-length answer scores 1.
 
 The cheap types run in-process: they are bounded (length caps, integer literals only) and
 cannot hang.
@@ -51,11 +54,12 @@ import re
 import typing
 from typing import Callable
 
-from evaluation.grader.tasks import math_gold, score_arithmetic, score_countdown, score_gsm8k
+from evaluation.grader.tasks import (math_gold, score_arithmetic, score_chain, score_countdown,
+                                     score_gsm8k)
 
 from .plugins import load_dotted
 
-RM_TYPES = ("math", "gsm8k", "countdown", "arithmetic")
+RM_TYPES = ("math", "gsm8k", "countdown", "arithmetic", "chain")
 DEFAULT_MAX_WORKERS = 8  # grader processes when --reward-workers is not given (each imports sympy)
 
 
@@ -194,7 +198,7 @@ class RewardModel:
                 values = self._score_math([batch[i] for i in indices])
             else:
                 fn = {"gsm8k": score_gsm8k, "countdown": score_countdown,
-                      "arithmetic": score_arithmetic}[rm_type]
+                      "arithmetic": score_arithmetic, "chain": score_chain}[rm_type]
                 values = [fn(batch[i].response or "", batch[i].label) for i in indices]
             for i, v in zip(indices, values):
                 rewards[i] = v
@@ -268,7 +272,8 @@ def add_reward_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--rm-type", choices=RM_TYPES, default="math",
                    help="built-in reward: math (last \\boxed{} graded by evaluation.grader), gsm8k "
                         "(number after ####), countdown (label {target, numbers}), arithmetic (exact "
-                        "number); a sample's metadata rm_type overrides it (default: math)")
+                        "number), chain (running sums, fraction of steps right); a sample's metadata rm_type "
+                        "overrides it (default: math)")
     g.add_argument("--custom-rm-path", default=None,
                    help="custom reward function 'pkg.module:func', 'pkg.module.func' or 'file.py:func': "
                         "(RewardInput) -> float, or list[RewardInput] -> list[float] when its first "

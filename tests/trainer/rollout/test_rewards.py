@@ -132,6 +132,18 @@ def test_countdown_and_arithmetic_from_generator():
     assert model.score([_inp("\\boxed{12.0}", "12"), _inp("so 12", "12"), _inp("\\boxed{1/2}", "12")]) == [1.0, 1.0, 0.0]
 
 
+def test_chain_from_generator():
+    from dataset.long_arith import ChainConfig, chain_rows
+
+    rows = chain_rows(10, seed=2, config=ChainConfig(steps=6))
+    model = RewardModel(RewardConfig(rm_type="chain"))
+    assert model.score([_inp(r["solution"], r["label"]) for r in rows]) == [1.0] * 10
+    # half the lines: half the credit; only the last total (the old tasks' answer): nothing
+    half = [_inp("\n".join(r["solution"].split("\n")[:3]), r["label"]) for r in rows]
+    assert model.score(half) == [0.5] * 10
+    assert model.score([_inp(f"#### {r['totals'][-1]}", r["label"]) for r in rows]) == [0.0] * 10
+
+
 def test_metadata_rm_type_overrides(math_model):
     batch = [_inp("\\boxed{0.5}", "\\frac12"), _inp("#### 4", "4", rm_type="gsm8k"),
              _inp("\\boxed{2 + 2}", {"target": 4, "numbers": [2, 2]}, rm_type="countdown")]

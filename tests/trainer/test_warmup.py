@@ -1,0 +1,34 @@
+"""trainer.warmup: the supervised format warm-up before GRPO (a tiny model, CPU)."""
+
+import json
+
+import pytest
+import torch
+
+from dataset.long_arith import ChainConfig, chain_rows
+from trainer.warmup import batch_tensors, main, warm_up
+
+
+def test_labels_cover_only_the_answers():
+    ids, labels = batch_tensors([([1, 2, 3], [4, 5]), ([6], [7, 8, 9])], pad_id=0)
+    assert ids.tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 0]]
+    assert labels.tolist() == [[-100, -100, -100, 4, 5], [-100, 7, 8, 9, -100]]
+
+
+def test_warm_up_learns_the_answers_and_saves_fp32(tiny_model_factory, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model_dir = tiny_model_factory("qwen2.5")
+    rows = chain_rows(2, seed=0, config=ChainConfig(steps=3))
+    out = tmp_path / "warm"
+    losses = warm_up(model_dir, rows, out, steps=8, batch=2, lr=3e-3)  # the same two rows, 8 times
+    assert len(losses) == 8 and losses[-1] < 0.5 * losses[0]
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.dtype == torch.float32 and (out / "tokenizer_config.json").is_file()
+
+
+def test_cli_refuses_rows_without_solution(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"prompt": "hi", "label": "1"}) + "\n")
+    with pytest.raises(SystemExit):
+        main(["--model-dir", "unused", "--data", str(data), "--out", str(tmp_path / "o")])

@@ -20,7 +20,7 @@ from sglang_kvc.weights.transport import (bucket_layout, flatten, serialize_ipc_
                                     unflatten)
 from sglang_kvc.weights.loader import iter_safetensors
 
-from .conftest import free_port
+from ..conftest import free_port
 
 
 def served(url: str, name: str, like: torch.Tensor) -> torch.Tensor:

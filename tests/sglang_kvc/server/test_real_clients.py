@@ -20,7 +20,7 @@ import torch
 
 from checkpoint_tools.cpu_megatron import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # KVC_TEST_SERVER_DEVICE=cuda runs the same servers on a GPU (fp32, CUDA graphs and Triton
 # kernels on), still checked against HF on the CPU.
 SERVER_DEVICE = os.environ.get("KVC_TEST_SERVER_DEVICE", "cpu")

@@ -28,6 +28,7 @@ class RolloutConfig:
     seed: int | None = None  # per-sample sampling_seed = seed + sample index when set
     concurrency: int = 64  # in-flight HTTP requests per server
     retries: int = 3
+    compress: bool = True  # False: dense KV on a compressing sglang-kvc engine (dense evaluation)
 
 
 @dataclasses.dataclass
@@ -38,6 +39,12 @@ class Generation:
     finish_reason: str
     weight_version: str | None
     meta: dict
+
+
+def _kv_fields(cfg: RolloutConfig) -> dict:
+    """sglang-kvc's per-request ``compress`` field, sent only when it asks for dense KV (a stock
+    SGLang server never sees it in a default run)."""
+    return {} if cfg.compress else {"compress": False}
 
 
 def _sampling_params(cfg: RolloutConfig, seed: int | None, **overrides) -> dict:
@@ -81,7 +88,8 @@ class EngineRollout:
                 seed = None if cfg.seed is None else cfg.seed + i * n + j
                 input_ids.append(list(ids))
                 params.append(_sampling_params(cfg, seed, **overrides))
-        body = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
+        body = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True,
+                **_kv_fields(cfg)}
         items, _ = parse_generate(body, self.engine.sampling_defaults)
         futures = self.engine.submit(items)
         with tqdm(total=len(input_ids), desc="generate", unit="sample", leave=False,
@@ -138,7 +146,7 @@ class HTTPRollout:
         for i, ids in enumerate(prompts):
             for j in range(n):
                 seed = None if cfg.seed is None else cfg.seed + i * n + j
-                jobs.append({"input_ids": ids, "return_logprob": True,
+                jobs.append({"input_ids": ids, "return_logprob": True, **_kv_fields(cfg),
                              "sampling_params": _sampling_params(cfg, seed, **overrides)})
         stop = threading.Event()  # one request failed for good: the others stop waiting
         pool = concurrent.futures.ThreadPoolExecutor(max(1, cfg.concurrency * self.engines.size))

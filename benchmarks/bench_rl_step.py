@@ -248,15 +248,16 @@ def parse_args(argv=None):
 def start_run(args, extra: list[str], work: Path):
     from trainer.arguments import parse_args as trainer_args
     from trainer.learner.attention import set_packed_attention
-    from trainer.train import Run, init_parallel
+    from trainer.launch import init_parallel, parallel_config_from_args
+    from trainer.train import Run, run_config_from_args
 
     set_packed_attention(args.packed_attention)
     hf = Path(args.hf_checkpoint) if args.hf_checkpoint else build_checkpoint(args.shape, work / "hf")
     data = write_prompts(work / "prompts.jsonl", args.prompts * (args.steps + 2) * 4, args.seed)
     rollouts = 1 + args.steps + bool(args.profile)
     targs = trainer_args(trainer_argv(args, hf, data, work, rollouts) + extra)
-    init_parallel(targs)
-    return targs, Run(targs)
+    init_parallel(parallel_config_from_args(targs))
+    return targs, Run(run_config_from_args(targs))
 
 
 def measure(args, targs, run) -> tuple[list[dict], Path | None]:

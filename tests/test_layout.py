@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"sglang_kvc": ROOT / "sglang-kvc" / "sglang_kvc", "checkpoint_tools": ROOT / "checkpoint_tools",
             "dataset": ROOT / "dataset", "evaluation": ROOT / "evaluation", "trainer": ROOT / "trainer",
@@ -74,3 +76,81 @@ def test_one_home_for_answer_extraction():
     for name, where in defined.items():
         assert all(w.startswith("evaluation/grader/") for w in where), (name, where)
     assert {"last_boxed", "final_boxed", "match_brace", "check_countdown", "score_countdown"} <= set(defined)
+
+
+# --------------------------------------------------------------------------- import graph
+
+def _module_name(package: str, path: Path) -> str:
+    parts = path.relative_to(PACKAGES[package]).with_suffix("").parts
+    return ".".join([package, *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+
+def _import_graph(package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` -> the package's modules it imports, wherever the import
+    stands (a function-local import closes a cycle as surely as a top-level one, only later)."""
+    files = {_module_name(package, p): p for p in _modules(package)}
+    return {name: _imported_modules(name, path, set(files)) - {name}
+            for name, path in files.items()}
+
+
+def _imported_modules(name: str, path: Path, modules: set[str]) -> set[str]:
+    here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(_known(a.name, modules) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*here[: len(here) - node.level + 1], *filter(None, [node.module])]) \
+                if node.level else node.module
+            # ``from pkg import mod`` imports the submodule; ``from mod import name``, the module
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                out.add(_known(full if full in modules else base, modules))
+    return out - {None}
+
+
+def _known(name: str, modules: set[str]) -> str | None:
+    """The longest prefix of ``name`` that is one of ``modules`` (None: outside the package)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as ``[a, b, ..., a]``, or None (depth-first search)."""
+    state: dict[str, str] = {}  # "open" while on the current path, then "done"
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt, path + [nxt])):
+                return cycle
+        state[node] = "done"
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start, [start])):
+            return cycle
+    return None
+
+
+def test_cycle_finder_sees_function_local_imports():
+    graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}}
+    assert _find_cycle(graph) == ["p.a", "p.b", "p.c", "p.a"]
+    assert _find_cycle({"p.a": {"p.b"}, "p.b": set()}) is None
+    assert "trainer.train" in _import_graph("trainer")["trainer.ray.trainer_actor"]  # local import
+
+
+def test_train_imports_nothing_from_ray():
+    """The loop does not reach up into its Ray launcher; the launcher hands it what it needs."""
+    ray = {m for m in _import_graph("trainer")["trainer.train"]
+           if m.split(".")[:2] == ["trainer", "ray"]}
+    assert not ray, f"trainer/train.py imports {sorted(ray)}"
+
+
+@pytest.mark.parametrize("package", ["trainer", "sglang_kvc"])
+def test_no_import_cycles(package):
+    cycle = _find_cycle(_import_graph(package))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)

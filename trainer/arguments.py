@@ -9,54 +9,28 @@ inconsistent flags stop the run at once with a message naming them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import sys
 from pathlib import Path
 
 from .algorithms.argparse_flags import add_algorithm_args
-
-# Server flags that make no sense for an engine the trainer starts itself.
-_SERVER_FLAGS_NOT_FORWARDED = {"model_path", "tokenizer_path", "host", "port", "log_level",
-                               "served_model_name", "weight_version"}
-
-
-def _add_sglang_args(parser: argparse.ArgumentParser) -> None:
-    from sglang_kvc.server_args import ServerArgs
-
-    group = parser.add_argument_group("rollout engine (--sglang-*, as sglang-kvc's flags)")
-    for f in dataclasses.fields(ServerArgs):
-        if f.name in _SERVER_FLAGS_NOT_FORWARDED:
-            continue
-        meta = dict(f.metadata)
-        help_text = meta.pop("help")
-        negatable = meta.pop("negatable", False)
-        flag = "--sglang-" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            action = argparse.BooleanOptionalAction if negatable else "store_true"
-            group.add_argument(flag, dest="sglang_" + f.name, action=action, default=f.default,
-                               help=help_text)
-        else:
-            kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
-            group.add_argument(flag, dest="sglang_" + f.name, type=kind, default=f.default,
-                               help=f"{help_text} (default: {f.default})", **meta)
-
-
-def server_args_from(args: argparse.Namespace, device: str | None = None):
-    """The colocated engine's ServerArgs; ``device`` (this rank's GPU) replaces ``auto``."""
-    from sglang_kvc.server_args import ServerArgs
-
-    values = {k[len("sglang_"):]: v for k, v in vars(args).items() if k.startswith("sglang_")}
-    if device is not None and values.get("device", "auto") == "auto":
-        values["device"] = device
-    return ServerArgs(model_path=args.hf_checkpoint, **values)
+from .rollout.config import add_engine_args, server_args_from
+from .rollout.weight_sync import MODES as WEIGHT_SYNC_MODES
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer.train",
                                 description="GRPO with sparse (KV-compressed) rollouts.")
     p.add_argument("--config", default=None, help="YAML file with any of these flags as keys")
+    for add in (_add_model_args, _add_launch_args, _add_data_args, _add_rollout_args,
+                add_engine_args, _add_training_args, add_algorithm_args, _add_eval_args):
+        add(p)  # --help shows the groups in this order
+    _add_optional(p, "trainer.rollout.rewards", "add_reward_args")
+    _add_optional(p, "trainer.tracking", "add_logging_args")
+    return p
 
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and checkpoints")
     g.add_argument("--hf-checkpoint", required=True,
                    help="HF model dir: architecture, tokenizer, initial weights, rollout engine")
@@ -73,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--attention-backend", default="auto", choices=["auto", "te", "sdpa", "local"])
     g.add_argument("--seed", type=int, default=1234)
 
+
+def _add_launch_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("launch (process groups come from torchrun / the launcher's env)")
     g.add_argument("--rendezvous-timeout", type=float, default=300.0,
                    help="seconds for all ranks to meet at MASTER_ADDR:MASTER_PORT before failing "
@@ -80,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--distributed-timeout-minutes", type=float, default=30.0,
                    help="timeout of each collective once the job runs (Megatron's flag)")
 
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--prompt-data", required=True,
                    help="JSONL/parquet of prompts; 'file.jsonl@[0:1000]' takes a slice")
@@ -92,7 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-prompt-len", type=int, default=None,
                    help="keep only the last N prompt tokens")
 
+
+def _add_rollout_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("rollout")
+    _add_sampling_args(g)
+    _add_server_args(g)
+    _add_rollout_extras(g)
+
+
+def _add_sampling_args(g) -> None:
     g.add_argument("--rollout-batch-size", type=int, default=32, help="prompts per rollout")
     g.add_argument("--n-samples-per-prompt", type=int, default=8)
     g.add_argument("--rollout-max-response-len", type=int, default=1024)
@@ -100,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-top-p", type=float, default=1.0)
     g.add_argument("--rollout-top-k", type=int, default=-1)
     g.add_argument("--rollout-stop-token-ids", type=int, nargs="*", default=None)
+
+
+def _add_server_args(g) -> None:
+    """Where rollouts run and how weights reach them."""
     g.add_argument("--rollout-server-urls", nargs="*", default=None,
                    help="SGLang-API servers (sglang-kvc or stock SGLang); default: an in-process "
                         "engine on every data-parallel rank, colocated with the trainer")
@@ -112,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-concurrency", type=int, default=64,
                    help="in-flight HTTP requests per server")
     g.add_argument("--weight-sync", default="auto",
-                   choices=["auto", "inprocess", "tensor", "ipc", "disk", "distributed"],
+                   choices=["auto", *WEIGHT_SYNC_MODES],
                    help="how weights reach the engine (auto: inprocess, or tensor over HTTP; ipc: "
                         "handles to this host's memory, for servers on the same machine)")
     g.add_argument("--weight-sync-bucket-mb", type=int, default=512)
@@ -120,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--weight-sync distributed: the address servers reach the trainer's rank 0 "
                         "at (default: $MASTER_ADDR, else 127.0.0.1); set it when servers run on "
                         "other nodes")
+
+
+def _add_rollout_extras(g) -> None:
+    """Debug dumps, generate plug-ins, the colocated engine's memory."""
     g.add_argument("--save-debug-rollout-data", default=None,
                    help="write each rollout's samples (ids, log-probs, reward, engine) as JSONL to "
                         "this path; '{rollout_id}' in it is replaced (slime's flag)")
@@ -132,8 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--offload-rollout", action=argparse.BooleanOptionalAction, default=None,
                    help="release the colocated engine's KV memory while training (default: on "
                         "with a GPU)")
-    _add_sglang_args(p)
 
+
+def _add_training_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("training")
     g.add_argument("--num-rollout", type=int, default=100)
     g.add_argument("--global-batch-size", type=int, default=None,
@@ -153,8 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-probs-chunk-size", type=int, default=1024,
                    help="tokens per fp32 chunk of the log-prob pass off CUDA (on CUDA one Triton "
                         "pass covers the micro-batch)")
-    add_algorithm_args(p)
 
+
+def _add_eval_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("evaluation")
     g.add_argument("--eval-prompt-data", nargs="*", default=None,
                    help="name path pairs: 'aime24 data/aime24.jsonl math500 data/math500.jsonl'")
@@ -165,10 +161,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-top-p", type=float, default=1.0)
     g.add_argument("--eval-input-key", default=None)
     g.add_argument("--eval-label-key", default=None)
-
-    _add_optional(p, "trainer.rollout.rewards", "add_reward_args")
-    _add_optional(p, "trainer.tracking", "add_logging_args")
-    return p
 
 
 def _add_optional(parser, module: str, fn: str) -> None:

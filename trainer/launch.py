@@ -168,3 +168,39 @@ def phase(name: str):
         detail = f" ({info['detail']})" if info.get("detail") else ""
         print(f"[startup +{time.monotonic() - _STARTED:.0f}s] {name}: "
               f"{time.perf_counter() - begin:.1f}s{detail}", flush=True)
+
+
+@dataclasses.dataclass
+class ParallelConfig:
+    tensor: int = 1  # --tensor-model-parallel-size
+    pipeline: int = 1  # --pipeline-model-parallel-size
+    rendezvous_timeout: float = 300.0  # seconds for every rank to meet
+    timeout_minutes: float = 30.0  # each collective's, once the job runs
+    seed: int = 1234  # Megatron's model-parallel RNG seed
+
+
+def parallel_config_from_args(args) -> ParallelConfig:
+    return ParallelConfig(tensor=args.tensor_model_parallel_size,
+                          pipeline=args.pipeline_model_parallel_size,
+                          rendezvous_timeout=args.rendezvous_timeout,
+                          timeout_minutes=args.distributed_timeout_minutes, seed=args.seed)
+
+
+def init_parallel(cfg: ParallelConfig) -> None:
+    """Process groups from the launcher (or a private one), then Megatron's parallel state."""
+    from checkpoint_tools import cpu_megatron
+
+    launch = detect_launch()
+    model_parallel = cfg.tensor * cfg.pipeline
+    if launch.world_size % model_parallel:
+        raise RendezvousError(
+            f"WORLD_SIZE={launch.world_size} is not divisible by --tensor-model-parallel-size x "
+            f"--pipeline-model-parallel-size = {model_parallel}")
+    how = "no launcher" if launch.launcher == "none" else f"{launch.launcher} launch"
+    with phase(f"process group: rank 0 of {launch.world_size} ({how})") as info:
+        device = select_device(launch)
+        init_process_group(launch, rendezvous_timeout=cfg.rendezvous_timeout,
+                           timeout_minutes=cfg.timeout_minutes)
+        cpu_megatron.init_model_parallel(tp=cfg.tensor, pp=cfg.pipeline, seed=cfg.seed)
+        info["detail"] = (f"{dist.get_backend()} on {device.type}, TP {cfg.tensor} x PP "
+                          f"{cfg.pipeline} x DP {launch.world_size // model_parallel}")

@@ -27,6 +27,7 @@ Only rank 0 should create a :class:`MetricsLogger`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import numbers
@@ -368,10 +369,37 @@ def default_log_dir() -> Path:
     return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
 
 
+@dataclasses.dataclass
+class TrackingConfig:
+    """Where the metrics go (the flags of :func:`add_logging_args`)."""
+
+    log_dir: Path
+    use_tensorboard: bool = False
+    use_wandb: bool = False
+    wandb_project: str | None = None
+    wandb_mode: str = "offline"
+
+
+def tracking_config_from_args(args: argparse.Namespace, default_dir: Path | None = None
+                              ) -> TrackingConfig:
+    """``--log-dir``, else ``default_dir``, else :func:`default_log_dir`."""
+    log_dir = Path(args.log_dir) if args.log_dir else (
+        Path(default_dir) if default_dir is not None else default_log_dir())
+    return TrackingConfig(log_dir, use_tensorboard=args.use_tensorboard, use_wandb=args.use_wandb,
+                          wandb_project=args.wandb_project, wandb_mode=args.wandb_mode)
+
+
+def open_metrics_logger(cfg: TrackingConfig, config: dict | None = None,
+                        run_name: str | None = None) -> MetricsLogger:
+    """A :class:`MetricsLogger` as ``cfg`` says (rank 0 only)."""
+    return MetricsLogger(cfg.log_dir, use_tensorboard=cfg.use_tensorboard,
+                         use_wandb=cfg.use_wandb, wandb_project=cfg.wandb_project,
+                         wandb_mode=cfg.wandb_mode, run_name=run_name, config=config)
+
+
 def metrics_logger_from_args(args: argparse.Namespace, config: dict | None = None,
                              run_name: str | None = None) -> MetricsLogger:
-    """A :class:`MetricsLogger` for flags registered by :func:`add_logging_args` (rank 0 only)."""
-    log_dir = Path(args.log_dir) if args.log_dir else default_log_dir()
-    return MetricsLogger(log_dir, use_tensorboard=args.use_tensorboard, use_wandb=args.use_wandb,
-                         wandb_project=args.wandb_project, wandb_mode=args.wandb_mode,
-                         run_name=run_name or log_dir.name, config=config)
+    """A :class:`MetricsLogger` for flags registered by :func:`add_logging_args` (rank 0 only),
+    named after its folder unless ``run_name`` is given."""
+    cfg = tracking_config_from_args(args)
+    return open_metrics_logger(cfg, config, run_name or cfg.log_dir.name)

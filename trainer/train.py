@@ -5,6 +5,10 @@ Each rollout: prompts -> generate (in-process sglang-kvc engine or SGLang server
 optimizer steps -> weight sync -> log / eval / save. Launch with ``torchrun`` for several GPUs:
 every data-parallel rank hosts an engine and generates its shard of each batch
 (``rollout/manager.py``); all ranks then hold the whole batch in single-engine order.
+
+Each package reads its own flags (``rollout/config.py``, ``learner/config.py``,
+``algorithms/argparse_flags.py``, ``tracking.py``, ``launch.py``); this module only walks a
+sample around the loop.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -26,22 +31,57 @@ from checkpoint_tools import cpu_megatron
 from checkpoint_tools.model_config import CheckpointError
 from checkpoint_tools.torch_dist import read_common, read_tracker, resolve_checkpoint_dir
 
-from .algorithms.argparse_flags import config_from_args
-from .arguments import parse_args, server_args_from
-from .launch import RendezvousError, detect_launch, init_process_group, phase, select_device
+from .algorithms.argparse_flags import AlgorithmConfig, config_from_args
+from .arguments import parse_args
+from .launch import RendezvousError, init_parallel, parallel_config_from_args, phase
 from .learner.checkpoint import load_checkpoint, save_checkpoint
+from .learner.config import LearnerConfig, learner_config_from_args
 from .learner.grpo_update import RolloutBatch, gather_dp, prepare_update, run_updates
-from .learner.model_provider import ModelConfig
 from .learner.packing import Sample
-from .learner.policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
-from .ray.supervisor import restart_hook_from_env
-from .rollout.backends import HTTPRollout, RolloutConfig
-from .rollout.data import DataError, PromptStream, load_prompts
-from .rollout.generate import load_generate_plugin, needs_reference, parse_options
+from .learner.policy_trainer import OptimConfig, PolicyTrainer
+from .rollout.backends import HTTPRollout
+from .rollout.config import RolloutSetup, rollout_setup_from_args
+from .rollout.data import DataError
+from .rollout.failover import RestartHook
+from .rollout.generate import needs_reference
 from .rollout.manager import RolloutManager
-from .rollout.rewards import reward_config_from_args
 from .rollout.sharding import placement
 from .rollout.weight_sync import WeightSync
+from .tracking import (TrackingConfig, format_summary, open_metrics_logger, plot_metrics,
+                       tracking_config_from_args)
+
+# Given ``WeightSync.resync``, the hook that replaces a dead engine, or None (it stays down).
+# A launcher that can replace engines passes one in (``ray/trainer_actor.py``).
+RestartHookFactory = Callable[[Callable[[str], None]], RestartHook | None]
+
+
+@dataclasses.dataclass
+class LoopConfig:
+    num_rollout: int
+    eval_interval: int | None = None  # evaluate every N rollouts
+    save_dir: Path | None = None  # trainer checkpoints
+    save_interval: int | None = None  # save every N rollouts (and always after the last)
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """One run, one config per package, each read from the flags by that package."""
+
+    loop: LoopConfig
+    rollout: RolloutSetup
+    learner: LearnerConfig
+    algo: AlgorithmConfig
+    tracking: TrackingConfig
+    flags: dict  # every flag as parsed: recorded in checkpoints and the metrics' config
+
+
+def run_config_from_args(args: argparse.Namespace) -> RunConfig:
+    loop = LoopConfig(args.num_rollout, args.eval_interval,
+                      Path(args.save) if args.save else None, args.save_interval)
+    logs = loop.save_dir / "logs" if loop.save_dir else Path("runs/train")
+    return RunConfig(loop, rollout_setup_from_args(args), learner_config_from_args(args),
+                     config_from_args(args), tracking_config_from_args(args, default_dir=logs),
+                     flags=dict(vars(args)))
 
 
 def _rank() -> int:
@@ -57,104 +97,74 @@ def _is_trainer_checkpoint(path: str | None) -> bool:
 class Run:
     """Everything one training run holds: trainer, reference, rollout manager, data, logs."""
 
-    def __init__(self, args: argparse.Namespace):
-        from transformers import AutoTokenizer
-
-        from .tracking import MetricsLogger
-
-        self.args = args
-        self.algo = config_from_args(args)
-        with phase("tokenizer and prompt data") as info:
-            self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
-            self.prompts = PromptStream(
-                load_prompts(args.prompt_data, self.tokenizer, input_key=args.input_key,
-                             label_key=args.label_key, apply_chat_template=args.apply_chat_template,
-                             max_prompt_len=args.max_prompt_len),
-                seed=args.seed, shuffle=args.rollout_shuffle)
-            self.eval_sets = self._load_eval_sets()
-            info["detail"] = f"{len(self.prompts.prompts)} prompts, {len(self.eval_sets)} eval set(s)"
-        self.plugin = load_generate_plugin(args.custom_generate_function_path,
-                                           parse_options(args.custom_generate_args)) \
-            if args.custom_generate_function_path else None
-        self.save_dir = Path(args.save) if args.save else None
-        self.log_dir = Path(args.log_dir or (self.save_dir / "logs" if self.save_dir else "runs/train"))
-        resume = _is_trainer_checkpoint(args.load)  # reads the checkpoint's common.pt: once
+    def __init__(self, cfg: RunConfig, restart_hook: RestartHookFactory | None = None):
+        self.cfg, self.algo, self.plan = cfg, cfg.algo, cfg.rollout.plan
+        self.tokenizer, self.prompts, self.eval_sets = self._load_data()
+        self.plugin = self.plan.load_plugin()
+        self.save_dir, self.log_dir = cfg.loop.save_dir, cfg.tracking.log_dir
+        resume = _is_trainer_checkpoint(cfg.learner.model.load)  # reads common.pt: once
         self.trainer, self.reference = self._build_models(resume)
-        self.start_rollout = 0
-        if resume:
-            with phase(f"resume from {args.load}"):
-                extra = load_checkpoint(self.trainer, args.load)
-            self.start_rollout = int(extra.get("rollout_id", 0))
-            self.prompts.load_state(extra.get("data", {"epoch": 0, "offset": 0}))
-        self.rollout_cfg = RolloutConfig(
-            max_response_len=args.rollout_max_response_len, temperature=args.rollout_temperature,
-            top_p=args.rollout_top_p, top_k=args.rollout_top_k,
-            stop_token_ids=args.rollout_stop_token_ids, seed=None,
-            concurrency=args.rollout_concurrency)
+        self.start_rollout = self._resume() if resume else 0
         self.rollouts = self._start_rollouts()
-        self.sync = WeightSync(args.weight_sync, engine=self.rollouts.engine,
-                               http=self._control_backend(),
-                               bucket_bytes=args.weight_sync_bucket_mb << 20,
-                               disk_dir=(self.save_dir or self.log_dir) / "weight_sync",
-                               hf_config_dir=args.hf_checkpoint,
-                               master_address=args.weight_sync_master_address
-                               or os.environ.get("MASTER_ADDR", "127.0.0.1"))
-        self._restart_engines_with(restart_hook_from_env(resync=self.sync.resync))
-        self.logger = MetricsLogger(self.log_dir, use_tensorboard=args.use_tensorboard,
-                                    use_wandb=args.use_wandb, wandb_project=args.wandb_project,
-                                    wandb_mode=args.wandb_mode,
-                                    config=vars(args)) if _rank() == 0 else None
+        self.sync = self._weight_sync()
+        self._restart_engines_with(restart_hook(self.sync.resync) if restart_hook else None)
+        self.logger = open_metrics_logger(cfg.tracking, config=cfg.flags) if _rank() == 0 else None
         self.history: list[dict] = []
 
+    def _load_data(self):
+        from transformers import AutoTokenizer
+
+        data = self.cfg.rollout.data
+        with phase("tokenizer and prompt data") as info:
+            tokenizer = AutoTokenizer.from_pretrained(data.tokenizer_path)
+            prompts, eval_sets = data.prompt_stream(tokenizer), data.eval_sets(tokenizer)
+            info["detail"] = f"{len(prompts.prompts)} prompts, {len(eval_sets)} eval set(s)"
+        return tokenizer, prompts, eval_sets
+
+    @property
+    def work_dir(self) -> Path:
+        """Where the run keeps its converted checkpoint and weight-sync files."""
+        return self.save_dir or self.log_dir
+
     def _build_models(self, resume: bool):
-        a = self.args
-        cache = (self.save_dir or self.log_dir) / "hf_import"
-        model_cfg = ModelConfig(hf_checkpoint=a.hf_checkpoint, load=None if resume else a.load,
-                                attention_backend=a.attention_backend)
-        trainer = PolicyTrainer(
-            model_cfg,
-            OptimConfig(lr=a.lr, min_lr=a.min_lr, lr_decay_style=a.lr_decay_style,
-                        lr_warmup_iters=a.lr_warmup_iters, lr_decay_iters=a.lr_decay_iters,
-                        weight_decay=a.weight_decay, adam_beta1=a.adam_beta1,
-                        adam_beta2=a.adam_beta2, adam_eps=a.adam_eps, clip_grad=a.clip_grad),
-            TrainConfig(max_tokens_per_gpu=a.max_tokens_per_gpu,
-                        log_probs_chunk_size=a.log_probs_chunk_size,
-                        temperature=a.rollout_temperature, seed=a.seed),
-            cache_dir=cache, load_weights=not resume)
-        reference = None
-        if self.algo.loss.needs_ref_logp or needs_reference(self.plugin):
-            ref_cfg = ModelConfig(hf_checkpoint=a.hf_checkpoint, load=a.ref_load,
-                                  attention_backend=a.attention_backend, role="reference")
-            reference = PolicyTrainer(ref_cfg, OptimConfig(), trainer.train_cfg, cache_dir=cache,
-                                      trainable=False)
-        return trainer, reference
+        cfg, cache = self.cfg.learner, self.work_dir / "hf_import"
+        trainer = PolicyTrainer(cfg.policy_model(resume), cfg.optim, cfg.train, cache_dir=cache,
+                                load_weights=not resume)
+        if not (self.algo.loss.needs_ref_logp or needs_reference(self.plugin)):
+            return trainer, None
+        return trainer, PolicyTrainer(cfg.reference_model(), OptimConfig(), trainer.train_cfg,
+                                      cache_dir=cache, trainable=False)
+
+    def _resume(self) -> int:
+        """The trainer, data position and rollout id of the checkpoint at ``--load``."""
+        path = self.cfg.learner.model.load
+        with phase(f"resume from {path}"):
+            extra = load_checkpoint(self.trainer, path)
+        start = int(extra.get("rollout_id", 0))
+        self.prompts.load_state(extra.get("data", {"epoch": 0, "offset": 0}))
+        return start
 
     def _start_rollouts(self) -> RolloutManager:
-        a = self.args
-        remote = bool(a.rollout_server_urls)
-        place = placement(remote)
-        what = (f"{len(a.rollout_server_urls)} rollout server(s)" if remote
+        engines, place = self.cfg.rollout.engines, placement(self.cfg.rollout.engines.remote)
+        what = (f"{len(engines.server_urls)} rollout server(s)" if engines.remote
                 else f"{place.num_generators} colocated rollout engine(s), one per data-parallel rank")
         with phase(f"start {what}") as info:
             manager = RolloutManager(
-                place, reward_config_from_args(a),
-                server_args=None if remote else server_args_from(a, device=_engine_device()),
-                server_urls=a.rollout_server_urls, generate_plugin=self.plugin,
-                tokenizer=self.tokenizer,
-                offload=a.offload_rollout if a.offload_rollout is not None else torch.cuda.is_available())
-            pool = manager.pool_stats()
-            if pool:
-                gib = pool["capacity"] * pool["bytes_per_slot"] / 2**30
-                info["detail"] = f"KV pool of rank 0's engine: {pool['capacity']} tokens, {gib:.2f} GiB"
+                place, self.plan.reward,
+                server_args=None if engines.remote else engines.server_args(_engine_device()),
+                server_urls=engines.server_urls, generate_plugin=self.plugin,
+                tokenizer=self.tokenizer, offload=engines.offloads())
+            info["detail"] = _pool_detail(manager.pool_stats())
         return manager
 
-    def _control_backend(self):
-        """Where weight updates go: the servers, or the engines behind a router
-        (``--rollout-engine-urls``), since a router forwards generation only."""
-        backend = self.rollouts.backend if self.args.rollout_server_urls else None
-        if backend is not None and self.args.rollout_engine_urls:
-            return HTTPRollout(self.args.rollout_engine_urls)
-        return backend
+    def _weight_sync(self) -> WeightSync:
+        ws, engines = self.cfg.rollout.weight_sync, self.cfg.rollout.engines
+        return WeightSync(ws.mode, engine=self.rollouts.engine,
+                          http=engines.control_backend(self.rollouts.backend),
+                          bucket_bytes=ws.bucket_bytes, disk_dir=self.work_dir / "weight_sync",
+                          hf_config_dir=engines.model_path,
+                          master_address=ws.master_address
+                          or os.environ.get("MASTER_ADDR", "127.0.0.1"))
 
     def _restart_engines_with(self, hook) -> None:
         """Under ``python -m trainer.ray_job``, a dead engine is replaced by the job's supervisor
@@ -162,54 +172,43 @@ class Run:
         if hook is not None and isinstance(self.rollouts.backend, HTTPRollout):
             self.rollouts.backend.on_engine_failure = hook
 
-    def _load_eval_sets(self) -> dict:
-        a = self.args
-        pairs = zip(a.eval_prompt_data[::2], a.eval_prompt_data[1::2]) if a.eval_prompt_data else ()
-        return {name: load_prompts(path, self.tokenizer, input_key=a.eval_input_key or a.input_key,
-                                   label_key=a.eval_label_key or a.label_key,
-                                   apply_chat_template=a.apply_chat_template)
-                for name, path in pairs}
-
     # --- one rollout -------------------------------------------------------------------------
     def rollout_step(self, rollout_id: int) -> dict:
-        a, n, t = self.args, self.args.n_samples_per_prompt, {}
-        prompts = self.prompts.next_batch(a.rollout_batch_size)
-        start = time.perf_counter()
-        # per-sample seeds derived from (seed, rollout id): a resumed run samples exactly what
-        # an uninterrupted one would have, with any number of engines
-        cfg = dataclasses.replace(self.rollout_cfg,
-                                  seed=(a.seed * 1_000_003 + rollout_id * 65_537) % 2**31)
-        result = self.rollouts.run(prompts, n, cfg)
-        if a.save_debug_rollout_data and _rank() == 0:
-            _write_rows(Path(a.save_debug_rollout_data.format(rollout_id=rollout_id)),
-                        result.rows(prompts))
+        prompts = self.prompts.next_batch(self.plan.batch_size)
+        t, start = {}, time.perf_counter()
+        result = self.rollouts.run(prompts, self.plan.n_samples, self.plan.sampling_for(rollout_id))
+        self._write_debug_rows(rollout_id, result, prompts)
         stats = result.stats()
         t["time_rollout"] = time.perf_counter() - start - stats["time_reward"]
         stats["rollout_tokens_per_s"] = sum(len(g.response_ids) for g in result.gens) / t["time_rollout"]
         batch = self._batch(result)
-        samples = batch.samples
-
-        mid = time.perf_counter()
-        ref = None
-        if self.reference is not None:
-            ref = gather_dp(self.reference.compute_logprobs(samples), self.trainer)
-        prep = prepare_update(self.trainer, batch, self.algo.advantage, self.algo.correction, ref)
-        t["time_recompute"] = time.perf_counter() - mid
-        mid = time.perf_counter()
-        steps = run_updates(self.trainer, batch, prep, self.algo.loss, a.global_batch_size)
-        t["time_update"] = time.perf_counter() - mid
+        prep, t["time_recompute"] = _timed(self._prepare, batch)
+        steps, t["time_update"] = _timed(run_updates, self.trainer, batch, prep, self.algo.loss,
+                                         self.cfg.learner.global_batch_size)
         sync = self.push_weights(f"rollout-{rollout_id + 1}")
         t["time_sync"] = sync.pop("time_sync")
         train = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
         return {**stats, **prep.metrics, **{f"train/{k}": v for k, v in train.items()}, **sync,
                 **t, "time_total": time.perf_counter() - start}
 
+    def _prepare(self, batch: RolloutBatch):
+        """Advantages, the dense π_old (and reference) recompute, the sparse correction."""
+        ref = None
+        if self.reference is not None:
+            ref = gather_dp(self.reference.compute_logprobs(batch.samples), self.trainer)
+        return prepare_update(self.trainer, batch, self.algo.advantage, self.algo.correction, ref)
+
+    def _write_debug_rows(self, rollout_id: int, result, prompts) -> None:
+        if self.plan.debug_path and _rank() == 0:
+            _write_rows(Path(self.plan.debug_path.format(rollout_id=rollout_id)),
+                        result.rows(prompts))
+
     def _batch(self, result) -> RolloutBatch:
         """The learner's view of a rollout: every call a sample, advantages per trace."""
-        a, traces = self.args, result.traces
+        traces = result.traces
         calls = [c for t in traces for c in t.calls]
         rewards = torch.tensor(result.rewards, dtype=torch.float32)
-        shaped = (rewards + a.reward_bias) * a.reward_scaling
+        shaped = (rewards + self.plan.reward_bias) * self.plan.reward_scaling
         plain = all(len(t.calls) == 1 and t.group is None for t in traces)
         return RolloutBatch(
             [Sample(c.prompt_ids, c.gen.response_ids or [self._pad_id()]) for c in calls], shaped,
@@ -230,14 +229,10 @@ class Run:
 
     # --- eval / save -------------------------------------------------------------------------
     def evaluate(self, rollout_id: int) -> dict:
-        a = self.args
-        cfg = RolloutConfig(max_response_len=a.eval_max_response_len or a.rollout_max_response_len,
-                            temperature=a.eval_temperature, top_p=a.eval_top_p,
-                            stop_token_ids=a.rollout_stop_token_ids,
-                            concurrency=a.rollout_concurrency)
         out = {}
         for name, prompts in self.eval_sets.items():
-            result = self.rollouts.run(prompts, a.n_samples_per_eval_prompt, cfg, mode="eval")
+            result = self.rollouts.run(prompts, self.plan.n_eval_samples, self.plan.eval_sampling,
+                                       mode="eval")
             gens, final = result.gens, result.final_rewards()
             out[f"eval/{name}/score"] = sum(final) / len(final)
             out[f"eval/{name}/response_len"] = sum(len(g.response_ids) for g in gens) / len(gens)
@@ -249,10 +244,9 @@ class Run:
     def save(self, rollout_id: int) -> None:
         if self.save_dir is None:
             return
-        save_checkpoint(self.trainer, self.save_dir, rollout_id,
-                        args=argparse.Namespace(**{k: v for k, v in vars(self.args).items()
-                                                   if isinstance(v, (int, float, str, bool, list,
-                                                                     type(None)))}),
+        plain = {k: v for k, v in self.cfg.flags.items()
+                 if isinstance(v, (int, float, str, bool, list, type(None)))}
+        save_checkpoint(self.trainer, self.save_dir, rollout_id, args=argparse.Namespace(**plain),
                         extra={"rollout_id": rollout_id, "data": self.prompts.state()})
 
     def close(self) -> None:
@@ -261,11 +255,25 @@ class Run:
             self.logger.close()
 
 
+def _timed(fn, *args):
+    """``fn(*args)`` and the seconds it took."""
+    start = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - start
+
+
 def _kl_coefs(calls, default: float) -> list[float] | None:
     """Per-call KL coefficients when a plug-in set any (None: --kl-loss-coef for all)."""
     if all(c.kl_coef is None for c in calls):
         return None
     return [default if c.kl_coef is None else c.kl_coef for c in calls]
+
+
+def _pool_detail(pool: dict | None) -> str | None:
+    if not pool:
+        return None
+    gib = pool["capacity"] * pool["bytes_per_slot"] / 2**30
+    return f"KV pool of rank 0's engine: {pool['capacity']} tokens, {gib:.2f} GiB"
 
 
 def _write_rows(path: Path, rows: list[dict]) -> None:
@@ -277,71 +285,67 @@ def _engine_device() -> str:
     return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
 
 
-def train(args: argparse.Namespace) -> list[dict]:
-    from .tracking import format_summary, plot_metrics
-
-    run = Run(args)
-    a = args
+# --- the loop ----------------------------------------------------------------------------------
+def train(cfg: RunConfig, restart_hook: RestartHookFactory | None = None) -> list[dict]:
+    run = Run(cfg, restart_hook)
     try:
-        if run.start_rollout > 0 or a.load:
+        if run.start_rollout > 0 or cfg.learner.model.load:
             # the engines loaded --hf-checkpoint; make them serve exactly the trainer's weights
-            with phase(f"weights to the engine(s) ({a.weight_sync})"):
+            with phase(f"weights to the engine(s) ({cfg.rollout.weight_sync.mode})"):
                 run.push_weights(f"rollout-{run.start_rollout}")
-        bar = tqdm(range(run.start_rollout, a.num_rollout), desc="rollouts",
-                   disable=_rank() != 0, initial=run.start_rollout, total=a.num_rollout)
+        bar = tqdm(range(run.start_rollout, cfg.loop.num_rollout), desc="rollouts",
+                   disable=_rank() != 0, initial=run.start_rollout, total=cfg.loop.num_rollout)
         for rollout_id in bar:
-            first = rollout_id == run.start_rollout
-            with phase("first rollout (generate, reward, recompute, update, sync)") if first \
-                    else contextlib.nullcontext():
-                metrics = run.rollout_step(rollout_id)
-            if a.eval_interval and (rollout_id + 1) % a.eval_interval == 0:
-                metrics.update(run.evaluate(rollout_id + 1))
-            if run.logger is not None:
-                run.logger.log(rollout_id + 1, metrics)
-            run.history.append({"rollout": rollout_id + 1, **metrics})
+            metrics = _one_rollout(run, rollout_id)
             bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}",
                             len=f"{metrics['response_len_mean']:.0f}")
-            last = rollout_id + 1 == a.num_rollout
-            if a.save and (last or (a.save_interval and (rollout_id + 1) % a.save_interval == 0)):
+            if _saves_after(cfg.loop, rollout_id + 1):
                 run.save(rollout_id + 1)
-        if _rank() == 0 and run.history:
-            plots = plot_metrics(run.log_dir / "metrics.jsonl", run.log_dir)
-            print(format_summary(run.history, window=max(1, min(5, len(run.history) // 2))))
-            print(f"metrics: {run.log_dir / 'metrics.jsonl'}; plots: {', '.join(p.name for p in plots)}")
+        _summarize(run)
         return run.history
     finally:
         run.close()
 
 
-def init_parallel(args: argparse.Namespace) -> None:
-    """Process groups from the launcher (or a private one), then Megatron's parallel state."""
-    launch = detect_launch()
-    model_parallel = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
-    if launch.world_size % model_parallel:
-        raise RendezvousError(
-            f"WORLD_SIZE={launch.world_size} is not divisible by --tensor-model-parallel-size x "
-            f"--pipeline-model-parallel-size = {model_parallel}")
-    how = "no launcher" if launch.launcher == "none" else f"{launch.launcher} launch"
-    with phase(f"process group: rank 0 of {launch.world_size} ({how})") as info:
-        device = select_device(launch)
-        init_process_group(launch, rendezvous_timeout=args.rendezvous_timeout,
-                           timeout_minutes=args.distributed_timeout_minutes)
-        cpu_megatron.init_model_parallel(tp=args.tensor_model_parallel_size,
-                                         pp=args.pipeline_model_parallel_size, seed=args.seed)
-        info["detail"] = (f"{dist.get_backend()} on {device.type}, TP {args.tensor_model_parallel_size}"
-                          f" x PP {args.pipeline_model_parallel_size} x DP "
-                          f"{launch.world_size // model_parallel}")
+def _one_rollout(run: Run, rollout_id: int) -> dict:
+    """A rollout step (the first one a startup phase), its eval when due, its metrics logged."""
+    first = rollout_id == run.start_rollout
+    with phase("first rollout (generate, reward, recompute, update, sync)") if first \
+            else contextlib.nullcontext():
+        metrics = run.rollout_step(rollout_id)
+    interval = run.cfg.loop.eval_interval
+    if interval and (rollout_id + 1) % interval == 0:
+        metrics.update(run.evaluate(rollout_id + 1))
+    if run.logger is not None:
+        run.logger.log(rollout_id + 1, metrics)
+    run.history.append({"rollout": rollout_id + 1, **metrics})
+    return metrics
 
 
-def main(argv=None) -> int:
+def _saves_after(loop: LoopConfig, done: int) -> bool:
+    """Whether to checkpoint after ``done`` rollouts: every ``save_interval``, and the last."""
+    every = loop.save_interval and done % loop.save_interval == 0
+    return loop.save_dir is not None and bool(done == loop.num_rollout or every)
+
+
+def _summarize(run: Run) -> None:
+    """Rank 0: plots of the logged metrics and the first-vs-last table."""
+    if _rank() != 0 or not run.history:
+        return
+    plots = plot_metrics(run.log_dir / "metrics.jsonl", run.log_dir)
+    print(format_summary(run.history, window=max(1, min(5, len(run.history) // 2))))
+    print(f"metrics: {run.log_dir / 'metrics.jsonl'}; plots: {', '.join(p.name for p in plots)}")
+
+
+def main(argv=None, restart_hook: RestartHookFactory | None = None) -> int:
     args = parse_args(argv)
     try:
-        init_parallel(args)
+        init_parallel(parallel_config_from_args(args))
     except RendezvousError as e:  # the launch itself is wrong: say where, do not hang
         print(f"trainer.train: error: {e}", file=sys.stderr, flush=True)
         return 1
     try:
-        train(args)
+        train(run_config_from_args(args), restart_hook)
     except (DataError, CheckpointError) as e:  # the user's input: a message, not a traceback
         print(f"trainer.train: error: {e}", file=sys.stderr)
         return 2

@@ -13,8 +13,9 @@ Who does what:
                      URLs in sglang-router (kept for clients besides the trainer), returns the URL
 
 The seam into the trainer: ``job.py`` names the supervisor (``TRAINER_RAY_ENGINE_SUPERVISOR``) and
-its restart bound in the trainer ranks' environment; ``trainer.train`` calls
-:func:`restart_hook_from_env`, which returns None outside such a job (a dead engine stays down).
+its restart bound in the trainer ranks' environment; ``trainer_actor.py`` hands
+:func:`restart_hook_from_env` to ``trainer.train.main``, which calls it once the weight sync
+exists. It returns None outside such a job (a dead engine stays down).
 A trainer rank's death still ends the job (``job.py``).
 """
 

@@ -1,7 +1,8 @@
 """One trainer rank as a Ray actor: the environment torchrun would give it, then the trainer's own
 entry (``trainer.train.main``) in the actor's process, so the same bounded rendezvous, startup
-phases and error handling apply. Its GPU's index comes from Ray; every GPU of the node stays
-visible (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) so NCCL sees its peers, as under torchrun.
+phases and error handling apply; it hands the trainer the engine supervisor's restart hook. Its
+GPU's index comes from Ray; every GPU of the node stays visible
+(``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) so NCCL sees its peers, as under torchrun.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import traceback
 
 from .node import free_port, local_gpu_index, node_ip
+from .supervisor import restart_hook_from_env
 
 ENV = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
 
@@ -78,7 +80,9 @@ class TrainerRank:
         tail = _ErrorTail(sys.stderr)
         try:
             with contextlib.redirect_stderr(tail):
-                code = main(argv)
+                # the job's supervisor replaces a dead engine (job.py names it in this rank's
+                # env); handed in here so that trainer.train knows nothing of Ray
+                code = main(argv, restart_hook=restart_hook_from_env)
         except SystemExit as e:  # argparse errors
             code = e.code if isinstance(e.code, int) else 1
         except Exception as e:  # noqa: BLE001 - reported to the driver, which ends the job

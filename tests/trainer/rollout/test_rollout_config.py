@@ -1,0 +1,53 @@
+"""The rollout side's flags, read by ``rollout/config.py``: what the loop gets from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer.arguments import build_parser, parse_args
+from trainer.rollout.config import rollout_setup_from_args
+from trainer.rollout.weight_sync import MODES
+
+
+@pytest.fixture
+def flags(tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # all check_args asks of --hf-checkpoint
+    return ["--hf-checkpoint", str(tmp_path), "--prompt-data", "p.jsonl"]
+
+
+def test_weight_sync_choices_are_the_transports():
+    action = next(a for a in build_parser()._actions if a.dest == "weight_sync")
+    assert action.choices == ["auto", *MODES]
+
+
+def test_rollout_seeds_depend_on_seed_and_rollout_only(flags):
+    plan = rollout_setup_from_args(parse_args([*flags, "--seed", "7"])).plan
+    assert plan.sampling_for(3) == plan.sampling_for(3)
+    assert plan.sampling_for(3).seed != plan.sampling_for(4).seed
+    assert plan.sampling.seed is None  # the flag's config stays unseeded
+
+
+def test_eval_sets_and_keys(flags):
+    data = rollout_setup_from_args(parse_args(
+        [*flags, "--input-key", "q", "--eval-prompt-data", "a", "a.jsonl", "b", "b.jsonl",
+         "--eval-label-key", "gold"])).data
+    assert data.eval_data == [("a", "a.jsonl"), ("b", "b.jsonl")]
+    assert (data.eval_input_key, data.eval_label_key) == ("q", "gold")
+
+
+def test_engine_flags_become_server_args(flags):
+    args = parse_args([*flags, "--sglang-compress-algorithm", "rkv"])
+    engines = rollout_setup_from_args(args).engines
+    assert not engines.remote
+    server_args = engines.server_args(device="cpu")
+    assert (server_args.compress_algorithm, server_args.device) == ("rkv", "cpu")
+    assert server_args.model_path == flags[1]
+
+
+def test_weight_updates_skip_the_router(flags):
+    remote = [*flags, "--rollout-server-urls", "http://router", "--weight-sync", "disk"]
+    engines = rollout_setup_from_args(parse_args(remote)).engines
+    backend = object()
+    assert engines.control_backend(backend) is backend
+    behind = rollout_setup_from_args(parse_args([*remote, "--rollout-engine-urls", "http://e0"]))
+    assert behind.engines.control_backend(backend).urls == ["http://e0"]

@@ -1,0 +1,52 @@
+"""The learner's flags, read here and nowhere else: the policy model, its optimizer and schedule,
+the micro-batch and log-prob settings, the reference model and the optimizer-step size.
+
+    cfg = learner_config_from_args(args)
+    PolicyTrainer(cfg.policy_model(resume=False), cfg.optim, cfg.train)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from .model_provider import ModelConfig
+from .policy_trainer import OptimConfig, TrainConfig
+
+
+@dataclasses.dataclass
+class LearnerConfig:
+    model: ModelConfig  # the policy; its ``load`` is --load
+    optim: OptimConfig
+    train: TrainConfig
+    global_batch_size: int  # samples per optimizer step
+    ref_load: str | None = None  # the reference's weights; None: --hf-checkpoint
+
+    def policy_model(self, resume: bool) -> ModelConfig:
+        # a resumed run's weights come from its trainer checkpoint (load_checkpoint), not --load
+        return dataclasses.replace(self.model, load=None if resume else self.model.load)
+
+    def reference_model(self) -> ModelConfig:
+        return dataclasses.replace(self.model, load=self.ref_load, role="reference")
+
+
+def learner_config_from_args(args: argparse.Namespace) -> LearnerConfig:
+    model = ModelConfig(hf_checkpoint=args.hf_checkpoint, load=args.load,
+                        attention_backend=args.attention_backend)
+    return LearnerConfig(model, optim_config_from_args(args), train_config_from_args(args),
+                         global_batch_size=args.global_batch_size, ref_load=args.ref_load)
+
+
+def optim_config_from_args(args: argparse.Namespace) -> OptimConfig:
+    return OptimConfig(lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
+                       lr_warmup_iters=args.lr_warmup_iters, lr_decay_iters=args.lr_decay_iters,
+                       weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
+                       adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+                       clip_grad=args.clip_grad)
+
+
+def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
+    # the learner divides logits by the rollout temperature, as the sampler did
+    return TrainConfig(max_tokens_per_gpu=args.max_tokens_per_gpu,
+                       log_probs_chunk_size=args.log_probs_chunk_size,
+                       temperature=args.rollout_temperature, seed=args.seed)

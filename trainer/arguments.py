@@ -159,6 +159,10 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-max-response-len", type=int, default=None)
     g.add_argument("--eval-temperature", type=float, default=0.0)
     g.add_argument("--eval-top-p", type=float, default=1.0)
+    g.add_argument("--eval-compression", choices=["train", "dense", "both"], default="train",
+                   help="KV of the evaluation samples: as the rollouts (the engines' --sglang-compress-*), "
+                        "dense (sglang-kvc's per-request compress: false on the same engines), or both "
+                        "(dense scores logged as eval/<name>_dense/*)")
     g.add_argument("--eval-input-key", default=None)
     g.add_argument("--eval-label-key", default=None)
 

@@ -40,6 +40,7 @@ from .learner.grpo_update import RolloutBatch, gather_dp, prepare_update, run_up
 from .learner.packing import Sample
 from .learner.policy_trainer import OptimConfig, PolicyTrainer
 from .rollout.backends import HTTPRollout
+from .rollout.capacity import capacity_line
 from .rollout.config import RolloutSetup, rollout_setup_from_args
 from .rollout.data import DataError
 from .rollout.failover import RestartHook
@@ -154,8 +155,19 @@ class Run:
                 server_args=None if engines.remote else engines.server_args(_engine_device()),
                 server_urls=engines.server_urls, generate_plugin=self.plugin,
                 tokenizer=self.tokenizer, offload=engines.offloads())
-            info["detail"] = _pool_detail(manager.pool_stats())
+            pool = manager.pool_stats()
+            info["detail"] = pool and f"{_pool_detail(pool)}; {self._capacity(pool['capacity'])}"
         return manager
+
+    def _capacity(self, pool_tokens: int) -> str:
+        """The pool in samples at the configured response length, dense and compressed."""
+        flags = self.cfg.rollout.engines.engine_flags
+        algo = flags.get("compress_algorithm")
+        algo = None if str(algo).lower() in ("none", "") else algo
+        lens = [len(p.input_ids) for p in self.prompts.prompts[:1000]] or [0]
+        return capacity_line(pool_tokens, round(sum(lens) / len(lens)),
+                             self.plan.sampling.max_response_len, algo,
+                             flags.get("compress_max_prompt"), flags.get("compress_divide_length"))
 
     def _weight_sync(self) -> WeightSync:
         ws, engines = self.cfg.rollout.weight_sync, self.cfg.rollout.engines
@@ -231,14 +243,12 @@ class Run:
     def evaluate(self, rollout_id: int) -> dict:
         out = {}
         for name, prompts in self.eval_sets.items():
-            result = self.rollouts.run(prompts, self.plan.n_eval_samples, self.plan.eval_sampling,
-                                       mode="eval")
-            gens, final = result.gens, result.final_rewards()
-            out[f"eval/{name}/score"] = sum(final) / len(final)
-            out[f"eval/{name}/response_len"] = sum(len(g.response_ids) for g in gens) / len(gens)
-            if _rank() == 0:  # what each engine answered, for people and tests to read
-                _write_rows(self.log_dir / "eval_samples" / f"{name}_rollout{rollout_id}.jsonl",
-                            result.rows(prompts))
+            for suffix, sampling in self.plan.eval_configs():
+                result = self.rollouts.run(prompts, self.plan.n_eval_samples, sampling, mode="eval")
+                out.update(eval_metrics(f"eval/{name}{suffix}", result))
+                if _rank() == 0:  # what each engine answered, for people and tests to read
+                    _write_rows(self.log_dir / "eval_samples" / f"{name}{suffix}_rollout{rollout_id}.jsonl",
+                                result.rows(prompts))
         return out
 
     def save(self, rollout_id: int) -> None:
@@ -267,6 +277,22 @@ def _kl_coefs(calls, default: float) -> list[float] | None:
     if all(c.kl_coef is None for c in calls):
         return None
     return [default if c.kl_coef is None else c.kl_coef for c in calls]
+
+
+def eval_metrics(prefix: str, result) -> dict:
+    """Mean final score, mean response length, and pass@n (a prompt counts when any of its n
+    answers scored > 0) when several samples were drawn per prompt."""
+    final = [t for t in result.traces if t.final]
+    gens = result.gens
+    out = {f"{prefix}/score": sum(t.reward for t in final) / len(final),
+           f"{prefix}/response_len": sum(len(g.response_ids) for g in gens) / len(gens)}
+    by_prompt: dict[int, bool] = {}
+    for t in final:
+        by_prompt[t.prompt_index] = by_prompt.get(t.prompt_index, False) or t.reward > 0
+    n = len(final) // max(1, len(by_prompt))
+    if n > 1:
+        out[f"{prefix}/pass@{n}"] = sum(by_prompt.values()) / len(by_prompt)
+    return out
 
 
 def _pool_detail(pool: dict | None) -> str | None:

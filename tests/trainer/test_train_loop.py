@@ -170,3 +170,26 @@ def test_bad_flags_fail_at_once(setup, tmp_path, extra, message):
     hf, data, _ = setup
     rc, log = _run(_flags(hf, data, tmp_path, *extra), timeout=120)
     assert rc == 2 and message in log, log[-2000:]
+
+
+def test_rkv_run_evaluates_as_trained_and_dense(setup, tmp_path):
+    """--eval-compression both: every evaluation runs twice on the rollout engine, with its R-KV
+    and with dense KV (per-request compress: false); pass@n with several samples; the startup
+    line says how many samples the pool holds, dense and compressed."""
+    hf, data, _ = setup
+    rc, log = _run(_flags(hf, data, tmp_path, "--sglang-compress-algorithm", "rkv",
+                          "--sglang-compress-max-prompt", "4", "--sglang-compress-divide-length",
+                          "2", "--sglang-compress-max-window", "2", "--eval-prompt-data", "t",
+                          str(data), "--eval-interval", "1", "--eval-compression", "both",
+                          "--n-samples-per-eval-prompt", "2", "--eval-temperature", "1.0",
+                          rollouts=1))
+    assert rc == 0, log[-3000:]
+    row = _metrics(tmp_path)[-1]
+    for prefix in ("eval/t", "eval/t_dense"):
+        assert 0.0 <= row[f"{prefix}/score"] <= 1.0 and row[f"{prefix}/response_len"] > 0
+        assert row[f"{prefix}/score"] <= row[f"{prefix}/pass@2"] <= 1.0
+    samples = tmp_path / "logs" / "eval_samples"
+    assert sorted(p.name.split("_rollout")[0] for p in samples.glob("*.jsonl")) >= ["t", "t_dense"]
+    # 4096 slots; prompts of ~20 tokens + 12: dense ~128 samples, R-KV bound max(P + 1, 4 + 2)
+    assert "samples of" in log and "at once dense" in log and "with rkv 4+2" in log, \
+        [line for line in log.splitlines() if "KV pool" in line]

@@ -71,6 +71,7 @@ class RolloutPlan:
     reward_scaling: float = 1.0
     eval_sampling: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     n_eval_samples: int = 1  # per eval prompt
+    eval_modes: tuple[str, ...] = ("train",)  # "train": the engines' compression; "dense": none
     generate_plugin: str | None = None  # 'pkg.module:func_or_class'
     generate_args: list[str] | None = None  # its options, key=value
     debug_path: str | None = None  # each rollout's samples as JSONL; '{rollout_id}' substituted
@@ -80,6 +81,12 @@ class RolloutPlan:
         # an uninterrupted one would have, with any number of engines
         return dataclasses.replace(self.sampling,
                                    seed=(self.seed * 1_000_003 + rollout_id * 65_537) % 2**31)
+
+    def eval_configs(self) -> list[tuple[str, RolloutConfig]]:
+        """(metric suffix, sampling) of each evaluation pass: '' as trained, '_dense' dense."""
+        dense = dataclasses.replace(self.eval_sampling, compress=False)
+        return [("", self.eval_sampling) if m == "train" else ("_dense", dense)
+                for m in self.eval_modes]
 
     def load_plugin(self):
         """The generate plug-in, or None when rollouts are plain samples."""
@@ -162,6 +169,8 @@ def rollout_plan_from_args(args: argparse.Namespace) -> RolloutPlan:
         reward=reward_config_from_args(args), reward_bias=args.reward_bias,
         reward_scaling=args.reward_scaling, eval_sampling=eval_sampling_config_from_args(args),
         n_eval_samples=args.n_samples_per_eval_prompt,
+        eval_modes={"train": ("train",), "dense": ("dense",),
+                    "both": ("train", "dense")}[args.eval_compression],
         generate_plugin=args.custom_generate_function_path,
         generate_args=args.custom_generate_args, debug_path=args.save_debug_rollout_data)
 

@@ -155,9 +155,14 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-prompt-data", nargs="*", default=None,
                    help="name path pairs: 'aime24 data/aime24.jsonl math500 data/math500.jsonl'")
     g.add_argument("--eval-interval", type=int, default=None, help="evaluate every N rollouts")
+    g.add_argument("--eval-before-train", action="store_true",
+                   help="also evaluate the starting policy (logged as step 0), as verl's val_before_train")
     g.add_argument("--n-samples-per-eval-prompt", type=int, default=1)
     g.add_argument("--eval-max-response-len", type=int, default=None)
-    g.add_argument("--eval-temperature", type=float, default=0.0)
+    g.add_argument("--eval-temperature", type=float, nargs="+", default=[0.0],
+                   help="one evaluation pass per value, e.g. '0 1': greedy (one sample per prompt) "
+                        "and T = 1 with --n-samples-per-eval-prompt samples (pass@n); passes after "
+                        "the first are logged as eval/<name>_t<T>/*")
     g.add_argument("--eval-top-p", type=float, default=1.0)
     g.add_argument("--eval-compression", choices=["train", "dense", "both"], default="train",
                    help="KV of the evaluation samples: as the rollouts (the engines' --sglang-compress-*), "

@@ -62,6 +62,7 @@ class LoopConfig:
     eval_interval: int | None = None  # evaluate every N rollouts
     save_dir: Path | None = None  # trainer checkpoints
     save_interval: int | None = None  # save every N rollouts (and always after the last)
+    eval_before_train: bool = False  # evaluate the starting policy too, logged as step 0
 
 
 @dataclasses.dataclass
@@ -78,7 +79,8 @@ class RunConfig:
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     loop = LoopConfig(args.num_rollout, args.eval_interval,
-                      Path(args.save) if args.save else None, args.save_interval)
+                      Path(args.save) if args.save else None, args.save_interval,
+                      args.eval_before_train)
     logs = loop.save_dir / "logs" if loop.save_dir else Path("runs/train")
     return RunConfig(loop, rollout_setup_from_args(args), learner_config_from_args(args),
                      config_from_args(args), tracking_config_from_args(args, default_dir=logs),
@@ -243,8 +245,8 @@ class Run:
     def evaluate(self, rollout_id: int) -> dict:
         out = {}
         for name, prompts in self.eval_sets.items():
-            for suffix, sampling in self.plan.eval_configs():
-                result = self.rollouts.run(prompts, self.plan.n_eval_samples, sampling, mode="eval")
+            for suffix, sampling, n in self.plan.eval_configs():
+                result = self.rollouts.run(prompts, n, sampling, mode="eval")
                 out.update(eval_metrics(f"eval/{name}{suffix}", result))
                 if _rank() == 0:  # what each engine answered, for people and tests to read
                     _write_rows(self.log_dir / "eval_samples" / f"{name}{suffix}_rollout{rollout_id}.jsonl",
@@ -319,6 +321,8 @@ def train(cfg: RunConfig, restart_hook: RestartHookFactory | None = None) -> lis
             # the engines loaded --hf-checkpoint; make them serve exactly the trainer's weights
             with phase(f"weights to the engine(s) ({cfg.rollout.weight_sync.mode})"):
                 run.push_weights(f"rollout-{run.start_rollout}")
+        if cfg.loop.eval_before_train and run.start_rollout == 0:
+            _evaluate_start(run)
         bar = tqdm(range(run.start_rollout, cfg.loop.num_rollout), desc="rollouts",
                    disable=_rank() != 0, initial=run.start_rollout, total=cfg.loop.num_rollout)
         for rollout_id in bar:
@@ -346,6 +350,14 @@ def _one_rollout(run: Run, rollout_id: int) -> dict:
         run.logger.log(rollout_id + 1, metrics)
     run.history.append({"rollout": rollout_id + 1, **metrics})
     return metrics
+
+
+def _evaluate_start(run: Run) -> None:
+    """The policy before any update, as step 0 (the baseline every eval curve starts from)."""
+    with phase("evaluation before training"):
+        metrics = run.evaluate(0)
+    if run.logger is not None:
+        run.logger.log(0, metrics)
 
 
 def _saves_after(loop: LoopConfig, done: int) -> bool:

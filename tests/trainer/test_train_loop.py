@@ -181,15 +181,19 @@ def test_rkv_run_evaluates_as_trained_and_dense(setup, tmp_path):
                           "--sglang-compress-max-prompt", "4", "--sglang-compress-divide-length",
                           "2", "--sglang-compress-max-window", "2", "--eval-prompt-data", "t",
                           str(data), "--eval-interval", "1", "--eval-compression", "both",
-                          "--n-samples-per-eval-prompt", "2", "--eval-temperature", "1.0",
-                          rollouts=1))
+                          "--n-samples-per-eval-prompt", "2", "--eval-temperature", "1.0", "0",
+                          "--eval-before-train", rollouts=1))
     assert rc == 0, log[-3000:]
-    row = _metrics(tmp_path)[-1]
+    start, row = _metrics(tmp_path)[0], _metrics(tmp_path)[-1]
     for prefix in ("eval/t", "eval/t_dense"):
         assert 0.0 <= row[f"{prefix}/score"] <= 1.0 and row[f"{prefix}/response_len"] > 0
         assert row[f"{prefix}/score"] <= row[f"{prefix}/pass@2"] <= 1.0
+    # the greedy pass (one sample per prompt: no pass@n) and the starting policy as step 0
+    for prefix in ("eval/t_t0", "eval/t_t0_dense"):
+        assert 0.0 <= row[f"{prefix}/score"] <= 1.0 and f"{prefix}/pass@2" not in row
+    assert start["step"] == 0 and "eval/t_dense/pass@2" in start and "reward_mean" not in start
     samples = tmp_path / "logs" / "eval_samples"
-    assert sorted(p.name.split("_rollout")[0] for p in samples.glob("*.jsonl")) >= ["t", "t_dense"]
+    assert {p.name.split("_rollout")[0] for p in samples.glob("*.jsonl")} == {"t", "t_dense", "t_t0", "t_t0_dense"}
     # 4096 slots; prompts of ~20 tokens + 12: dense ~128 samples, R-KV bound max(P + 1, 4 + 2)
     assert "samples of" in log and "at once dense" in log and "with rkv 4+2" in log, \
         [line for line in log.splitlines() if "KV pool" in line]

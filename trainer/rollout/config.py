@@ -69,8 +69,8 @@ class RolloutPlan:
     reward: RewardConfig
     reward_bias: float = 0.0  # training rewards are (reward + bias) x scaling
     reward_scaling: float = 1.0
-    eval_sampling: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
-    n_eval_samples: int = 1  # per eval prompt
+    eval_samplings: tuple[RolloutConfig, ...] = (RolloutConfig(),)  # one per --eval-temperature
+    n_eval_samples: int = 1  # per eval prompt at T > 0 (greedy passes draw one)
     eval_modes: tuple[str, ...] = ("train",)  # "train": the engines' compression; "dense": none
     generate_plugin: str | None = None  # 'pkg.module:func_or_class'
     generate_args: list[str] | None = None  # its options, key=value
@@ -82,17 +82,24 @@ class RolloutPlan:
         return dataclasses.replace(self.sampling,
                                    seed=(self.seed * 1_000_003 + rollout_id * 65_537) % 2**31)
 
-    def eval_configs(self) -> list[tuple[str, RolloutConfig]]:
-        """(metric suffix, sampling) of each evaluation pass: '' as trained, '_dense' dense."""
-        dense = dataclasses.replace(self.eval_sampling, compress=False)
-        return [("", self.eval_sampling) if m == "train" else ("_dense", dense)
-                for m in self.eval_modes]
+    def eval_configs(self) -> list[tuple[str, RolloutConfig, int]]:
+        """(metric suffix, sampling, samples per prompt) of each evaluation pass: one per
+        temperature (the first unsuffixed, then '_t<T>') and compression mode ('' as trained,
+        '_dense' dense). A greedy pass draws one sample: more would be copies."""
+        return [(_temperature_suffix(i, s) + ("" if m == "train" else "_dense"),
+                 s if m == "train" else dataclasses.replace(s, compress=False),
+                 1 if s.temperature == 0 else self.n_eval_samples)
+                for i, s in enumerate(self.eval_samplings) for m in self.eval_modes]
 
     def load_plugin(self):
         """The generate plug-in, or None when rollouts are plain samples."""
         if not self.generate_plugin:
             return None
         return load_generate_plugin(self.generate_plugin, parse_options(self.generate_args))
+
+
+def _temperature_suffix(index: int, sampling: RolloutConfig) -> str:
+    return "" if index == 0 else f"_t{sampling.temperature:g}"
 
 
 @dataclasses.dataclass
@@ -167,7 +174,7 @@ def rollout_plan_from_args(args: argparse.Namespace) -> RolloutPlan:
         batch_size=args.rollout_batch_size, n_samples=args.n_samples_per_prompt,
         sampling=sampling_config_from_args(args), seed=args.seed,
         reward=reward_config_from_args(args), reward_bias=args.reward_bias,
-        reward_scaling=args.reward_scaling, eval_sampling=eval_sampling_config_from_args(args),
+        reward_scaling=args.reward_scaling, eval_samplings=eval_samplings_from_args(args),
         n_eval_samples=args.n_samples_per_eval_prompt,
         eval_modes={"train": ("train",), "dense": ("dense",),
                     "both": ("train", "dense")}[args.eval_compression],
@@ -183,11 +190,12 @@ def sampling_config_from_args(args: argparse.Namespace) -> RolloutConfig:
         concurrency=args.rollout_concurrency)
 
 
-def eval_sampling_config_from_args(args: argparse.Namespace) -> RolloutConfig:
-    return RolloutConfig(
+def eval_samplings_from_args(args: argparse.Namespace) -> tuple[RolloutConfig, ...]:
+    return tuple(RolloutConfig(
         max_response_len=args.eval_max_response_len or args.rollout_max_response_len,
-        temperature=args.eval_temperature, top_p=args.eval_top_p,
+        temperature=t, top_p=args.eval_top_p,
         stop_token_ids=args.rollout_stop_token_ids, concurrency=args.rollout_concurrency)
+        for t in args.eval_temperature)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

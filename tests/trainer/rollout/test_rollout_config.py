@@ -51,3 +51,20 @@ def test_weight_updates_skip_the_router(flags):
     assert engines.control_backend(backend) is backend
     behind = rollout_setup_from_args(parse_args([*remote, "--rollout-engine-urls", "http://e0"]))
     assert behind.engines.control_backend(backend).urls == ["http://e0"]
+
+
+def test_eval_passes_per_temperature_and_compression(flags):
+    """'--eval-temperature 0 1 --eval-compression both': four passes; greedy draws one sample per
+    prompt, T = 1 draws --n-samples-per-eval-prompt; the dense passes ask for no compression."""
+    plan = rollout_setup_from_args(parse_args(
+        [*flags, "--eval-temperature", "0", "1", "--n-samples-per-eval-prompt", "4",
+         "--eval-compression", "both"])).plan
+    passes = [(suffix, s.temperature, s.compress, n) for suffix, s, n in plan.eval_configs()]
+    assert passes == [("", 0.0, True, 1), ("_dense", 0.0, False, 1),
+                      ("_t1", 1.0, True, 4), ("_t1_dense", 1.0, False, 4)]
+
+
+def test_one_eval_temperature_keeps_its_names(flags):
+    plan = rollout_setup_from_args(parse_args(
+        [*flags, "--eval-temperature", "0.6", "--n-samples-per-eval-prompt", "3"])).plan
+    assert [(suffix, s.temperature, n) for suffix, s, n in plan.eval_configs()] == [("", 0.6, 3)]

@@ -239,7 +239,8 @@ def main(argv=None) -> int:
     rc = train_main(train_args + extra)
     if rc:
         return rc
-    rewards = [json.loads(line)["reward_mean"] for line in open(work / "logs" / "metrics.jsonl")]
+    rows = [json.loads(line) for line in open(work / "logs" / "metrics.jsonl")]
+    rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]  # eval-only rows have none
     k = max(1, min(5, len(rewards) // 2))
     first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
     print(f"[quickstart] reward mean, first {k} rollouts {first:.3f} -> last {k} {last:.3f} "

@@ -1,0 +1,333 @@
+"""The correction grid: GRPO runs of the quickstart (``trainer.quickstart``) that differ in KV
+compression and sparse-rollout correction, run side by side on one GPU, then one table.
+
+    python benchmarks/correction_grid.py run --out runs/grid --model-dir models/SmolLM2-135M-Instruct \
+        --configs dense rkv:128:disabled rkv:128:sparse_rl rkv:128:decoupled_token_is \
+        --seeds 1 2 --num-rollout 60 --parallel 7
+    python benchmarks/correction_grid.py report runs/grid --out docs/data/grid --plot docs/plots/grid.png
+
+A config is ``dense`` or ``ALGORITHM:BUDGET:PRESET`` (``--mis-preset``: ``disabled`` is
+uncorrected PPO against the dense recompute). Every run evaluates the same held-out prompts
+before training and every ``--eval-interval`` rollouts, greedy and at T = 1 (pass@k), both with
+the run's compression and dense (``--eval-compression both``). ``run`` prints progress each
+minute and the table at the end; ``report`` rebuilds it from the run folders (copying each run's
+metrics to ``--out``) and plots the curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class GridRun:
+    algorithm: str  # "none" for dense
+    budget: int | None
+    preset: str | None  # --mis-preset
+    seed: int
+
+    @property
+    def config(self) -> str:
+        return "dense" if self.algorithm == "none" else f"{self.algorithm}:{self.budget}:{self.preset}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.replace(':', '-')}-s{self.seed}"
+
+    def flags(self) -> list[str]:
+        if self.algorithm == "none":
+            return ["--compress-algorithm", "none"]
+        return ["--compress-algorithm", self.algorithm, "--kv-budget", str(self.budget),
+                "--mis-preset", self.preset]
+
+
+def parse_config(text: str, seed: int) -> GridRun:
+    if text == "dense":
+        return GridRun("none", None, None, seed)
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[1].isdigit():
+        raise ValueError(f"config {text!r}: expected 'dense' or ALGORITHM:BUDGET:PRESET "
+                         "(e.g. rkv:128:sparse_rl)")
+    return GridRun(parts[0], int(parts[1]), parts[2], seed)
+
+
+# --------------------------------------------------------------------------- run
+
+def eval_file(out: Path, model: str, task: str, prompts: int, seed: int) -> Path:
+    """Held-out prompts of the task (a seed no training or warm-up row uses)."""
+    from trainer.quickstart import SMOLLM2_TASKS, make_rows
+
+    path = out / f"eval-{task}.jsonl"
+    rows = make_rows(prompts, seed) if model == "tiny" else SMOLLM2_TASKS[task].rows(prompts, seed)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def command(run: GridRun, args, evals: Path) -> list[str]:
+    modes = "train" if run.algorithm == "none" else "both"  # dense: both passes would be equal
+    cmd = [sys.executable, "-m", "trainer.quickstart", "--model", args.model, "--task", args.task,
+           "--workdir", str(args.out / run.name), "--seed", str(run.seed),
+           "--num-rollout", str(args.num_rollout), "--lr", str(args.lr), *run.flags(),
+           "--eval-prompt-data", args.task, str(evals), "--eval-interval", str(args.eval_interval),
+           "--eval-before-train", "--eval-compression", modes, "--eval-temperature", "0", "1",
+           "--n-samples-per-eval-prompt", str(args.eval_samples)]
+    if args.model_dir:
+        cmd += ["--model-dir", str(args.model_dir)]
+    return cmd + args.extra
+
+
+def launch(run: GridRun, args, evals: Path) -> subprocess.Popen:
+    folder = args.out / run.name
+    folder.mkdir(parents=True, exist_ok=True)
+    log = open(folder / "run.log", "w")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen(command(run, args, evals), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env=env)
+
+
+def progress(runs: list[GridRun], out: Path, procs: dict) -> str:
+    parts = []
+    for run in runs:
+        rows = read_rows(out / run.name)
+        state = "" if run.name not in procs else ("" if procs[run.name].poll() is None
+                                                  else f" rc={procs[run.name].returncode}")
+        reward = next((r["reward_mean"] for r in reversed(rows) if "reward_mean" in r), math.nan)
+        parts.append(f"{run.name} {max([r['step'] for r in rows] or [0])} r={reward:.2f}{state}")
+    return " | ".join(parts)
+
+
+def run_grid(args) -> int:
+    runs = [parse_config(c, s) for s in args.seeds for c in args.configs]
+    args.out.mkdir(parents=True, exist_ok=True)
+    evals = eval_file(args.out, args.model, args.task, args.eval_prompts, args.eval_seed)
+    pending, procs, start = list(runs), {}, time.time()
+    while pending or any(p.poll() is None for p in procs.values()):
+        while pending and sum(p.poll() is None for p in procs.values()) < args.parallel:
+            run = pending.pop(0)
+            procs[run.name] = launch(run, args, evals)
+        time.sleep(args.poll)
+        print(f"[grid +{time.time() - start:.0f}s] {progress(runs, args.out, procs)}", flush=True)
+    failed = [n for n, p in procs.items() if p.returncode]
+    print("\n".join(table(collect(runs, args.out), args.task, args.eval_samples)))
+    if failed:
+        print(f"[grid] failed: {', '.join(failed)} (see <out>/<run>/run.log)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+# --------------------------------------------------------------------------- report
+
+def read_rows(folder: Path) -> list[dict]:
+    """The run's metrics merged per step (eval rows and rollout rows of one step are separate)."""
+    path = folder / "logs" / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    from trainer.tracking import read_metrics
+
+    return read_metrics(path)
+
+
+@dataclasses.dataclass
+class RunResult:
+    run: GridRun
+    rows: list[dict]
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        return [(r["step"], r[key]) for r in self.rows if isinstance(r.get(key), (int, float))]
+
+    def eval_key(self, task: str, temperature: str, dense: bool, metric: str) -> str:
+        # a dense run evaluates only as trained, which is dense
+        suffix = ("" if temperature == "0" else f"_t{temperature}") + \
+                 ("_dense" if dense and self.run.algorithm != "none" else "")
+        return f"eval/{task}{suffix}/{metric}"
+
+    def final(self, key: str) -> float:
+        points = self.series(key)
+        return points[-1][1] if points else math.nan
+
+    def mean(self, key: str) -> float:
+        values = [v for _, v in self.series(key)]
+        return sum(values) / len(values) if values else math.nan
+
+    def peak(self, key: str) -> float:
+        return max((v for _, v in self.series(key)), default=math.nan)
+
+
+def collect(runs: list[GridRun], out: Path) -> list[RunResult]:
+    return [RunResult(run, read_rows(out / run.name)) for run in runs]
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return math.nan, math.nan
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, math.nan
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(var / len(values))
+
+
+def _fmt(mean: float, se: float, digits: int = 3) -> str:
+    if math.isnan(mean):
+        return "-"
+    return f"{mean:.{digits}f}" + ("" if math.isnan(se) else f" ± {se:.{digits}f}")
+
+
+# One table column: (header, value of a run).
+def _columns(task: str, k: int) -> list[tuple[str, callable]]:
+    return [
+        ("dense eval greedy (final)", lambda r: r.final(r.eval_key(task, "0", True, "score"))),
+        (f"dense eval pass@{k} T=1 (final)", lambda r: r.final(r.eval_key(task, "1", True, f"pass@{k}"))),
+        ("sparse eval greedy (final)", lambda r: r.final(r.eval_key(task, "0", False, "score"))),
+        ("train reward (last 5)", lambda r: _last_mean(r, "reward_mean", 5)),
+        ("response tokens (mean)", lambda r: r.mean("response_len_mean")),
+        ("k3 (mean)", lambda r: r.mean("k3_kl")),
+        ("rejected (mean)", lambda r: r.mean("rejected_fraction")),
+    ]
+
+
+def _last_mean(result: RunResult, key: str, n: int) -> float:
+    values = [v for _, v in result.series(key)][-n:]
+    return sum(values) / len(values) if values else math.nan
+
+
+def pool_fraction(result: RunResult, dense: RunResult | None) -> float:
+    """The run's largest per-rollout pool peak over dense's at the same rollout (same seed)."""
+    if dense is None:
+        return math.nan
+    theirs = dict(dense.series("kv_pool_peak_used"))
+    ratios = [v / theirs[s] for s, v in result.series("kv_pool_peak_used") if theirs.get(s)]
+    return max(ratios, default=math.nan)
+
+
+def table(results: list[RunResult], task: str = "chain", k: int = 4) -> list[str]:
+    dense = {r.run.seed: r for r in results if r.run.algorithm == "none"}
+    columns = _columns(task, k)
+    head = ["config", "seeds", "rollouts"] + [c for c, _ in columns] + ["pool KV of dense (max over run)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for config in dict.fromkeys(r.run.config for r in results):
+        group = [r for r in results if r.run.config == config and r.rows]
+        if not group:
+            continue
+        cells = [config, str(len(group)), str(min(max(x["step"] for x in r.rows) for r in group))]
+        cells += [_fmt(*_mean_se([fn(r) for r in group])) for _, fn in columns]
+        cells.append(_fmt(*_mean_se([pool_fraction(r, dense.get(r.run.seed)) for r in group]), 2))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+PANELS = (("reward_mean", "train reward (sampled)"), ("dense_greedy", "dense eval, greedy"),
+          ("response_len_mean", "response tokens"), ("k3_kl", "k3 (sampler vs trainer)"),
+          ("rejected_fraction", "rejected token fraction"), ("pool", "pool KV peak, of dense"))
+
+
+def _panel_series(result: RunResult, key: str, task: str, dense: RunResult | None):
+    if key == "dense_greedy":
+        return result.series(result.eval_key(task, "0", True, "score"))
+    if key == "pool":
+        theirs = dict(dense.series("kv_pool_peak_used")) if dense else {}
+        return [(s, v / theirs[s]) for s, v in result.series("kv_pool_peak_used") if theirs.get(s)]
+    return result.series(key)
+
+
+def plot(results: list[RunResult], path: Path, task: str = "chain") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dense = {r.run.seed: r for r in results if r.run.algorithm == "none"}
+    configs = list(dict.fromkeys(r.run.config for r in results))
+    colors = {c: plt.cm.tab10(i % 10) for i, c in enumerate(configs)}
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+    for ax, (key, title) in zip(axes.flat, PANELS):
+        for r in results:
+            points = _panel_series(r, key, task, dense.get(r.run.seed))
+            if points:
+                ax.plot(*zip(*points), color=colors[r.run.config], alpha=0.85, linewidth=1.2,
+                        label=r.run.config if r.run.seed == min(x.run.seed for x in results) else None)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("rollout")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def discover(folder: Path) -> list[GridRun]:
+    """The runs under ``folder``, from their names (``<config>-s<seed>``)."""
+    runs = []
+    for sub in sorted(p for p in folder.iterdir() if (p / "logs" / "metrics.jsonl").is_file()):
+        config, _, seed = sub.name.rpartition("-s")
+        parts = config.split("-", 2)
+        runs.append(GridRun("none", None, None, int(seed)) if config == "dense"
+                    else GridRun(parts[0], int(parts[1]), parts[2], int(seed)))
+    return runs
+
+
+def report(args) -> int:
+    runs = discover(args.run_dir)
+    if not runs:
+        print(f"correction_grid: error: no runs with logs/metrics.jsonl under {args.run_dir}",
+              file=sys.stderr)
+        return 2
+    results = collect(runs, args.run_dir)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for r in results:
+            (args.out / f"{r.run.name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in r.rows))
+    if args.plot:
+        plot(results, args.plot, args.task)
+    print("\n".join(table(results, args.task, args.eval_samples)))
+    return 0
+
+
+# --------------------------------------------------------------------------- CLI
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the grid (extra flags after -- go to every quickstart)")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--configs", nargs="+", default=["dense", "rkv:128:disabled", "rkv:128:sparse_rl"])
+    r.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    r.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
+    r.add_argument("--model-dir", type=Path, default=None)
+    r.add_argument("--task", default="chain")
+    r.add_argument("--num-rollout", type=int, default=60)
+    r.add_argument("--lr", type=float, default=1e-5)
+    r.add_argument("--parallel", type=int, default=4, help="runs at once on the GPU")
+    r.add_argument("--eval-interval", type=int, default=10)
+    r.add_argument("--eval-prompts", type=int, default=64)
+    r.add_argument("--eval-samples", type=int, default=4, help="T = 1 samples per eval prompt (pass@k)")
+    r.add_argument("--eval-seed", type=int, default=999_999)
+    r.add_argument("--poll", type=float, default=60.0, help="seconds between progress lines")
+    r.add_argument("extra", nargs="*", help="after --: flags for every run (trainer.train's too)")
+    rep = sub.add_parser("report", help="table (and plot) of a grid's run folders")
+    rep.add_argument("run_dir", type=Path)
+    rep.add_argument("--out", type=Path, default=None, help="copy each run's metrics here")
+    rep.add_argument("--plot", type=Path, default=None)
+    rep.add_argument("--task", default="chain")
+    rep.add_argument("--eval-samples", type=int, default=4)
+    args = p.parse_args(argv)
+    if args.cmd == "report":
+        return report(args)
+    try:
+        [parse_config(c, 0) for c in args.configs]
+    except ValueError as e:
+        p.error(f"--configs: {e}")
+    return run_grid(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

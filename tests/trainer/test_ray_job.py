@@ -269,6 +269,40 @@ def test_engine_killed_mid_rollout_is_replaced_and_no_sample_is_lost(inputs, tmp
     assert left == [], left
 
 
+def test_engine_killed_during_a_weight_push_is_restarted_resynced_and_used(inputs, tmp_path, jobs,
+                                                                          disaggregated):
+    """The drill: engine 0 SIGKILLs itself when the second weight push (after rollout 2) reaches
+    it. The push goes on to engine 1; the supervisor starts another engine 0, the trainer re-syncs
+    it to the weights of that push (rollout-2), and it serves rollout 3. No sample is lost: every
+    rollout equals the fault-free job's (whose pushes went through NCCL/gloo broadcasts: the same
+    weights), at the weight version it should have. (--weight-sync tensor: a death inside a
+    distributed broadcast still ends the job; resubmitting resumes it.)"""
+    job = jobs([*_disaggregated_argv(inputs, tmp_path), "--weight-sync", "tensor"],
+               _env(TRAINER_RAY_ENGINE_EXIT_AFTER="0:update_weights_from_tensor:2"),
+               tmp_path / "job.log")
+    rc, log, left = job.finish()
+    assert rc == 0, log[-4000:]
+    metrics = _metrics(tmp_path / "save")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    faults = {k: sum(m[f"rollout/{k}"] for m in metrics)
+              for k in ("engine_failures", "engine_restarts", "requests_reissued")}
+    assert faults == {"engine_failures": 1, "engine_restarts": 1, "requests_reissued": 0}, faults
+    for rows, reference, version in zip(_samples(tmp_path / "debug"), disaggregated[4],
+                                        ["default", "rollout-1", "rollout-2"], strict=True):
+        assert [row["index"] for row in rows] == list(range(10))
+        assert all(row["weight_version"] == version for row in rows), rows
+        assert [row["response_ids"] for row in rows] == [row["response_ids"] for row in reference]
+    first = re.search(r"sglang-kvc HTTP servers\): [\d.]+s \((http://[^,)]+), (http://[^)]+)\)",
+                      log)
+    assert f"rollout engine 0 ({first[1]}) is down: starting another on its GPU bundle" in log
+    new = re.search(r"rollout engine 0 is back at (http://\S+) after", log)[1]
+    report = _engine_report(log)
+    # the replacement: rollout 3's share of /generate, the re-sync and the push after rollout 3
+    assert report[new][1] == 2 and report[new][0] > 0 and report[first[2]][1] == 3, report
+    assert all(_refuses(url) for url in [*first.groups(), new]), "an engine outlived the job"
+    assert left == [], left
+
+
 FAULTY_REWARD = """
 import os
 from pathlib import Path
@@ -473,10 +507,14 @@ def test_error_tail_reports_the_error_line():
 
 
 def test_fault_drill_names_one_engine():
-    assert [exit_after(i, "1:8") for i in range(3)] == [0, 8, 0]
-    assert exit_after(0, None) == exit_after(0, "") == 0
+    assert [exit_after(i, "1:8").k for i in range(3)] == [0, 8, 0]
+    assert exit_after(0, None).k == exit_after(0, "").k == 0
     with pytest.raises(options.RayJobError, match="expected <engine>:<k>"):
         exit_after(0, "engine0")
+    # <engine>:<path>:<k>: the k-th request to that path
+    drill = exit_after(0, "0:update_weights_from_tensor:2")
+    assert drill.fires("/update_weights_from_tensor", 2) and not drill.fires("/generate", 2)
+    assert not exit_after(1, "0:update_weights_from_tensor:2").fires("/update_weights_from_tensor", 2)
 
 
 def test_restart_hook_only_inside_a_ray_job(monkeypatch):

@@ -10,7 +10,9 @@ another on the same GPU bundle.
 
 A fault drill for tests (and for trying a cluster): ``TRAINER_RAY_ENGINE_EXIT_AFTER=<engine>:<k>``
 in the job's environment makes engine ``<engine>``'s first process SIGKILL itself when its
-``<k>``-th ``/generate`` request arrives, with requests in flight, as a crash would.
+``<k>``-th ``/generate`` request arrives, with requests in flight, as a crash would;
+``<engine>:<path>:<k>`` counts requests to ``/<path>`` instead (``0:update_weights_from_tensor:2``:
+engine 0 dies in the middle of a weight push).
 """
 
 from __future__ import annotations
@@ -30,18 +32,31 @@ from .options import RayJobError
 FAULT_ENV = "TRAINER_RAY_ENGINE_EXIT_AFTER"
 
 
-def exit_after(index: int, spec: str | None) -> int:
-    """The drill's ``<k>`` for engine ``index`` from ``TRAINER_RAY_ENGINE_EXIT_AFTER`` (0: none)."""
+@dataclasses.dataclass(frozen=True)
+class Drill:
+    """Engine death at the ``k``-th request to ``path`` (k = 0: no drill)."""
+
+    k: int = 0
+    path: str = "/generate"
+
+    def fires(self, path: str, count: int) -> bool:
+        return bool(self.k) and path == self.path and count == self.k
+
+
+def exit_after(index: int, spec: str | None) -> Drill:
+    """The drill for engine ``index`` from ``TRAINER_RAY_ENGINE_EXIT_AFTER`` (none: ``Drill()``)."""
     if not spec:
-        return 0
-    engine, _, k = spec.partition(":")
-    if not (engine.strip().isdigit() and k.strip().isdigit() and int(k) > 0):
-        raise RayJobError(f"{FAULT_ENV}={spec!r}: expected <engine>:<k>, e.g. 0:8 (engine 0 "
-                          f"kills itself at its 8th /generate request)")
-    return int(k) if int(engine) == index else 0
+        return Drill()
+    parts = [p.strip() for p in spec.split(":")]
+    engine, k, path = parts[0], parts[-1], parts[1] if len(parts) == 3 else "generate"
+    if len(parts) not in (2, 3) or not (engine.isdigit() and k.isdigit() and int(k) > 0 and path):
+        raise RayJobError(f"{FAULT_ENV}={spec!r}: expected <engine>:<k> or <engine>:<path>:<k>, "
+                          f"e.g. 0:8 (engine 0 kills itself at its 8th /generate request) or "
+                          f"0:update_weights_from_tensor:2")
+    return Drill(int(k), "/" + path.lstrip("/")) if int(engine) == index else Drill()
 
 
-def new_engine(reservation, position: int, server_args, exit_after: int = 0):
+def new_engine(reservation, position: int, server_args, exit_after: Drill = Drill()):
     """An engine actor on ``reservation``'s bundle for ``position``; ``.start`` serves it."""
     import ray
 
@@ -51,7 +66,7 @@ def new_engine(reservation, position: int, server_args, exit_after: int = 0):
 
 
 class EngineServer:
-    def __init__(self, index: int, server_args, exit_after: int = 0):
+    def __init__(self, index: int, server_args, exit_after: Drill = Drill()):
         self.index, self.server_args, self.exit_after = index, server_args, exit_after
         self.counts: collections.Counter = collections.Counter()
         self.server = self.thread = self.engine = None
@@ -87,13 +102,14 @@ class EngineServer:
         return dict(self.counts)
 
 
-def _counter(counts: collections.Counter, exit_after: int = 0):
+def _counter(counts: collections.Counter, drill: Drill = Drill()):
     """HTTP middleware counting requests by path (and running the fault drill). A function, not
     a method: an ``async def`` on the class would make Ray run the actor on one event loop."""
 
     async def count(request, call_next):
-        counts[request.url.path] += 1
-        if exit_after and request.url.path == "/generate" and counts["/generate"] == exit_after:
+        path = request.url.path
+        counts[path] += 1
+        if drill.fires(path, counts[path]):
             os.kill(os.getpid(), signal.SIGKILL)  # the drill: no clean-up, requests in flight
         return await call_next(request)
 

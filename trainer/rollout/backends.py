@@ -215,24 +215,9 @@ class HTTPRollout:
     def call(self, path: str, payload: dict | None = None, urls: list[str] | None = None
              ) -> list[dict]:
         """POST a control request (weight updates, memory release, ...) to every server up (or to
-        those of ``urls`` still up), all at once. A server that fails it and no longer answers
-        ``/health`` died: it is marked down and handed to the restart hook like a dead engine in a
-        rollout (the replacement is re-synced to the last pushed weights), and the call goes on
-        without it; a server that is up but fails the request is an error."""
-        down = self.engines.down()
-        urls = [u for u in (self.urls if urls is None else urls) if u not in down]
+        ``urls``), all at once."""
+        urls = self.urls if urls is None else urls
         if not urls:
             raise AllEnginesDown(f"no rollout engine is up to take {path}")
         with concurrent.futures.ThreadPoolExecutor(len(urls)) as pool:
-            outs = list(pool.map(lambda u: self._control(u, path, payload or {}), urls))
-        return [o for o in outs if o is not None]
-
-    def _control(self, url: str, path: str, payload: dict) -> dict | None:
-        """One control request; None when the server died on it (marked down, restart started)."""
-        try:
-            return self.post(url + path, payload)
-        except RuntimeError as e:
-            if url not in self.engines.urls or self._healthy(url):
-                raise
-            self.engines.failed(self.engines.urls.index(url), url, f"{path}: {e}")
-            return None
+            return list(pool.map(lambda u: self.post(u + path, payload or {}), urls))

@@ -69,10 +69,6 @@ class EngineSet:
         with self._cond:
             return [u for u, up in zip(self.urls, self.up) if up]
 
-    def down(self) -> set[str]:
-        with self._cond:
-            return {u for u, up in zip(self.urls, self.up) if not up}
-
     def pick(self, slot: int, stop: threading.Event | None = None) -> tuple[int, str]:
         """The engine of ``slot`` if it is up, else the next one up (waiting for a pending
         restart, at most ``restart_wait`` seconds)."""

@@ -83,15 +83,11 @@ class WeightSync:
         if self.http is not None:
             self.http.wait_for_restarts()  # a replacement coming up gets this push too
         urls = self.http.urls if self.http is not None else []
-        # what a replacement is re-synced to: set first, so an engine that dies during this push
-        # (HTTPRollout.call hands it to the restart hook) comes back with these weights
-        self._source, self.version = source, version
         if self.mode == "disk":
             nbytes = self._push_disk(source(), version, urls)
         else:
             nbytes = self._push_buckets(self.mode, source(), version, urls)
-        if self.http is not None:
-            self.http.wait_for_restarts()  # no rollout starts before a dead engine is back
+        self._source, self.version = source, version
         if dist.is_initialized():
             dist.barrier()
         return {"sync_bytes": float(nbytes), "time_sync": time.perf_counter() - start}
@@ -168,9 +164,9 @@ class WeightSync:
             config = json.loads((Path(self.hf_config_dir) / "config.json").read_text())
             (out / "config.json").write_text(json.dumps(config, indent=2))
             copy_tokenizer_files(self.hf_config_dir, out)
-            self._last_dir = out  # before the call: an engine dying in it is re-synced to this
             self.http.call("/update_weights_from_disk",
                            {"model_path": str(out), "weight_version": version}, urls=urls)
+            self._last_dir = out
         return nbytes
 
 

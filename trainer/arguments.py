@@ -86,6 +86,14 @@ def _add_sampling_args(g) -> None:
     g.add_argument("--rollout-top-p", type=float, default=1.0)
     g.add_argument("--rollout-top-k", type=int, default=-1)
     g.add_argument("--rollout-stop-token-ids", type=int, nargs="*", default=None)
+    g.add_argument("--overlong-buffer-len", type=int, default=0,
+                   help="DAPO soft over-long penalty (verl's overlong_buffer.len): responses longer "
+                        "than --rollout-max-response-len minus this lose up to "
+                        "--overlong-penalty-factor of training reward, linearly (default: 0, off)")
+    g.add_argument("--overlong-penalty-factor", type=float, default=1.0,
+                   help="the over-long penalty at the maximum length (default: 1.0)")
+    g.add_argument("--overlong-filtering", action="store_true",
+                   help="DAPO over-long filtering: truncated samples are masked from the loss")
 
 
 def _add_server_args(g) -> None:
@@ -241,6 +249,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                      "truncated sampling is not supported for training rollouts (the behaviour "
                      "log-probs and the trainer's recompute are over the full vocabulary); use "
                      "--rollout-top-p 1.0 --rollout-top-k -1 (eval may truncate: --eval-top-p)")
+    if not 0 <= args.overlong_buffer_len < args.rollout_max_response_len:
+        parser.error(f"--overlong-buffer-len {args.overlong_buffer_len} must be in "
+                     f"[0, --rollout-max-response-len {args.rollout_max_response_len})")
+    if args.overlong_penalty_factor < 0:
+        parser.error("--overlong-penalty-factor must be >= 0")
     if args.rollout_temperature <= 0:
         parser.error("--rollout-temperature must be > 0 (the trainer divides logits by it)")
     if args.custom_generate_args and not args.custom_generate_function_path:

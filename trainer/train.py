@@ -46,6 +46,7 @@ from .rollout.data import DataError
 from .rollout.failover import RestartHook
 from .rollout.generate import needs_reference
 from .rollout.manager import RolloutManager
+from .rollout.shaping import training_rewards
 from .rollout.sharding import placement
 from .rollout.weight_sync import WeightSync
 from .tracking import (TrackingConfig, format_summary, open_metrics_logger, plot_metrics,
@@ -193,14 +194,15 @@ class Run:
         stats = result.stats()
         t["time_rollout"] = time.perf_counter() - start - stats["time_reward"]
         stats["rollout_tokens_per_s"] = sum(len(g.response_ids) for g in result.gens) / t["time_rollout"]
-        batch = self._batch(result)
+        shaped = training_rewards(result.traces, self.plan)
+        batch = self._batch(result, shaped)
         prep, t["time_recompute"] = _timed(self._prepare, batch)
         steps, t["time_update"] = _timed(run_updates, self.trainer, batch, prep, self.algo.loss,
                                          self.cfg.learner.global_batch_size)
         sync = self.push_weights(f"rollout-{rollout_id + 1}")
         t["time_sync"] = sync.pop("time_sync")
         train = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
-        return {**stats, **prep.metrics, **{f"train/{k}": v for k, v in train.items()}, **sync,
+        return {**stats, **shaped.metrics, **prep.metrics, **{f"train/{k}": v for k, v in train.items()}, **sync,
                 **t, "time_total": time.perf_counter() - start}
 
     def _prepare(self, batch: RolloutBatch):
@@ -215,20 +217,19 @@ class Run:
             _write_rows(Path(self.plan.debug_path.format(rollout_id=rollout_id)),
                         result.rows(prompts))
 
-    def _batch(self, result) -> RolloutBatch:
+    def _batch(self, result, shaped) -> RolloutBatch:
         """The learner's view of a rollout: every call a sample, advantages per trace."""
         traces = result.traces
         calls = [c for t in traces for c in t.calls]
-        rewards = torch.tensor(result.rewards, dtype=torch.float32)
-        shaped = (rewards + self.plan.reward_bias) * self.plan.reward_scaling
         plain = all(len(t.calls) == 1 and t.group is None for t in traces)
         return RolloutBatch(
-            [Sample(c.prompt_ids, c.gen.response_ids or [self._pad_id()]) for c in calls], shaped,
+            [Sample(c.prompt_ids, c.gen.response_ids or [self._pad_id()]) for c in calls],
+            shaped.rewards,
             [torch.tensor(c.gen.logprobs or [0.0]) for c in calls],
             group_index=[t.group_label for t in traces],
             trace_index=None if plain else [i for i, t in enumerate(traces) for _ in t.calls],
             loss_weights=None if plain else [c.loss_weight for c in calls],
-            kl_coefs=_kl_coefs(calls, self.algo.loss.kl_loss_coef))
+            kl_coefs=_kl_coefs(calls, self.algo.loss.kl_loss_coef), keep=shaped.keep)
 
     def push_weights(self, version: str) -> dict:
         """The trainer's weights to every engine; their next samples must report ``version``."""

@@ -17,6 +17,7 @@ import dataclasses
 
 import torch
 
+from ..algorithms.overlong import OverlongConfig
 from .backends import HTTPRollout, RolloutConfig
 from .data import PromptStream, load_prompts
 from .generate import load_generate_plugin, parse_options
@@ -75,6 +76,7 @@ class RolloutPlan:
     generate_plugin: str | None = None  # 'pkg.module:func_or_class'
     generate_args: list[str] | None = None  # its options, key=value
     debug_path: str | None = None  # each rollout's samples as JSONL; '{rollout_id}' substituted
+    overlong: OverlongConfig = dataclasses.field(default_factory=OverlongConfig)  # training only
 
     def sampling_for(self, rollout_id: int) -> RolloutConfig:
         # per-sample seeds derived from (seed, rollout id): a resumed run samples exactly what
@@ -172,7 +174,9 @@ def rollout_plan_from_args(args: argparse.Namespace) -> RolloutPlan:
         eval_modes={"train": ("train",), "dense": ("dense",),
                     "both": ("train", "dense")}[args.eval_compression],
         generate_plugin=args.custom_generate_function_path,
-        generate_args=args.custom_generate_args, debug_path=args.save_debug_rollout_data)
+        generate_args=args.custom_generate_args, debug_path=args.save_debug_rollout_data,
+        overlong=OverlongConfig(args.overlong_buffer_len, args.overlong_penalty_factor,
+                                args.overlong_filtering))
 
 
 def sampling_config_from_args(args: argparse.Namespace) -> RolloutConfig:

@@ -94,6 +94,14 @@ def _add_sampling_args(g) -> None:
                    help="the over-long penalty at the maximum length (default: 1.0)")
     g.add_argument("--overlong-filtering", action="store_true",
                    help="DAPO over-long filtering: truncated samples are masked from the loss")
+    g.add_argument("--dynamic-sampling-filter-path", default=None,
+                   help="DAPO dynamic sampling (slime's flag): keep only the prompt groups this "
+                        "filter passes, generating rounds until the batch is full; "
+                        "'reward_nonzero_std' (built in: rewards not all equal) or "
+                        "'pkg.module:fn', fn(group: list[Trace]) -> bool")
+    g.add_argument("--over-sampling-batch-size", type=int, default=None,
+                   help="prompts per dynamic-sampling round (slime's flag; default: "
+                        "--rollout-batch-size)")
 
 
 def _add_server_args(g) -> None:
@@ -206,6 +214,20 @@ def _yaml_defaults(parser: argparse.ArgumentParser, path: str) -> None:
             action.required = False
 
 
+def _check_dynamic_sampling(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from .rollout.dynamic_sampling import DynamicSamplingConfig
+
+    if args.over_sampling_batch_size is not None and args.over_sampling_batch_size < 1:
+        parser.error("--over-sampling-batch-size must be >= 1")
+    if args.over_sampling_batch_size and not args.dynamic_sampling_filter_path:
+        parser.error("--over-sampling-batch-size needs --dynamic-sampling-filter-path")
+    if args.dynamic_sampling_filter_path:
+        try:  # a bad path fails now, naming the flag
+            DynamicSamplingConfig(args.dynamic_sampling_filter_path).load_filter()
+        except ValueError as e:
+            parser.error(str(e))
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -252,6 +274,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if not 0 <= args.overlong_buffer_len < args.rollout_max_response_len:
         parser.error(f"--overlong-buffer-len {args.overlong_buffer_len} must be in "
                      f"[0, --rollout-max-response-len {args.rollout_max_response_len})")
+    _check_dynamic_sampling(parser, args)
     if args.overlong_penalty_factor < 0:
         parser.error("--overlong-penalty-factor must be >= 0")
     if args.rollout_temperature <= 0:

@@ -43,6 +43,7 @@ from .rollout.backends import HTTPRollout
 from .rollout.capacity import capacity_line
 from .rollout.config import RolloutSetup, rollout_setup_from_args
 from .rollout.data import DataError
+from .rollout.dynamic_sampling import DynamicSampler
 from .rollout.failover import RestartHook
 from .rollout.generate import needs_reference
 from .rollout.manager import RolloutManager
@@ -103,6 +104,7 @@ class Run:
         self.cfg, self.algo, self.plan = cfg, cfg.algo, cfg.rollout.plan
         self.tokenizer, self.prompts, self.eval_sets = self._load_data()
         self.plugin = self.plan.load_plugin()
+        self.sampler = DynamicSampler(self.plan.dynamic) if self.plan.dynamic.enabled else None
         self.save_dir, self.log_dir = cfg.loop.save_dir, cfg.tracking.log_dir
         resume = _is_trainer_checkpoint(cfg.learner.model.load)  # reads common.pt: once
         self.trainer, self.reference = self._build_models(resume)
@@ -187,11 +189,10 @@ class Run:
 
     # --- one rollout -------------------------------------------------------------------------
     def rollout_step(self, rollout_id: int) -> dict:
-        prompts = self.prompts.next_batch(self.plan.batch_size)
         t, start = {}, time.perf_counter()
-        result = self.rollouts.run(prompts, self.plan.n_samples, self.plan.sampling_for(rollout_id))
+        prompts, result, sampled = self._generate(rollout_id)
         self._write_debug_rows(rollout_id, result, prompts)
-        stats = result.stats()
+        stats = {**result.stats(), **sampled}
         t["time_rollout"] = time.perf_counter() - start - stats["time_reward"]
         stats["rollout_tokens_per_s"] = sum(len(g.response_ids) for g in result.gens) / t["time_rollout"]
         shaped = training_rewards(result.traces, self.plan)
@@ -204,6 +205,15 @@ class Run:
         train = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
         return {**stats, **shaped.metrics, **prep.metrics, **{f"train/{k}": v for k, v in train.items()}, **sync,
                 **t, "time_total": time.perf_counter() - start}
+
+    def _generate(self, rollout_id: int):
+        """The rollout's prompts and result (and dynamic sampling's counts, when it is on)."""
+        n, sampling = self.plan.n_samples, self.plan.sampling_for(rollout_id)
+        if self.sampler is not None:
+            return self.sampler.collect(self.rollouts, self.prompts, self.plan.batch_size, n,
+                                        sampling)
+        prompts = self.prompts.next_batch(self.plan.batch_size)
+        return prompts, self.rollouts.run(prompts, n, sampling), {}
 
     def _prepare(self, batch: RolloutBatch):
         """Advantages, the dense π_old (and reference) recompute, the sparse correction."""

@@ -193,3 +193,29 @@ def test_rkv_run_evaluates_as_trained_and_dense(setup, tmp_path):
     # 4096 slots; prompts of ~20 tokens + 12: dense ~128 samples, R-KV bound max(P + 1, 4 + 2)
     assert "samples of" in log and "at once dense" in log and "with rkv 4+2" in log, \
         [line for line in log.splitlines() if "KV pool" in line]
+
+
+PARITY_REWARD = "def reward(item):\n    return float(len(item.response) % 2)\n"
+
+
+def test_dynamic_sampling_and_overlong_shaping(setup, tmp_path):
+    """DAPO's batch shaping through the whole loop: every trained group has reward variance
+    (the filter's rounds fill the batch), over-long responses are penalised and filtered."""
+    hf, data, _ = setup
+    (tmp_path / "parity.py").write_text(PARITY_REWARD)
+    rc, log = _run(_flags(hf, data, tmp_path, "--custom-rm-path", f"{tmp_path / 'parity.py'}:reward",
+                          "--dynamic-sampling-filter-path", "reward_nonzero_std",
+                          "--over-sampling-batch-size", "3", "--overlong-buffer-len", "4",
+                          "--overlong-filtering", "--save-debug-rollout-data",
+                          str(tmp_path / "rows_{rollout_id}.jsonl"), rollouts=1))
+    assert rc == 0, log[-3000:]
+    row = _metrics(tmp_path)[-1]
+    assert row["rollout/groups_kept"] == 4
+    assert row["rollout/groups_generated"] == 3 * row["rollout/sampling_rounds"]
+    assert row["rollout/groups_generated"] == 4 + row["rollout/groups_dropped"] + \
+        row["rollout/groups_surplus"]
+    rows = [json.loads(x) for x in (tmp_path / "rows_0.jsonl").read_text().splitlines()]
+    assert len(rows) == 16
+    for g in range(4):
+        assert len({r["reward"] for r in rows[4 * g: 4 * g + 4]}) == 2
+    assert row["rollout/overlong_penalty_mean"] <= 0 and "rollout/overlong_filtered" in row

@@ -20,6 +20,7 @@ import torch
 from ..algorithms.overlong import OverlongConfig
 from .backends import HTTPRollout, RolloutConfig
 from .data import PromptStream, load_prompts
+from .dynamic_sampling import DynamicSamplingConfig
 from .generate import load_generate_plugin, parse_options
 from .rewards import RewardConfig, reward_config_from_args
 
@@ -77,6 +78,7 @@ class RolloutPlan:
     generate_args: list[str] | None = None  # its options, key=value
     debug_path: str | None = None  # each rollout's samples as JSONL; '{rollout_id}' substituted
     overlong: OverlongConfig = dataclasses.field(default_factory=OverlongConfig)  # training only
+    dynamic: DynamicSamplingConfig = dataclasses.field(default_factory=DynamicSamplingConfig)
 
     def sampling_for(self, rollout_id: int) -> RolloutConfig:
         # per-sample seeds derived from (seed, rollout id): a resumed run samples exactly what
@@ -176,7 +178,9 @@ def rollout_plan_from_args(args: argparse.Namespace) -> RolloutPlan:
         generate_plugin=args.custom_generate_function_path,
         generate_args=args.custom_generate_args, debug_path=args.save_debug_rollout_data,
         overlong=OverlongConfig(args.overlong_buffer_len, args.overlong_penalty_factor,
-                                args.overlong_filtering))
+                                args.overlong_filtering),
+        dynamic=DynamicSamplingConfig(args.dynamic_sampling_filter_path,
+                                      args.over_sampling_batch_size))
 
 
 def sampling_config_from_args(args: argparse.Namespace) -> RolloutConfig:

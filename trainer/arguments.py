@@ -139,6 +139,15 @@ def _add_rollout_extras(g) -> None:
                         "recipes: recipes.rc:ReasoningCache, recipes.apr:APRSubcalls)")
     g.add_argument("--custom-generate-args", nargs="*", default=None, metavar="KEY=VALUE",
                    help="options of a plug-in class (values parsed as JSON when they parse)")
+    g.add_argument("--max-staleness", type=int, default=None,
+                   help="asynchronous rollouts (AReaL's max_head_offpolicyness): the next rollouts "
+                        "are generated while the current one trains, each sample at most N weight "
+                        "versions behind the weights it trains; 0 equals the synchronous run "
+                        "(default: synchronous)")
+    g.add_argument("--partial-rollout", action="store_true",
+                   help="slime's partial rollouts (with --max-staleness): a weight push interrupts "
+                        "the requests in flight, which keep their tokens and continue under the "
+                        "new weights (each token keeps its behaviour log-prob and version)")
     g.add_argument("--offload-rollout", action=argparse.BooleanOptionalAction, default=None,
                    help="release the colocated engine's KV memory while training (default: on "
                         "with a GPU)")
@@ -275,6 +284,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--overlong-buffer-len {args.overlong_buffer_len} must be in "
                      f"[0, --rollout-max-response-len {args.rollout_max_response_len})")
     _check_dynamic_sampling(parser, args)
+    if args.max_staleness is not None and args.max_staleness < 0:
+        parser.error("--max-staleness must be >= 0")
+    if args.partial_rollout and args.max_staleness is None:
+        parser.error("--partial-rollout needs --max-staleness (asynchronous rollouts)")
     if args.overlong_penalty_factor < 0:
         parser.error("--overlong-penalty-factor must be >= 0")
     if args.rollout_temperature <= 0:

@@ -39,6 +39,7 @@ from .learner.config import LearnerConfig, learner_config_from_args
 from .learner.grpo_update import RolloutBatch, gather_dp, prepare_update, run_updates
 from .learner.packing import Sample
 from .learner.policy_trainer import OptimConfig, PolicyTrainer
+from .rollout.async_rollout import AsyncRollouts, WeightGate, abort_in_flight
 from .rollout.backends import HTTPRollout
 from .rollout.capacity import capacity_line
 from .rollout.config import RolloutSetup, rollout_setup_from_args
@@ -47,8 +48,10 @@ from .rollout.dynamic_sampling import DynamicSampler
 from .rollout.failover import RestartHook
 from .rollout.generate import needs_reference
 from .rollout.manager import RolloutManager
+from .rollout.partial import ResumableBackend
 from .rollout.shaping import training_rewards
 from .rollout.sharding import placement
+from .rollout.staleness import check_bound, staleness, staleness_metrics, version_number
 from .rollout.weight_sync import WeightSync
 from .tracking import (TrackingConfig, format_summary, open_metrics_logger, plot_metrics,
                        tracking_config_from_args)
@@ -112,6 +115,7 @@ class Run:
         self.rollouts = self._start_rollouts()
         self.sync = self._weight_sync()
         self._restart_engines_with(restart_hook(self.sync.resync) if restart_hook else None)
+        self.gate, self.producer, self._data_states = self._async_gate(), None, {}
         self.logger = open_metrics_logger(cfg.tracking, config=cfg.flags) if _rank() == 0 else None
         self.history: list[dict] = []
 
@@ -187,13 +191,29 @@ class Run:
         if hook is not None and isinstance(self.rollouts.backend, HTTPRollout):
             self.rollouts.backend.on_engine_failure = hook
 
+    def _async_gate(self) -> WeightGate | None:
+        """Asynchronous rollouts: the gate between the generation thread and weight pushes;
+        the rollout gathers get a process group of their own (they run in that thread)."""
+        cfg = self.cfg.rollout.asynchrony
+        if not cfg.enabled:
+            return None
+        gate = WeightGate(self.start_rollout, cfg.max_staleness,
+                          abort_in_flight(self.rollouts) if cfg.partial_rollout else None)
+        if cfg.partial_rollout and self.rollouts.backend is not None:
+            self.rollouts.backend = ResumableBackend(self.rollouts.backend, gate, self.start_rollout)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            self.rollouts.place = dataclasses.replace(self.rollouts.place,
+                                                      group=dist.new_group(backend="gloo"))
+        return gate
+
     # --- one rollout -------------------------------------------------------------------------
     def rollout_step(self, rollout_id: int) -> dict:
         t, start = {}, time.perf_counter()
-        prompts, result, sampled = self._generate(rollout_id)
+        prompts, result, sampled = self._generated(rollout_id)
         self._write_debug_rows(rollout_id, result, prompts)
-        stats = {**result.stats(), **sampled}
-        t["time_rollout"] = time.perf_counter() - start - stats["time_reward"]
+        stats = {**result.stats(), **sampled, **self._staleness(result, rollout_id)}
+        # async: generation overlapped training; what is left is the wait for it
+        t["time_rollout"] = max(1e-6, time.perf_counter() - start - stats["time_reward"])
         stats["rollout_tokens_per_s"] = sum(len(g.response_ids) for g in result.gens) / t["time_rollout"]
         shaped = training_rewards(result.traces, self.plan)
         batch = self._batch(result, shaped)
@@ -206,8 +226,27 @@ class Run:
         return {**stats, **shaped.metrics, **prep.metrics, **{f"train/{k}": v for k, v in train.items()}, **sync,
                 **t, "time_total": time.perf_counter() - start}
 
+    def _generated(self, rollout_id: int):
+        """This rollout, generated now or (async) by the generation thread."""
+        if self.gate is None:
+            return self._generate(rollout_id)
+        if self.producer is None:  # started here: after any first push of the weights
+            self.producer = AsyncRollouts(self._generate, self.gate,
+                                          range(rollout_id, self.cfg.loop.num_rollout)).start()
+        return self.producer.get(rollout_id)
+
+    def _staleness(self, result, rollout_id: int) -> dict:
+        """Async: how many versions each sample lags the weights it trains (bound checked)."""
+        if self.gate is None:
+            return {}
+        lags = staleness(result.gens, rollout_id, self.start_rollout)
+        check_bound(lags, self.gate.max_staleness, rollout_id)
+        return {**staleness_metrics(result.gens, lags, self.start_rollout),
+                "rollout/interruptions": float(self.gate.interruptions)}
+
     def _generate(self, rollout_id: int):
         """The rollout's prompts and result (and dynamic sampling's counts, when it is on)."""
+        self._data_states[rollout_id] = self.prompts.state()  # where a resume must start it
         n, sampling = self.plan.n_samples, self.plan.sampling_for(rollout_id)
         if self.sampler is not None:
             return self.sampler.collect(self.rollouts, self.prompts, self.plan.batch_size, n,
@@ -243,15 +282,22 @@ class Run:
 
     def push_weights(self, version: str) -> dict:
         """The trainer's weights to every engine; their next samples must report ``version``."""
-        sync = self.sync.push(self.trainer, version)
-        self.rollouts.version = version
-        return sync
+        if self.gate is None:
+            sync = self.sync.push(self.trainer, version)
+            self.rollouts.version = version
+            return sync
+        with self.gate.update(version_number(version, self.start_rollout)):
+            return self.sync.push(self.trainer, version)
 
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id or 0
 
     # --- eval / save -------------------------------------------------------------------------
     def evaluate(self, rollout_id: int) -> dict:
+        with self.gate.exclusive() if self.gate else contextlib.nullcontext():
+            return self._evaluate(rollout_id)
+
+    def _evaluate(self, rollout_id: int) -> dict:
         out = {}
         for name, prompts in self.eval_sets.items():
             for suffix, sampling in self.plan.eval_configs():
@@ -268,9 +314,12 @@ class Run:
         plain = {k: v for k, v in self.cfg.flags.items()
                  if isinstance(v, (int, float, str, bool, list, type(None)))}
         save_checkpoint(self.trainer, self.save_dir, rollout_id, args=argparse.Namespace(**plain),
-                        extra={"rollout_id": rollout_id, "data": self.prompts.state()})
+                        extra={"rollout_id": rollout_id,
+                               "data": self._data_states.get(rollout_id, self.prompts.state())})
 
     def close(self) -> None:
+        if self.producer is not None:
+            self.producer.close()
         self.rollouts.close()
         if self.logger is not None:
             self.logger.close()

@@ -39,6 +39,8 @@ class Generation:
     finish_reason: str
     weight_version: str | None
     meta: dict
+    # one weight version per token when a partial rollout was resumed under new weights
+    token_versions: list[int] | None = None
 
 
 def _kv_fields(cfg: RolloutConfig) -> dict:

@@ -18,6 +18,7 @@ import dataclasses
 import torch
 
 from ..algorithms.overlong import OverlongConfig
+from .async_rollout import AsyncConfig
 from .backends import HTTPRollout, RolloutConfig
 from .data import PromptStream, load_prompts
 from .dynamic_sampling import DynamicSamplingConfig
@@ -148,11 +149,13 @@ class RolloutSetup:
     plan: RolloutPlan
     engines: EngineConfig
     weight_sync: WeightSyncConfig
+    asynchrony: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
 
 
 def rollout_setup_from_args(args: argparse.Namespace) -> RolloutSetup:
     return RolloutSetup(data_config_from_args(args), rollout_plan_from_args(args),
-                        engine_config_from_args(args), weight_sync_config_from_args(args))
+                        engine_config_from_args(args), weight_sync_config_from_args(args),
+                        AsyncConfig(args.max_staleness, args.partial_rollout))
 
 
 def data_config_from_args(args: argparse.Namespace) -> DataConfig:

@@ -39,7 +39,7 @@ from .learner.config import LearnerConfig, learner_config_from_args
 from .learner.grpo_update import RolloutBatch, gather_dp, prepare_update, run_updates
 from .learner.packing import Sample
 from .learner.policy_trainer import OptimConfig, PolicyTrainer
-from .rollout.async_rollout import AsyncRollouts, WeightGate, abort_in_flight
+from .rollout.async_rollout import AsyncRollouts, gate_for
 from .rollout.backends import HTTPRollout
 from .rollout.capacity import capacity_line
 from .rollout.config import RolloutSetup, rollout_setup_from_args
@@ -48,10 +48,9 @@ from .rollout.dynamic_sampling import DynamicSampler
 from .rollout.failover import RestartHook
 from .rollout.generate import needs_reference
 from .rollout.manager import RolloutManager
-from .rollout.partial import ResumableBackend
 from .rollout.shaping import training_rewards
 from .rollout.sharding import placement
-from .rollout.staleness import check_bound, staleness, staleness_metrics, version_number
+from .rollout.staleness import rollout_staleness, version_number
 from .rollout.weight_sync import WeightSync
 from .tracking import (TrackingConfig, format_summary, open_metrics_logger, plot_metrics,
                        tracking_config_from_args)
@@ -115,7 +114,8 @@ class Run:
         self.rollouts = self._start_rollouts()
         self.sync = self._weight_sync()
         self._restart_engines_with(restart_hook(self.sync.resync) if restart_hook else None)
-        self.gate, self.producer, self._data_states = self._async_gate(), None, {}
+        self.gate = gate_for(self.rollouts, cfg.rollout.asynchrony, self.start_rollout)
+        self.producer, self._data_states = None, {}  # async: the generation thread
         self.logger = open_metrics_logger(cfg.tracking, config=cfg.flags) if _rank() == 0 else None
         self.history: list[dict] = []
 
@@ -191,21 +191,6 @@ class Run:
         if hook is not None and isinstance(self.rollouts.backend, HTTPRollout):
             self.rollouts.backend.on_engine_failure = hook
 
-    def _async_gate(self) -> WeightGate | None:
-        """Asynchronous rollouts: the gate between the generation thread and weight pushes;
-        the rollout gathers get a process group of their own (they run in that thread)."""
-        cfg = self.cfg.rollout.asynchrony
-        if not cfg.enabled:
-            return None
-        gate = WeightGate(self.start_rollout, cfg.max_staleness,
-                          abort_in_flight(self.rollouts) if cfg.partial_rollout else None)
-        if cfg.partial_rollout and self.rollouts.backend is not None:
-            self.rollouts.backend = ResumableBackend(self.rollouts.backend, gate, self.start_rollout)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            self.rollouts.place = dataclasses.replace(self.rollouts.place,
-                                                      group=dist.new_group(backend="gloo"))
-        return gate
-
     # --- one rollout -------------------------------------------------------------------------
     def rollout_step(self, rollout_id: int) -> dict:
         t, start = {}, time.perf_counter()
@@ -239,9 +224,8 @@ class Run:
         """Async: how many versions each sample lags the weights it trains (bound checked)."""
         if self.gate is None:
             return {}
-        lags = staleness(result.gens, rollout_id, self.start_rollout)
-        check_bound(lags, self.gate.max_staleness, rollout_id)
-        return {**staleness_metrics(result.gens, lags, self.start_rollout),
+        return {**rollout_staleness(result.gens, rollout_id, self.gate.max_staleness,
+                                    self.start_rollout),
                 "rollout/interruptions": float(self.gate.interruptions)}
 
     def _generate(self, rollout_id: int):

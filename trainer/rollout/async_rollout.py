@@ -28,6 +28,10 @@ import queue
 import threading
 from typing import Callable
 
+import torch.distributed as dist
+
+from .partial import ResumableBackend
+
 _ABORT_EVERY = 0.2  # seconds between aborts while a push waits: requests sent meanwhile end too
 
 
@@ -166,6 +170,21 @@ class AsyncRollouts:
                 self._results.put((rollout_id, e))
                 return
             self._results.put((rollout_id, out))
+
+
+def gate_for(manager, cfg: AsyncConfig, version: int) -> WeightGate | None:
+    """The gate of a run whose engines serve ``version`` now (None: synchronous). Partial
+    rollouts wrap the manager's backend; the rollout gathers get a process group of their own,
+    since they run in the generation thread while training uses the default group."""
+    if not cfg.enabled:
+        return None
+    gate = WeightGate(version, cfg.max_staleness,
+                      abort_in_flight(manager) if cfg.partial_rollout else None)
+    if cfg.partial_rollout and manager.backend is not None:
+        manager.backend = ResumableBackend(manager.backend, gate, version)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        manager.place = dataclasses.replace(manager.place, group=dist.new_group(backend="gloo"))
+    return gate
 
 
 def abort_in_flight(manager) -> Callable[[], None]:

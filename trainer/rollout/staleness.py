@@ -61,3 +61,10 @@ def staleness_metrics(gens: list[Generation], lags: list[int], default: int) -> 
     for lag, count in sorted(Counter(lags).items()):
         out[f"rollout/staleness_{lag}"] = count / n
     return out
+
+
+def rollout_staleness(gens: list[Generation], rollout_id: int, bound: int, default: int) -> dict:
+    """The metrics of a rollout trained at version ``rollout_id``, after checking the bound."""
+    lags = staleness(gens, rollout_id, default)
+    check_bound(lags, bound, rollout_id)
+    return staleness_metrics(gens, lags, default)

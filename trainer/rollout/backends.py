@@ -214,6 +214,26 @@ class HTTPRollout:
                 time.sleep(min(2 ** attempt, 10))
         raise RuntimeError(f"{url}: failed after {retries + 1} attempts: {err}")
 
+    def call_surviving(self, path: str, payload: dict, urls: list[str]) -> list[int]:
+        """``call``, except that an engine which fails the request and does not answer
+        ``/health`` is marked down (restarted by ``on_engine_failure``) instead of failing the
+        call; returns the slots of those engines. A live engine's error still raises."""
+        def one(url: str) -> int | None:
+            try:
+                self.post(url + path, payload)
+                return None
+            except RuntimeError as e:
+                if self._healthy(url):
+                    raise
+                slot = self.engines.urls.index(url)
+                self.engines.failed(slot, url, f"{path}: {e}")
+                return slot
+
+        if not urls:
+            return []
+        with concurrent.futures.ThreadPoolExecutor(len(urls)) as pool:
+            return [s for s in pool.map(one, urls) if s is not None]
+
     def call(self, path: str, payload: dict | None = None, urls: list[str] | None = None
              ) -> list[dict]:
         """POST a control request (weight updates, memory release, ...) to every server up (or to

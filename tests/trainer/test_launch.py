@@ -212,4 +212,5 @@ def test_async_dynamic_sampling_on_two_engines_through_torchrun(inputs, tmp_path
     for r in rows:
         assert r["rollout/groups_kept"] == 4 and r["rollout/staleness_max"] <= 1
         assert r["rollout_engine0/samples"] + r["rollout_engine1/samples"] == 8
-    assert rows[-1]["rollout/staleness_1"] == 1.0  # generated while the previous one trained
+    # generated (at least its first round) while the previous rollout trained
+    assert any(r["rollout/staleness_max"] == 1 for r in rows[1:])

@@ -16,8 +16,11 @@ the synchronous one.
 
 A weight push never overlaps generation: without partial rollouts it waits until the rollout in
 flight is complete (slime's async), so every sample has one version; with partial rollouts
-(``interrupt`` set) it aborts the requests in flight, the generation thread parks in
-``pause_point`` until the push is done and then continues them (``partial.py``).
+(``interrupt`` set) it aborts the requests in flight and waits only until the engines are
+unused (``engine_use``, held by ``partial.ResumableBackend`` around each batch of requests),
+which then waits for the push before it continues them. The rest of the rollout (rewards, the
+gather between data-parallel ranks) may run during the push: a rank's push (its collectives)
+never waits for another rank's generation thread.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class WeightGate:
         self.version, self.max_staleness, self.interrupt = version, max_staleness, interrupt
         self._cond = threading.Condition()
         self._generating = self._updating = self._evaluating = self._closed = False
+        self._engine_users = 0  # partial rollouts: batches of requests on the engines now
         self.interruptions = 0  # pushes that found generation in flight and interrupted it
 
     def wait_for_turn(self, rollout_id: int) -> None:
@@ -74,15 +78,20 @@ class WeightGate:
         finally:
             self._set(generating=False)
 
-    def pause_point(self) -> None:
-        """(generation thread) Interrupted: let the push through, resume when it is done."""
-        self._set(generating=False)
+    @contextlib.contextmanager
+    def engine_use(self):
+        """(generation thread, partial rollouts) Requests on the engines: not during a push."""
         self._wait(lambda: not self._updating)
-        self._set(generating=True)
+        self._count_users(+1)
+        try:
+            yield
+        finally:
+            self._count_users(-1)
 
-    @property
-    def updating(self) -> bool:
-        return self._updating
+    def _count_users(self, delta: int) -> None:
+        with self._cond:
+            self._engine_users += delta
+            self._cond.notify_all()
 
     @contextlib.contextmanager
     def update(self, new_version: int):
@@ -111,13 +120,17 @@ class WeightGate:
             self._set(**{flag: False})
 
     def _drain(self, interrupt: bool) -> None:
+        """Until the engines are quiet: the whole rollout in flight, or (interrupting) only its
+        requests, aborted again every ``_ABORT_EVERY`` s (a batch sent meanwhile ends too)."""
         with self._cond:
-            if interrupt and self._generating:
+            if not interrupt:
+                self._cond.wait_for(lambda: not self._generating)
+                return
+            if self._engine_users:
                 self.interruptions += 1
-            while self._generating:
-                if interrupt:
-                    self.interrupt()
-                self._cond.wait(_ABORT_EVERY if interrupt else None)
+            while self._engine_users:
+                self.interrupt()
+                self._cond.wait(_ABORT_EVERY)
 
     def _wait(self, ready: Callable[[], bool]) -> None:
         with self._cond:

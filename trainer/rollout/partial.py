@@ -4,7 +4,7 @@ interrupted by a weight push keep their tokens and continue under the new weight
 ``ResumableBackend`` wraps a backend (in-process engine or HTTP servers) with the same
 ``generate``. When a push aborts the requests in flight (``WeightGate.update`` calls the
 engines' ``abort_request``), the aborted samples come back with the tokens generated so far;
-the wrapper waits at the gate until the push is done, then sends each one again as a new
+the wrapper waits at the gate (``engine_use``) until the push is done, then sends each one again as a new
 request whose prompt is prompt + generated tokens, for the tokens it has left. The pieces are
 joined: token ids, behaviour log-probs (each token's from the weights that sampled it) and one
 weight version per token (``Generation.token_versions``). Each sample is returned exactly once,
@@ -36,23 +36,19 @@ class ResumableBackend:
 
     def generate(self, prompts: list[list[int]], n: int, cfg: RolloutConfig, **overrides
                  ) -> list[Generation]:
-        self._wait_for_push()  # nothing new is sent while a push is waiting
-        seen = self.gate.interruptions
-        gens = self.backend.generate(prompts, n, cfg, **overrides)
+        with self.gate.engine_use():  # nothing is sent while a push is under way
+            seen = self.gate.interruptions
+            gens = self.backend.generate(prompts, n, cfg, **overrides)
         segment = 1
         while todo := [k for k, g in enumerate(gens) if self._interrupted(g, cfg, seen)]:
-            seen = self.gate.interruptions
-            self.gate.pause_point()
-            more = self._continue([prompts[k // n] for k in todo], [gens[k] for k in todo],
-                                  [_seed(cfg, k, segment) for k in todo], cfg, overrides)
+            with self.gate.engine_use():  # after the push that interrupted them
+                seen = self.gate.interruptions
+                more = self._continue([prompts[k // n] for k in todo], [gens[k] for k in todo],
+                                      [_seed(cfg, k, segment) for k in todo], cfg, overrides)
             for k, g in zip(todo, more):
                 gens[k] = join(gens[k], g, self.default_version)
             segment += 1
         return gens
-
-    def _wait_for_push(self) -> None:
-        if self.gate.updating:
-            self.gate.pause_point()
 
     def _interrupted(self, gen: Generation, cfg: RolloutConfig, seen: int) -> bool:
         """Aborted by a push since ``seen``, with tokens left to generate (any other abort

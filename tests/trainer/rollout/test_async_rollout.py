@@ -68,9 +68,10 @@ def test_push_interrupts_with_partial_rollouts():
     versions = []
 
     def generate(r):
-        aborted.wait(5)  # the engine's requests end when aborted ...
-        gate.pause_point()  # ... and the generator parks until the push is done
-        versions.append(gate.version)
+        with gate.engine_use():
+            aborted.wait(5)  # the engine's requests end when aborted ...
+        with gate.engine_use():  # ... and are continued once the push is done
+            versions.append(gate.version)
         return r
 
     producer = AsyncRollouts(generate, gate, range(1)).start()

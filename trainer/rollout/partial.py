@@ -78,7 +78,7 @@ def join(head: Generation, tail: Generation, default_version: int) -> Generation
     """One sample from its interrupted head and the continuation under newer weights."""
     versions = token_versions(head, default_version) + \
         [version_number(tail.weight_version, default_version)] * len(tail.response_ids)
-    meta = {**tail.meta, "resumed": head.meta.get("resumed", 0) + 1,
+    meta = {**tail.meta, "resumed_at": head.meta.get("resumed_at", []) + [len(head.response_ids)],
             "start_version": head_version(head, default_version),
             "prompt_tokens": head.meta.get("prompt_tokens", tail.meta.get("prompt_tokens", 0))}
     return Generation(head.response_ids + tail.response_ids, head.logprobs + tail.logprobs,

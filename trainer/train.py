@@ -199,7 +199,8 @@ class Run:
         stats = {**result.stats(), **sampled, **self._staleness(result, rollout_id)}
         # async: generation overlapped training; what is left is the wait for it
         t["time_rollout"] = max(1e-6, time.perf_counter() - start - stats["time_reward"])
-        stats["rollout_tokens_per_s"] = sum(len(g.response_ids) for g in result.gens) / t["time_rollout"]
+        stats["rollout_tokens_per_s"] = _tokens_per_s(result, t["time_rollout"] if self.gate is None
+                                                      else None)
         shaped = training_rewards(result.traces, self.plan)
         batch = self._batch(result, shaped)
         prep, t["time_recompute"] = _timed(self._prepare, batch)
@@ -314,6 +315,13 @@ def _timed(fn, *args):
     start = time.perf_counter()
     out = fn(*args)
     return out, time.perf_counter() - start
+
+
+def _tokens_per_s(result, waited: float | None) -> float:
+    """Generated tokens per second of generation: the wait for it (synchronous), or the
+    slowest engine's generation time (async: it overlapped training)."""
+    seconds = waited if waited is not None else max(s.seconds for s in result.shards)
+    return sum(len(g.response_ids) for g in result.gens) / max(seconds, 1e-6)
 
 
 def _kl_coefs(calls, default: float) -> list[float] | None:

@@ -86,6 +86,22 @@ def _add_sampling_args(g) -> None:
     g.add_argument("--rollout-top-p", type=float, default=1.0)
     g.add_argument("--rollout-top-k", type=int, default=-1)
     g.add_argument("--rollout-stop-token-ids", type=int, nargs="*", default=None)
+    g.add_argument("--overlong-buffer-len", type=int, default=0,
+                   help="DAPO soft over-long penalty (verl's overlong_buffer.len): responses longer "
+                        "than --rollout-max-response-len minus this lose up to "
+                        "--overlong-penalty-factor of training reward, linearly (default: 0, off)")
+    g.add_argument("--overlong-penalty-factor", type=float, default=1.0,
+                   help="the over-long penalty at the maximum length (default: 1.0)")
+    g.add_argument("--overlong-filtering", action="store_true",
+                   help="DAPO over-long filtering: truncated samples are masked from the loss")
+    g.add_argument("--dynamic-sampling-filter-path", default=None,
+                   help="DAPO dynamic sampling (slime's flag): keep only the prompt groups this "
+                        "filter passes, generating rounds until the batch is full; "
+                        "'reward_nonzero_std' (built in: rewards not all equal) or "
+                        "'pkg.module:fn', fn(group: list[Trace]) -> bool")
+    g.add_argument("--over-sampling-batch-size", type=int, default=None,
+                   help="prompts per dynamic-sampling round (slime's flag; default: "
+                        "--rollout-batch-size)")
 
 
 def _add_server_args(g) -> None:
@@ -123,6 +139,15 @@ def _add_rollout_extras(g) -> None:
                         "recipes: recipes.rc:ReasoningCache, recipes.apr:APRSubcalls)")
     g.add_argument("--custom-generate-args", nargs="*", default=None, metavar="KEY=VALUE",
                    help="options of a plug-in class (values parsed as JSON when they parse)")
+    g.add_argument("--max-staleness", type=int, default=None,
+                   help="asynchronous rollouts (AReaL's max_head_offpolicyness): the next rollouts "
+                        "are generated while the current one trains, each sample at most N weight "
+                        "versions behind the weights it trains; 0 equals the synchronous run "
+                        "(default: synchronous)")
+    g.add_argument("--partial-rollout", action="store_true",
+                   help="slime's partial rollouts (with --max-staleness): a weight push interrupts "
+                        "the requests in flight, which keep their tokens and continue under the "
+                        "new weights (each token keeps its behaviour log-prob and version)")
     g.add_argument("--offload-rollout", action=argparse.BooleanOptionalAction, default=None,
                    help="release the colocated engine's KV memory while training (default: on "
                         "with a GPU)")
@@ -203,6 +228,20 @@ def _yaml_defaults(parser: argparse.ArgumentParser, path: str) -> None:
             action.required = False
 
 
+def _check_dynamic_sampling(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from .rollout.dynamic_sampling import DynamicSamplingConfig
+
+    if args.over_sampling_batch_size is not None and args.over_sampling_batch_size < 1:
+        parser.error("--over-sampling-batch-size must be >= 1")
+    if args.over_sampling_batch_size and not args.dynamic_sampling_filter_path:
+        parser.error("--over-sampling-batch-size needs --dynamic-sampling-filter-path")
+    if args.dynamic_sampling_filter_path:
+        try:  # a bad path fails now, naming the flag
+            DynamicSamplingConfig(args.dynamic_sampling_filter_path).load_filter()
+        except ValueError as e:
+            parser.error(str(e))
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -246,6 +285,16 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                      "truncated sampling is not supported for training rollouts (the behaviour "
                      "log-probs and the trainer's recompute are over the full vocabulary); use "
                      "--rollout-top-p 1.0 --rollout-top-k -1 (eval may truncate: --eval-top-p)")
+    if not 0 <= args.overlong_buffer_len < args.rollout_max_response_len:
+        parser.error(f"--overlong-buffer-len {args.overlong_buffer_len} must be in "
+                     f"[0, --rollout-max-response-len {args.rollout_max_response_len})")
+    _check_dynamic_sampling(parser, args)
+    if args.max_staleness is not None and args.max_staleness < 0:
+        parser.error("--max-staleness must be >= 0")
+    if args.partial_rollout and args.max_staleness is None:
+        parser.error("--partial-rollout needs --max-staleness (asynchronous rollouts)")
+    if args.overlong_penalty_factor < 0:
+        parser.error("--overlong-penalty-factor must be >= 0")
     if args.rollout_temperature <= 0:
         parser.error("--rollout-temperature must be > 0 (the trainer divides logits by it)")
     if args.custom_generate_args and not args.custom_generate_function_path:

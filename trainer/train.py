@@ -39,14 +39,18 @@ from .learner.config import LearnerConfig, learner_config_from_args
 from .learner.grpo_update import RolloutBatch, gather_dp, prepare_update, run_updates
 from .learner.packing import Sample
 from .learner.policy_trainer import OptimConfig, PolicyTrainer
+from .rollout.async_rollout import AsyncRollouts, gate_for
 from .rollout.backends import HTTPRollout
 from .rollout.capacity import capacity_line
 from .rollout.config import RolloutSetup, rollout_setup_from_args
 from .rollout.data import DataError
+from .rollout.dynamic_sampling import DynamicSampler
 from .rollout.failover import RestartHook
 from .rollout.generate import needs_reference
 from .rollout.manager import RolloutManager
+from .rollout.shaping import training_rewards
 from .rollout.sharding import placement
+from .rollout.staleness import rollout_staleness, version_number
 from .rollout.weight_sync import WeightSync
 from .tracking import (TrackingConfig, format_summary, open_metrics_logger, plot_metrics,
                        tracking_config_from_args)
@@ -104,6 +108,7 @@ class Run:
         self.cfg, self.algo, self.plan = cfg, cfg.algo, cfg.rollout.plan
         self.tokenizer, self.prompts, self.eval_sets = self._load_data()
         self.plugin = self.plan.load_plugin()
+        self.sampler = DynamicSampler(self.plan.dynamic) if self.plan.dynamic.enabled else None
         self.save_dir, self.log_dir = cfg.loop.save_dir, cfg.tracking.log_dir
         resume = _is_trainer_checkpoint(cfg.learner.model.load)  # reads common.pt: once
         self.trainer, self.reference = self._build_models(resume)
@@ -111,6 +116,8 @@ class Run:
         self.rollouts = self._start_rollouts()
         self.sync = self._weight_sync()
         self._restart_engines_with(restart_hook(self.sync.resync) if restart_hook else None)
+        self.gate = gate_for(self.rollouts, cfg.rollout.asynchrony, self.start_rollout)
+        self.producer, self._data_states = None, {}  # async: the generation thread
         self.logger = open_metrics_logger(cfg.tracking, config=cfg.flags) if _rank() == 0 else None
         self.history: list[dict] = []
 
@@ -188,22 +195,51 @@ class Run:
 
     # --- one rollout -------------------------------------------------------------------------
     def rollout_step(self, rollout_id: int) -> dict:
-        prompts = self.prompts.next_batch(self.plan.batch_size)
         t, start = {}, time.perf_counter()
-        result = self.rollouts.run(prompts, self.plan.n_samples, self.plan.sampling_for(rollout_id))
+        prompts, result, sampled = self._generated(rollout_id)
         self._write_debug_rows(rollout_id, result, prompts)
-        stats = result.stats()
-        t["time_rollout"] = time.perf_counter() - start - stats["time_reward"]
-        stats["rollout_tokens_per_s"] = sum(len(g.response_ids) for g in result.gens) / t["time_rollout"]
-        batch = self._batch(result)
+        stats = {**result.stats(), **sampled, **self._staleness(result, rollout_id)}
+        # async: generation overlapped training; what is left is the wait for it
+        t["time_rollout"] = max(1e-6, time.perf_counter() - start - stats["time_reward"])
+        stats["rollout_tokens_per_s"] = _tokens_per_s(result, t["time_rollout"] if self.gate is None
+                                                      else None)
+        shaped = training_rewards(result.traces, self.plan)
+        batch = self._batch(result, shaped)
         prep, t["time_recompute"] = _timed(self._prepare, batch)
         steps, t["time_update"] = _timed(run_updates, self.trainer, batch, prep, self.algo.loss,
                                          self.cfg.learner.global_batch_size)
         sync = self.push_weights(f"rollout-{rollout_id + 1}")
         t["time_sync"] = sync.pop("time_sync")
         train = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
-        return {**stats, **prep.metrics, **{f"train/{k}": v for k, v in train.items()}, **sync,
+        return {**stats, **shaped.metrics, **prep.metrics, **{f"train/{k}": v for k, v in train.items()}, **sync,
                 **t, "time_total": time.perf_counter() - start}
+
+    def _generated(self, rollout_id: int):
+        """This rollout, generated now or (async) by the generation thread."""
+        if self.gate is None:
+            return self._generate(rollout_id)
+        if self.producer is None:  # started here: after any first push of the weights
+            self.producer = AsyncRollouts(self._generate, self.gate,
+                                          range(rollout_id, self.cfg.loop.num_rollout)).start()
+        return self.producer.get(rollout_id)
+
+    def _staleness(self, result, rollout_id: int) -> dict:
+        """Async: how many versions each sample lags the weights it trains (bound checked)."""
+        if self.gate is None:
+            return {}
+        return {**rollout_staleness(result.gens, rollout_id, self.gate.max_staleness,
+                                    self.start_rollout),
+                "rollout/interruptions": float(self.gate.interruptions)}
+
+    def _generate(self, rollout_id: int):
+        """The rollout's prompts and result (and dynamic sampling's counts, when it is on)."""
+        self._data_states[rollout_id] = self.prompts.state()  # where a resume must start it
+        n, sampling = self.plan.n_samples, self.plan.sampling_for(rollout_id)
+        if self.sampler is not None:
+            return self.sampler.collect(self.rollouts, self.prompts, self.plan.batch_size, n,
+                                        sampling)
+        prompts = self.prompts.next_batch(self.plan.batch_size)
+        return prompts, self.rollouts.run(prompts, n, sampling), {}
 
     def _prepare(self, batch: RolloutBatch):
         """Advantages, the dense π_old (and reference) recompute, the sparse correction."""
@@ -217,32 +253,38 @@ class Run:
             _write_rows(Path(self.plan.debug_path.format(rollout_id=rollout_id)),
                         result.rows(prompts))
 
-    def _batch(self, result) -> RolloutBatch:
+    def _batch(self, result, shaped) -> RolloutBatch:
         """The learner's view of a rollout: every call a sample, advantages per trace."""
         traces = result.traces
         calls = [c for t in traces for c in t.calls]
-        rewards = torch.tensor(result.rewards, dtype=torch.float32)
-        shaped = (rewards + self.plan.reward_bias) * self.plan.reward_scaling
         plain = all(len(t.calls) == 1 and t.group is None for t in traces)
         return RolloutBatch(
-            [Sample(c.prompt_ids, c.gen.response_ids or [self._pad_id()]) for c in calls], shaped,
+            [Sample(c.prompt_ids, c.gen.response_ids or [self._pad_id()]) for c in calls],
+            shaped.rewards,
             [torch.tensor(c.gen.logprobs or [0.0]) for c in calls],
             group_index=[t.group_label for t in traces],
             trace_index=None if plain else [i for i, t in enumerate(traces) for _ in t.calls],
             loss_weights=None if plain else [c.loss_weight for c in calls],
-            kl_coefs=_kl_coefs(calls, self.algo.loss.kl_loss_coef))
+            kl_coefs=_kl_coefs(calls, self.algo.loss.kl_loss_coef), keep=shaped.keep)
 
     def push_weights(self, version: str) -> dict:
         """The trainer's weights to every engine; their next samples must report ``version``."""
-        sync = self.sync.push(self.trainer, version)
-        self.rollouts.version = version
-        return sync
+        if self.gate is None:
+            sync = self.sync.push(self.trainer, version)
+            self.rollouts.version = version
+            return sync
+        with self.gate.update(version_number(version, self.start_rollout)):
+            return self.sync.push(self.trainer, version)
 
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id or 0
 
     # --- eval / save -------------------------------------------------------------------------
     def evaluate(self, rollout_id: int) -> dict:
+        with self.gate.exclusive() if self.gate else contextlib.nullcontext():
+            return self._evaluate(rollout_id)
+
+    def _evaluate(self, rollout_id: int) -> dict:
         out = {}
         for name, prompts in self.eval_sets.items():
             for suffix, sampling, n in self.plan.eval_configs():
@@ -259,9 +301,12 @@ class Run:
         plain = {k: v for k, v in self.cfg.flags.items()
                  if isinstance(v, (int, float, str, bool, list, type(None)))}
         save_checkpoint(self.trainer, self.save_dir, rollout_id, args=argparse.Namespace(**plain),
-                        extra={"rollout_id": rollout_id, "data": self.prompts.state()})
+                        extra={"rollout_id": rollout_id,
+                               "data": self._data_states.get(rollout_id, self.prompts.state())})
 
     def close(self) -> None:
+        if self.producer is not None:
+            self.producer.close()
         self.rollouts.close()
         if self.logger is not None:
             self.logger.close()
@@ -272,6 +317,13 @@ def _timed(fn, *args):
     start = time.perf_counter()
     out = fn(*args)
     return out, time.perf_counter() - start
+
+
+def _tokens_per_s(result, waited: float | None) -> float:
+    """Generated tokens per second of generation: the wait for it (synchronous), or the
+    slowest engine's generation time (async: it overlapped training)."""
+    seconds = waited if waited is not None else max(s.seconds for s in result.shards)
+    return sum(len(g.response_ids) for g in result.gens) / max(seconds, 1e-6)
 
 
 def _kl_coefs(calls, default: float) -> list[float] | None:

@@ -186,3 +186,31 @@ def test_world_not_divisible_by_model_parallel(inputs, tmp_path):
                                           "MASTER_PORT": str(port)},
                        "--tensor-model-parallel-size", "2")
     assert proc.returncode == 1 and "WORLD_SIZE=3 is not divisible" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_async_dynamic_sampling_on_two_engines_through_torchrun(inputs, tmp_path):
+    """Two gloo ranks, an engine each: asynchronous partial rollouts one version behind at most,
+    dynamic sampling deciding the same groups on both ranks (the gathers run in the generation
+    thread on their own process group)."""
+    model, tmp = inputs
+    (tmp_path / "parity.py").write_text("def reward(item):\n    return float(len(item.response) % 2)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    argv = ["--nproc-per-node", "2", "--master-port", str(cpu_megatron.free_port()),
+            "-m", "trainer.train", "--hf-checkpoint", str(model), "--prompt-data",
+            str(tmp / "data" / "simplelr_qwen_level3to5" / "train.jsonl"),
+            "--log-dir", str(tmp_path / "logs"), "--num-rollout", "3", *TINY,
+            "--rollout-batch-size", "4", "--global-batch-size", "8",
+            "--kl-loss-coef", "0", "--max-staleness", "1", "--partial-rollout",
+            "--custom-rm-path", f"{tmp_path / 'parity.py'}:reward",
+            "--dynamic-sampling-filter-path", "reward_nonzero_std", "--over-sampling-batch-size", "2"]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv], cwd=ROOT,
+                          env={**env, "PYTHONWARNINGS": "ignore"}, text=True, capture_output=True,
+                          timeout=240)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["rollout/groups_kept"] == 4 and r["rollout/staleness_max"] <= 1
+        assert r["rollout_engine0/samples"] + r["rollout_engine1/samples"] == 8
+    # generated (at least its first round) while the previous rollout trained
+    assert any(r["rollout/staleness_max"] == 1 for r in rows[1:])

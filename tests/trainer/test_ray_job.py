@@ -547,3 +547,22 @@ def test_supervisor_replaces_each_death_once_and_gives_up_after_max_restarts(mon
         assert sup.restart(f"http://e0-{k - 1}") == f"http://e0-{k}"
     assert sup.restart(f"http://e0-{supervisor.MAX_RESTARTS}") is None  # died too often
     assert sup.restarts == [supervisor.MAX_RESTARTS, 0]
+
+
+def test_async_partial_rollouts_on_disaggregated_engines(inputs, tmp_path, jobs):
+    """slime's async on Ray: two engine actors generate the next rollout while the trainer actor
+    trains (--max-staleness 1, --partial-rollout): every rollout complete, one version behind at
+    most, each sample's version recorded."""
+    argv = [*_ray_job(inputs, tmp_path / "save", "--rollout-num-gpus", "2"), "--num-rollout", "3",
+            "--max-staleness", "1", "--partial-rollout", "--engine-start-timeout", "120",
+            "--save-debug-rollout-data", str(tmp_path / "debug" / "rollout_{rollout_id}.jsonl")]
+    rc, log, left = jobs(argv, _env(), tmp_path / "job.log").finish()
+    assert rc == 0, log[-4000:]
+    metrics = _metrics(tmp_path / "save")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(m["rollout/staleness_max"] <= 1 for m in metrics)
+    assert any(m["rollout/staleness_max"] == 1 for m in metrics[1:])  # generated during training
+    samples = _samples(tmp_path / "debug")
+    assert [len(rows) for rows in samples] == [10, 10, 10]
+    assert {r["weight_version"] for r in samples[2]} <= {"rollout-1", "rollout-2"}
+    assert left == [], left

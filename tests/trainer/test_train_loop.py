@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import torch
 
 from checkpoint_tools import cpu_megatron
 
@@ -197,3 +198,114 @@ def test_rkv_run_evaluates_as_trained_and_dense(setup, tmp_path):
     # 4096 slots; prompts of ~20 tokens + 12: dense ~128 samples, R-KV bound max(P + 1, 4 + 2)
     assert "samples of" in log and "at once dense" in log and "with rkv 4+2" in log, \
         [line for line in log.splitlines() if "KV pool" in line]
+
+
+PARITY_REWARD = "def reward(item):\n    return float(len(item.response) % 2)\n"
+
+
+def test_dynamic_sampling_and_overlong_shaping(setup, tmp_path):
+    """DAPO's batch shaping through the whole loop: every trained group has reward variance
+    (the filter's rounds fill the batch), over-long responses are penalised and filtered."""
+    hf, data, _ = setup
+    (tmp_path / "parity.py").write_text(PARITY_REWARD)
+    rc, log = _run(_flags(hf, data, tmp_path, "--custom-rm-path", f"{tmp_path / 'parity.py'}:reward",
+                          "--dynamic-sampling-filter-path", "reward_nonzero_std",
+                          "--over-sampling-batch-size", "3", "--overlong-buffer-len", "4",
+                          "--overlong-filtering", "--save-debug-rollout-data",
+                          str(tmp_path / "rows_{rollout_id}.jsonl"), rollouts=1))
+    assert rc == 0, log[-3000:]
+    row = _metrics(tmp_path)[-1]
+    assert row["rollout/groups_kept"] == 4
+    assert row["rollout/groups_generated"] == 3 * row["rollout/sampling_rounds"]
+    assert row["rollout/groups_generated"] == 4 + row["rollout/groups_dropped"] + \
+        row["rollout/groups_surplus"]
+    rows = [json.loads(x) for x in (tmp_path / "rows_0.jsonl").read_text().splitlines()]
+    assert len(rows) == 16
+    for g in range(4):
+        assert len({r["reward"] for r in rows[4 * g: 4 * g + 4]}) == 2
+    assert row["rollout/overlong_penalty_mean"] <= 0 and "rollout/overlong_filtered" in row
+
+
+def _same_run_keys(row: dict) -> dict:
+    """The metrics that do not measure time (equal between two runs that compute the same)."""
+    return {k: v for k, v in row.items()
+            if not (k.startswith("time_") or "per_s" in k or k.startswith("rollout/staleness")
+                    or k in ("rollout/interruptions", "rollout/partial_samples", "rollout_tail_fraction"))}
+
+
+def _rows(out, rollouts):
+    return [[json.loads(x) for x in (out / f"rows_{r}.jsonl").read_text().splitlines()]
+            for r in range(rollouts)]
+
+
+def test_async_with_staleness_zero_is_the_synchronous_run(setup, tmp_path):
+    """--max-staleness 0: the generation thread generates each rollout under the weights it
+    trains, so samples, log-probs, rewards, losses and the trained weights are the synchronous
+    run's, bit for bit."""
+    hf, data, _ = setup
+    runs = {}
+    for name, extra in (("sync", []), ("async", ["--max-staleness", "0", "--partial-rollout"])):
+        out = tmp_path / name
+        rc, log = _run(_flags(hf, data, out, "--save-debug-rollout-data",
+                              str(out / "rows_{rollout_id}.jsonl"), *extra, rollouts=3))
+        assert rc == 0, log[-3000:]
+        runs[name] = out
+    sync, asyn = (_metrics(runs[k]) for k in ("sync", "async"))
+    assert [_same_run_keys(r) for r in sync] == [_same_run_keys(r) for r in asyn]
+    assert all(r["rollout/staleness_max"] == 0 and r["rollout/staleness_0"] == 1.0 for r in asyn)
+    assert _rows(runs["sync"], 3) == _rows(runs["async"], 3)
+    weights = [_checkpoint_tensors(runs[k] / "ckpt" / "iter_0000003", tmp_path / f"{k}.pt")
+               for k in ("sync", "async")]
+    assert weights[0].keys() == weights[1].keys() and len(weights[0]) > 0
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def _checkpoint_tensors(ckpt_dir, scratch):
+    """Every tensor of a torch_dist checkpoint (weights and optimizer state), by key."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(ckpt_dir), str(scratch))
+    flat = {}
+
+    def walk(prefix, value):
+        if isinstance(value, torch.Tensor):
+            flat[prefix] = value
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}/{k}", v)
+
+    walk("", torch.load(scratch, weights_only=False))
+    return flat
+
+
+def test_async_partial_rollouts_stay_within_the_bound(setup, tmp_path):
+    """--max-staleness 1 --partial-rollout on the in-process engine with R-KV: long responses keep
+    the next rollout in flight when the weights are pushed, so requests are interrupted and
+    resumed; every sample comes back once, with one version per token, none more than one
+    version behind."""
+    hf, data, _ = setup
+    flags = _flags(hf, data, tmp_path, "--max-staleness", "1", "--partial-rollout",
+                   "--save-debug-rollout-data", str(tmp_path / "rows_{rollout_id}.jsonl"),
+                   "--sglang-compress-algorithm", "rkv", "--sglang-compress-max-prompt", "4",
+                   "--sglang-compress-divide-length", "2", "--sglang-compress-max-window", "2",
+                   rollouts=3)
+    for flag, value in (("--rollout-max-response-len", "300"), ("--max-tokens-per-gpu", "4096"),
+                        ("--sglang-max-total-tokens", "8192")):
+        flags[flags.index(flag) + 1] = value
+    rc, log = _run(flags)
+    assert rc == 0, log[-3000:]
+    rows = _metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert 0 <= r["rollout/staleness_max"] <= 1
+        assert sum(v for k, v in r.items() if k[len("rollout/staleness_"):].isdigit()) == \
+            pytest.approx(1.0)
+    assert rows[-1]["rollout/interruptions"] >= 1 and sum(r["rollout/partial_samples"] for r in rows) > 0
+    for r, samples in enumerate(_rows(tmp_path, 3)):
+        assert len(samples) == 16  # each sample once, interrupted or not
+        for s in samples:
+            assert 0 < len(s["response_ids"]) <= 300 and len(s["logprobs"]) == len(s["response_ids"])
+            versions = s["token_versions"]
+            if versions is not None:  # resumed: older tokens first, at most one version behind
+                assert len(versions) == len(s["response_ids"]) and versions == sorted(versions)
+                assert r - 1 <= versions[0] < versions[-1] <= r

@@ -39,6 +39,7 @@ class RolloutBatch:
     trace_index: list[int] | None = None  # [B] the trace of each sample; None = sample i is trace i
     loss_weights: list[float] | None = None  # [B] row weight in the loss (None = all 1)
     kl_coefs: list[float] | None = None  # [B] per-row KL coefficient (None = --kl-loss-coef)
+    keep: torch.Tensor | None = None  # [B] bool rows that stay in the loss (over-long filtering)
 
     @property
     def num_traces(self) -> int:
@@ -136,6 +137,8 @@ def prepare_update(trainer, batch: RolloutBatch, adv_cfg: AdvantageConfig,
         weights, loss_mask, metrics = mis.weights, mis.loss_mask, dict(mis.metrics)
     else:
         weights, loss_mask = None, mask
+    if batch.keep is not None:  # dropped rows still count as sequences, like rejected ones
+        loss_mask = loss_mask & batch.keep.bool()[:, None]
     with torch.no_grad():  # how far the sparse sampler is from the dense policy, always logged
         diff = (old - rollout)[mask]
         metrics["train_rollout_logprob_abs_diff"] = float(diff.abs().mean()) if diff.numel() else 0.0

@@ -39,6 +39,8 @@ class Generation:
     finish_reason: str
     weight_version: str | None
     meta: dict
+    # one weight version per token when a partial rollout was resumed under new weights
+    token_versions: list[int] | None = None
 
 
 def _kv_fields(cfg: RolloutConfig) -> dict:
@@ -211,6 +213,26 @@ class HTTPRollout:
             if attempt < retries:
                 time.sleep(min(2 ** attempt, 10))
         raise RuntimeError(f"{url}: failed after {retries + 1} attempts: {err}")
+
+    def call_surviving(self, path: str, payload: dict, urls: list[str]) -> list[int]:
+        """``call``, except that an engine which fails the request and does not answer
+        ``/health`` is marked down (restarted by ``on_engine_failure``) instead of failing the
+        call; returns the slots of those engines. A live engine's error still raises."""
+        def one(url: str) -> int | None:
+            try:
+                self.post(url + path, payload)
+                return None
+            except RuntimeError as e:
+                if self._healthy(url):
+                    raise
+                slot = self.engines.urls.index(url)
+                self.engines.failed(slot, url, f"{path}: {e}")
+                return slot
+
+        if not urls:
+            return []
+        with concurrent.futures.ThreadPoolExecutor(len(urls)) as pool:
+            return [s for s in pool.map(one, urls) if s is not None]
 
     def call(self, path: str, payload: dict | None = None, urls: list[str] | None = None
              ) -> list[dict]:

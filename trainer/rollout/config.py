@@ -17,8 +17,11 @@ import dataclasses
 
 import torch
 
+from ..algorithms.overlong import OverlongConfig
+from .async_rollout import AsyncConfig
 from .backends import HTTPRollout, RolloutConfig
 from .data import PromptStream, load_prompts
+from .dynamic_sampling import DynamicSamplingConfig
 from .generate import load_generate_plugin, parse_options
 from .rewards import RewardConfig, reward_config_from_args
 
@@ -75,6 +78,8 @@ class RolloutPlan:
     generate_plugin: str | None = None  # 'pkg.module:func_or_class'
     generate_args: list[str] | None = None  # its options, key=value
     debug_path: str | None = None  # each rollout's samples as JSONL; '{rollout_id}' substituted
+    overlong: OverlongConfig = dataclasses.field(default_factory=OverlongConfig)  # training only
+    dynamic: DynamicSamplingConfig = dataclasses.field(default_factory=DynamicSamplingConfig)
 
     def sampling_for(self, rollout_id: int) -> RolloutConfig:
         # per-sample seeds derived from (seed, rollout id): a resumed run samples exactly what
@@ -151,11 +156,13 @@ class RolloutSetup:
     plan: RolloutPlan
     engines: EngineConfig
     weight_sync: WeightSyncConfig
+    asynchrony: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
 
 
 def rollout_setup_from_args(args: argparse.Namespace) -> RolloutSetup:
     return RolloutSetup(data_config_from_args(args), rollout_plan_from_args(args),
-                        engine_config_from_args(args), weight_sync_config_from_args(args))
+                        engine_config_from_args(args), weight_sync_config_from_args(args),
+                        AsyncConfig(args.max_staleness, args.partial_rollout))
 
 
 def data_config_from_args(args: argparse.Namespace) -> DataConfig:
@@ -179,7 +186,11 @@ def rollout_plan_from_args(args: argparse.Namespace) -> RolloutPlan:
         eval_modes={"train": ("train",), "dense": ("dense",),
                     "both": ("train", "dense")}[args.eval_compression],
         generate_plugin=args.custom_generate_function_path,
-        generate_args=args.custom_generate_args, debug_path=args.save_debug_rollout_data)
+        generate_args=args.custom_generate_args, debug_path=args.save_debug_rollout_data,
+        overlong=OverlongConfig(args.overlong_buffer_len, args.overlong_penalty_factor,
+                                args.overlong_filtering),
+        dynamic=DynamicSamplingConfig(args.dynamic_sampling_filter_path,
+                                      args.over_sampling_batch_size))
 
 
 def sampling_config_from_args(args: argparse.Namespace) -> RolloutConfig:

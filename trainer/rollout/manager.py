@@ -89,7 +89,8 @@ def _row(index: int, engine: int, trace_id: int, prompt: Prompt, trace: Trace, c
             "prompt": prompt.text, "prompt_ids": call.prompt_ids, "label": prompt.label,
             "response": g.text, "response_ids": g.response_ids, "logprobs": g.logprobs,
             "reward": trace.reward, "final": trace.final, "loss_weight": call.loss_weight,
-            "finish_reason": g.finish_reason, "weight_version": g.weight_version}
+            "finish_reason": g.finish_reason, "weight_version": g.weight_version,
+            "token_versions": g.token_versions}
 
 
 def plugin_stats(shards: list[Shard], traces: list[Trace]) -> dict:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 class Placement:
     num_generators: int  # engines (or 1 for remote servers)
     index: int | None  # this rank's generator index; None when this rank does not generate
+    group: object = None  # the process group of the gather (async: not the training thread's)
 
     @property
     def generates(self) -> bool:
@@ -50,7 +51,8 @@ def gather_shards(shard, place: Placement) -> list:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return [shard]
     boxes = [None] * dist.get_world_size()
-    dist.all_gather_object(boxes, (place.index, shard) if place.generates else None)
+    dist.all_gather_object(boxes, (place.index, shard) if place.generates else None,
+                           group=place.group)
     found = sorted((b for b in boxes if b is not None), key=lambda b: b[0])
     if [i for i, _ in found] != list(range(place.num_generators)):
         raise RuntimeError(f"expected shards from generators 0..{place.num_generators - 1}, got "

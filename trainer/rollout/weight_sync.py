@@ -72,6 +72,7 @@ class WeightSync:
         self.version: str | None = None  # the last version pushed: what a restarted engine needs
         self._source: NamedTensors | None = None
         self._last_dir: Path | None = None
+        self._lost: set[int] = set()  # slots of engines that died during the current push
 
     def push(self, trainer, version: str) -> dict:
         return self.push_tensors(lambda: iter_hf_tensors(trainer.model.module, trainer.arch),
@@ -83,14 +84,17 @@ class WeightSync:
         if self.http is not None:
             self.http.wait_for_restarts()  # a replacement coming up gets this push too
         urls = self.http.urls if self.http is not None else []
+        self._lost = set()
         if self.mode == "disk":
             nbytes = self._push_disk(source(), version, urls)
         else:
             nbytes = self._push_buckets(self.mode, source(), version, urls)
         self._source, self.version = source, version
+        lost = self._resync_lost()
         if dist.is_initialized():
             dist.barrier()
-        return {"sync_bytes": float(nbytes), "time_sync": time.perf_counter() - start}
+        return {"sync_bytes": float(nbytes), "time_sync": time.perf_counter() - start,
+                "sync_engines_lost": float(lost)}
 
     def resync(self, url: str) -> None:
         """Give one (re)started server the last pushed weights and version (rank 0, servers)."""
@@ -107,6 +111,26 @@ class WeightSync:
                                "every tensor-parallel rank; use --weight-sync disk with TP > 1")
         mode = "tensor" if self.mode == "distributed" else self.mode
         self._push_buckets(mode, self._source(), self.version, [url])
+
+    def _resync_lost(self) -> int:
+        """Engines that died during this push: once their replacements are up (the restart
+        hook), they get this push's weights and version; then the next rollout uses them."""
+        lost, self._lost = sorted(self._lost), set()  # the re-syncs go to them all
+        if not lost:
+            return 0
+        self.http.wait_for_restarts()
+        for slot in lost:
+            if self.http.engines.up[slot]:
+                self.resync(self.http.engines.urls[slot])
+        return len(lost)
+
+    def _control(self, path: str, payload: dict, urls: list[str]) -> None:
+        """A control request to the push's engines. One that dies (fails and does not answer
+        /health) is handed to failover and left out of the rest of this push; re-synced at its
+        end (``_resync_lost``). Not for ``distributed``: a process group cannot lose a member."""
+        slots = self.http.engines.urls
+        live = [u for u in urls if slots.index(u) not in self._lost] if self._lost else urls
+        self._lost.update(self.http.call_surviving(path, payload, live))
 
     # --- transports (rank 0) -----------------------------------------------------------------
     def _push_buckets(self, mode: str, tensors, version: str, urls: list[str]) -> int:
@@ -128,15 +152,15 @@ class WeightSync:
 
         payload = {"serialized_named_tensors": [serialize_named_tensors(bucket)],
                    "weight_version": version, "flush_cache": True}
-        self.http.call("/update_weights_from_tensor", payload, urls=urls)
+        self._control("/update_weights_from_tensor", payload, urls)
 
     def _push_ipc(self, bucket, version, urls):
         from sglang_kvc.weights.transport import serialize_ipc_bucket
 
         payload, keep_alive = serialize_ipc_bucket(bucket)
-        self.http.call("/update_weights_from_tensor",
-                       {"serialized_named_tensors": [payload], "load_format": "ipc",
-                        "weight_version": version, "flush_cache": True}, urls=urls)
+        self._control("/update_weights_from_tensor",
+                      {"serialized_named_tensors": [payload], "load_format": "ipc",
+                       "weight_version": version, "flush_cache": True}, urls)
         del keep_alive  # every engine answered: none maps the buffer any more
 
     def _push_distributed(self, bucket, version, urls):
@@ -164,9 +188,9 @@ class WeightSync:
             config = json.loads((Path(self.hf_config_dir) / "config.json").read_text())
             (out / "config.json").write_text(json.dumps(config, indent=2))
             copy_tokenizer_files(self.hf_config_dir, out)
-            self.http.call("/update_weights_from_disk",
-                           {"model_path": str(out), "weight_version": version}, urls=urls)
-            self._last_dir = out
+            self._last_dir = out  # before the call: a replacement is re-synced from it
+            self._control("/update_weights_from_disk",
+                          {"model_path": str(out), "weight_version": version}, urls)
         return nbytes
 
 

@@ -89,3 +89,35 @@ def test_nothing_pushed_yet_resync_keeps_the_checkpoint(fleet, models, tmp_path)
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="--weight-sync must be one of"):
         WeightSync("cuda-ipc", http=object())
+
+
+@pytest.mark.parametrize("mode", ["tensor", "disk"])
+def test_engine_killed_during_a_push_is_restarted_resynced_and_used_again(mode, fleet, models,
+                                                                         tmp_path):
+    """The engine dies as the push's first update request reaches it: the push still ends, the
+    restart hook replaces the engine, which then serves the pushed weights and version, and the
+    next push reaches it."""
+    start, other = models
+    url, engine = fleet.urls[0], fleet.engines[0]
+    http = HTTPRollout(fleet.urls, on_engine_failure=fleet.restart)
+    sync = WeightSync(mode, http=http, bucket_bytes=64 << 10, disk_dir=tmp_path,
+                      hf_config_dir=start)
+    fleet.resync = sync.resync
+    post, killed = http.post, []
+
+    def dying_post(target, payload, retries=1):
+        if "/update_weights" in target and not killed:
+            killed.append(engine.proc.pid)
+            os.kill(engine.proc.pid, signal.SIGKILL)
+            engine.proc.wait()
+        return post(target, payload, retries)
+
+    http.post = dying_post
+    stats = sync.push_tensors(lambda: iter_safetensors(other), f"{mode}-lost-1")
+    assert killed and stats["sync_engines_lost"] == 1.0
+    assert http.engines.counts.engine_failures == 1 and http.engines.counts.engine_restarts == 1
+    assert engine.proc.pid != killed[0] and http.urls == [url]
+    assert_serves(url, other, f"{mode}-lost-1")
+    stats = sync.push_tensors(lambda: iter_safetensors(start), f"{mode}-lost-2")
+    assert stats["sync_engines_lost"] == 0.0
+    assert_serves(url, start, f"{mode}-lost-2")

@@ -1,0 +1,108 @@
+"""Partial rollouts: interrupted samples continue under the new weights, each exactly once, with
+per-token behaviour log-probs and versions; the sparse/decoupled correction reads them per token."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+
+from trainer.algorithms import correction_preset, compute_mis_weights
+from trainer.rollout.async_rollout import AsyncRollouts, WeightGate
+from trainer.rollout.backends import Generation, RolloutConfig
+from trainer.rollout.partial import ResumableBackend, join
+from trainer.rollout.staleness import check_bound, staleness, staleness_metrics, token_versions
+
+
+class InterruptibleBackend:
+    """A fake engine: sample k of the first call is aborted after k tokens when a push is under
+    way; every token's log-prob encodes the version that sampled it (-0.1 x (version + 1))."""
+
+    def __init__(self, gate_holder):
+        self.gate_holder, self.calls, self.version = gate_holder, [], 0
+
+    def generate(self, prompts, n, cfg, **overrides):
+        self.calls.append((prompts, n, cfg))
+        first = len(self.calls) == 1
+        if first:
+            self.gate_holder["pushing"].wait(5)
+        out = []
+        for i, ids in enumerate(prompts):
+            for j in range(n):
+                k = i * n + j
+                stop = k if first and k < cfg.max_response_len else cfg.max_response_len
+                toks = [100 + len(ids) + t for t in range(stop)]
+                lp = [-0.1 * (self.version + 1)] * stop
+                finish = "abort" if first and stop < cfg.max_response_len else "length"
+                out.append(Generation(toks, lp, "x" * stop, finish, f"rollout-{self.version}",
+                                      {"prompt_tokens": len(ids)}))
+        return out
+
+
+def test_interrupted_samples_resume_once_under_the_new_version():
+    holder = {"pushing": threading.Event()}
+    inner = InterruptibleBackend(holder)
+    gate = WeightGate(0, 1, interrupt=holder["pushing"].set)
+    backend = ResumableBackend(inner, gate)
+    cfg = RolloutConfig(max_response_len=4, seed=10)
+    producer = AsyncRollouts(lambda r: backend.generate([[1, 2], [3]], 2, cfg), gate,
+                             range(1)).start()
+    import time
+    time.sleep(0.1)
+    with gate.update(1):
+        inner.version = 1  # the push: the engine now serves rollout-1
+    gens = producer.get(0)
+    producer.close()
+    assert len(gens) == 4 and all(len(g.response_ids) == 4 for g in gens)  # each completed once
+    # sample k had k tokens when interrupted: k tokens of version 0, then 4 - k of version 1
+    for k, g in enumerate(gens):
+        assert token_versions(g, 0) == [0] * k + [1] * (4 - k)
+        assert g.logprobs == [-0.1] * k + [-0.2] * (4 - k)
+        assert g.finish_reason == "length" and g.weight_version == "rollout-1"
+    # continuations: prompt + generated tokens, for the tokens left, with fresh seeds
+    resumed = inner.calls[1:]
+    assert len(resumed) == 4  # sample 3 had 3 of 4 tokens; sample 0 none, still resumed
+    prompts_sent = sorted(tuple(c[0][0]) for c in resumed)
+    assert (1, 2) in prompts_sent and (1, 2, 102) in prompts_sent
+    assert sorted(c[2].max_response_len for c in resumed) == [1, 2, 3, 4]
+    assert gate.interruptions == 1
+    lags = staleness(gens, 1, 0)
+    assert lags == [1, 1, 1, 1]  # all started under version 0 (sample 0 before its first token)
+    check_bound(lags, 1, 1)
+    assert staleness_metrics(gens, lags, 0)["rollout/partial_samples"] == 3.0
+
+
+def test_without_a_push_an_abort_stays_an_abort():
+    gate = WeightGate(0, 1)
+    g = Generation([5], [-1.0], "a", "abort", "rollout-0", {})
+
+    class Once:
+        def generate(self, prompts, n, cfg, **kw):
+            return [g]
+
+    assert ResumableBackend(Once(), gate).generate([[1]], 1, RolloutConfig(max_response_len=4)) == [g]
+
+
+def test_staleness_beyond_the_bound_is_an_error():
+    g = Generation([1, 2], [0.0, 0.0], "", "stop", "rollout-1", {})
+    try:
+        check_bound(staleness([g], 3, 0), 1, 3)
+    except RuntimeError as e:
+        assert "lags 2 weight versions, beyond --max-staleness 1" in str(e)
+    else:
+        raise AssertionError("the bound was not enforced")
+
+
+def test_two_version_sample_ratios_by_hand():
+    """A sample whose first 2 tokens came from version 0 and last 2 from version 1: the
+    correction's token ratios are π_old / π_behaviour with each token's own behaviour."""
+    head = Generation([7, 8], [math.log(0.5), math.log(0.25)], "", "abort", "rollout-0", {})
+    tail = Generation([9, 10], [math.log(0.8), math.log(0.4)], "", "stop", "rollout-1", {})
+    g = join(head, tail, 0)
+    assert token_versions(g, 0) == [0, 0, 1, 1]
+    behaviour = torch.tensor([g.logprobs])
+    old = torch.log(torch.tensor([[0.6, 0.25, 0.6, 0.5]]))  # the trainer's π_old recompute
+    cfg = correction_preset("decoupled_token_is", upper_bound=10.0)
+    mis = compute_mis_weights(old, behaviour, torch.ones(1, 4, dtype=torch.bool), cfg)
+    assert torch.allclose(mis.weights, torch.tensor([[1.2, 1.0, 0.75, 1.25]]), atol=1e-6)

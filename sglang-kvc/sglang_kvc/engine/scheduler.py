@@ -139,6 +139,8 @@ class Scheduler:
         self.running.remove(seq)
         self.version += 1
         self.kv.release(seq)
+        if seq.eviction is not None:
+            seq.eviction.on_reset()
         seq.num_computed = 0
         seq.status = Status.WAITING
         seq.num_preemptions += 1

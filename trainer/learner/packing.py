@@ -17,6 +17,8 @@ import torch
 class Sample:
     prompt_ids: list[int]
     response_ids: list[int]
+    # the rollout engine's eviction record [layers, KV heads, length] (None: dense sampler)
+    eviction_record: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -35,6 +37,7 @@ class PackedBatch:
     response_index: torch.Tensor  # [sum(response_lengths)] long: positions of response_positions
     cu_seqlens_device: torch.Tensor | None = None  # cu_seqlens on the compute device (``to``)
     bounds_on_device: bool = False  # Megatron's kernels (Transformer Engine's) read the device copy
+    eviction: object | None = None  # sparse_attention.EvictionMasks: attend as the sampler did
 
     @property
     def num_tokens(self) -> int:
@@ -50,7 +53,7 @@ class PackedBatch:
         return PackedAttentionParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                                      max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen,
                                      cu_seqlens_host=self.cu_seqlens, cu_seqlens_device=device_cu,
-                                     num_tokens=self.num_tokens)
+                                     num_tokens=self.num_tokens, eviction=self.eviction)
 
     def to(self, device) -> "PackedBatch":
         # Megatron gets the CPU cu_seqlens: our RoPE builds its tables from it once per
@@ -64,6 +67,7 @@ class PackedBatch:
                                    response_positions=move(self.response_positions),
                                    response_index=move(self.response_index),
                                    cu_seqlens_device=move(self.cu_seqlens),
+                                   eviction=None if self.eviction is None else self.eviction.to(device),
                                    bounds_on_device=transformer_engine_available())
 
     def split_per_sample(self, values: torch.Tensor) -> list[torch.Tensor]:
@@ -81,8 +85,9 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def pack(samples: list[Sample], indices: list[int] | None = None, pad_to_multiple: int = 1
-         ) -> PackedBatch:
+def pack(samples: list[Sample], indices: list[int] | None = None, pad_to_multiple: int = 1,
+         sparse: bool = False) -> PackedBatch:
+    """``sparse``: attend under the samples' eviction records (samples without one: dense)."""
     indices = list(range(len(samples))) if indices is None else indices
     tokens, targets, is_response, lengths = [], [], [], []
     for i in indices:
@@ -108,7 +113,18 @@ def pack(samples: list[Sample], indices: list[int] | None = None, pad_to_multipl
         response_lengths=[len(samples[i].response_ids) for i in indices],
         sample_indices=indices,
         response_index=torch.tensor([j for j, r in enumerate(is_response) if r], dtype=torch.long),
+        eviction=_eviction_masks([samples[i] for i in indices], lengths, padded) if sparse else None,
     )
+
+
+def _eviction_masks(samples: list[Sample], lengths: list[int], total: int):
+    from .sparse_attention import EvictionMasks
+
+    records = [s.eviction_record for s in samples]
+    shaped = next((r for r in records if r is not None), None)
+    if shaped is None:  # a dense sampler: nothing to replay
+        return None
+    return EvictionMasks.from_records(records, lengths, shaped.shape[0], shaped.shape[1], total)
 
 
 def split_by_token_budget(lengths: list[int], max_tokens: int) -> list[list[int]]:

@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         add(p)  # --help shows the groups in this order
     _add_optional(p, "trainer.rollout.rewards", "add_reward_args")
     _add_optional(p, "trainer.tracking", "add_logging_args")
+    _add_optional(p, "trainer.learner.config", "add_sparse_replay_args")
     return p
 
 

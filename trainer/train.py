@@ -207,7 +207,9 @@ class Run:
         """Advantages, the dense π_old (and reference) recompute, the sparse correction."""
         ref = None
         if self.reference is not None:
-            ref = gather_dp(self.reference.compute_logprobs(batch.samples), self.trainer)
+            sparse = self.trainer.train_cfg.train_sparse_policy  # KL between like policies
+            ref = gather_dp(self.reference.compute_logprobs(batch.samples, sparse=sparse),
+                            self.trainer)
         return prepare_update(self.trainer, batch, self.algo.advantage, self.algo.correction, ref)
 
     def _write_debug_rows(self, rollout_id: int, result, prompts) -> None:
@@ -223,7 +225,7 @@ class Run:
         shaped = (rewards + self.plan.reward_bias) * self.plan.reward_scaling
         plain = all(len(t.calls) == 1 and t.group is None for t in traces)
         return RolloutBatch(
-            [Sample(c.prompt_ids, c.gen.response_ids or [self._pad_id()]) for c in calls], shaped,
+            [_sample(c, self._pad_id()) for c in calls], shaped,
             [torch.tensor(c.gen.logprobs or [0.0]) for c in calls],
             group_index=[t.group_label for t in traces],
             trace_index=None if plain else [i for i, t in enumerate(traces) for _ in t.calls],
@@ -270,6 +272,14 @@ def _timed(fn, *args):
     start = time.perf_counter()
     out = fn(*args)
     return out, time.perf_counter() - start
+
+
+def _sample(call, pad_id: int) -> Sample:
+    """A call as the learner's sample, with its eviction record (replay) when it has one; an
+    empty response becomes one pad token, whose record would not fit: replayed densely."""
+    gen = call.gen
+    record = gen.eviction_record if gen.response_ids else None
+    return Sample(call.prompt_ids, gen.response_ids or [pad_id], record)
 
 
 def _kl_coefs(calls, default: float) -> list[float] | None:

@@ -47,6 +47,23 @@ def optim_config_from_args(args: argparse.Namespace) -> OptimConfig:
 
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     # the learner divides logits by the rollout temperature, as the sampler did
+    train_sparse = getattr(args, "train_sparse_policy", False)
     return TrainConfig(max_tokens_per_gpu=args.max_tokens_per_gpu,
                        log_probs_chunk_size=args.log_probs_chunk_size,
-                       temperature=args.rollout_temperature, seed=args.seed)
+                       temperature=args.rollout_temperature, seed=args.seed,
+                       # training the sparse policy needs its π_old: the sparse recompute
+                       sparse_recompute=getattr(args, "sparse_recompute", False) or train_sparse,
+                       train_sparse_policy=train_sparse)
+
+
+def add_sparse_replay_args(parser: argparse.ArgumentParser) -> None:
+    """Eviction replay (learner/sparse_attention.py): the rollouts return their eviction records
+    and the learner's forward attends under them."""
+    g = parser.add_argument_group("eviction replay")
+    g.add_argument("--sparse-recompute", action="store_true",
+                   help="recompute π_old with the sampler's own KV evictions: "
+                        "the behaviour ratio and the mismatch metrics then measure numerics only")
+    g.add_argument("--train-sparse-policy", action="store_true",
+                   help="the update's forward uses the same eviction masks: GRPO optimises the "
+                        "compressed policy itself, on-policy (implies --sparse-recompute; the "
+                        "reference's log-probs are replayed too)")

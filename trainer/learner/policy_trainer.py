@@ -50,6 +50,8 @@ class TrainConfig:
     log_probs_chunk_size: int = 1024
     temperature: float = 1.0  # --rollout-temperature: logits are divided by it everywhere
     seed: int = 1234
+    sparse_recompute: bool = False  # π_old (and π_ref) attend as the sampler did (its records)
+    train_sparse_policy: bool = False  # the update's forward too: GRPO on the compressed policy
 
 
 # loss_fn(logp, entropy, sample_ids) -> (loss, metrics): logp/entropy are per-sample response

@@ -29,17 +29,25 @@ SPARSE_IMPLS = ("auto", "mask", "flex")
 class EvictionMasks:
     """One pack's eviction positions, and the per-layer block masks built from them (cached)."""
 
-    evict: torch.Tensor  # [L, Hkv, T] int32: pack index of the first query that misses each key
-    seq_id: torch.Tensor  # [T] int32: the sample of each pack position (padding: -1)
+    # Rows are the pack's, rounded up to a FlexAttention tile (BLOCK); rows past the samples
+    # (the pack's padding and this rounding) form one more sequence, never attended by samples.
+    evict: torch.Tensor  # [L, Hkv, rows] int32: pack index of the first query that misses each key
+    seq_id: torch.Tensor  # [rows] int32: the sample of each row (padding: the number of samples)
     block_masks: dict = dataclasses.field(default_factory=dict)  # layer -> BlockMask (flex)
+
+    @property
+    def real(self) -> torch.Tensor:
+        """[rows] bool: the row belongs to a sample."""
+        return self.seq_id < self.seq_id[-1] if self.seq_id.numel() else self.seq_id.bool()
 
     @classmethod
     def from_records(cls, records: list[torch.Tensor | None], lengths: list[int], num_layers: int,
                      num_kv_heads: int, total: int) -> "EvictionMasks":
         """Per-sample records ``[L, Hkv, n]`` (None: dense, every query sees every earlier key)
         shifted to pack coordinates; ``total`` = the pack's row count (padding included)."""
-        evict = torch.full((num_layers, num_kv_heads, total), total, dtype=torch.int32)
-        seq_id = torch.full((total,), -1, dtype=torch.int32)
+        rows = -(-(total + 1) // BLOCK) * BLOCK  # at least one padding row: the last seq_id
+        evict = torch.full((num_layers, num_kv_heads, rows), rows, dtype=torch.int32)
+        seq_id = torch.full((rows,), len(records), dtype=torch.int32)
         start = 0
         for i, (rec, n) in enumerate(zip(records, lengths)):
             seq_id[start:start + n] = i
@@ -80,20 +88,58 @@ def _masked_loop(q, k, v, masks: EvictionMasks, layer: int, cu: list[int], scale
     return out
 
 
-def block_mask(masks: EvictionMasks, layer: int, q_heads: int, rows: int):
-    """The layer's FlexAttention ``BlockMask`` (built once per pack and layer)."""
+BLOCK = 128  # FlexAttention's tile: the block mask classifies 128 x 128 tiles
+
+
+def _block_extrema(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per 128-block (min, max) of the last dimension of ``x`` (a multiple of BLOCK long)."""
+    blocks = x.unflatten(-1, (-1, BLOCK))
+    return blocks.amin(-1), blocks.amax(-1)
+
+
+def block_classes(evict: torch.Tensor, seq_id: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial, full) ``[Hkv, QB, KB]`` bool tiles of one layer, from the record alone: no
+    T x T mask is ever evaluated (``create_block_mask`` would, for every query head). ``evict``
+    ``[Hkv, T]`` and ``seq_id`` ``[T]`` with T a multiple of BLOCK, padding a sequence of its own.
+    Conservative where it must be: a tile is empty only if no pair in it attends, full only if
+    every pair does; the rest are partial (mask_mod decides per element)."""
+    t = torch.arange(seq_id.shape[0], device=seq_id.device)
+    s_min, s_max = _block_extrema(seq_id)
+    t_min, t_max = _block_extrema(t)
+    e_min, e_max = _block_extrema(evict)  # [Hkv, B]
+    q = (slice(None), None)  # query blocks along dim 0, key blocks along dim 1
+    k = (None, slice(None))
+    same_seq = (s_min[q] <= s_max[k]) & (s_min[k] <= s_max[q])
+    some = same_seq & (t_min[k] <= t_max[q])
+    some = some[None] & (e_max[:, None, :] > t_min[None, :, None])
+    one_seq = (s_min == s_max)
+    every = one_seq[q] & one_seq[k] & (s_min[q] == s_min[k]) & (t_max[k] <= t_min[q])
+    every = every[None] & (e_min[:, None, :] > t_max[None, :, None])
+    return some & ~every, every
+
+
+def _indices(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """BlockMask's (num_blocks ``[1, H, QB]``, indices ``[1, H, QB, KB]``): listed tiles first."""
+    order = torch.argsort((~tiles).to(torch.int8), dim=-1, stable=True)
+    return tiles.sum(-1, dtype=torch.int32)[None], order.to(torch.int32)[None]
+
+
+def block_mask(masks: EvictionMasks, layer: int, q_heads: int):
+    """The layer's FlexAttention ``BlockMask`` (built once per pack and layer, from the record)."""
     bm = masks.block_masks.get(layer)
     if bm is None:
-        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import BlockMask
 
         ev, seq = masks.evict[layer], masks.seq_id
         group = q_heads // ev.shape[0]
+        partial, full = (x.repeat_interleave(group, dim=0) for x in block_classes(ev, seq))
 
         def mask_mod(b, h, qi, kj):
-            return (seq[qi] == seq[kj]) & (seq[qi] >= 0) & (kj <= qi) & (qi < ev[h // group, kj])
+            return (seq[qi] == seq[kj]) & (kj <= qi) & (qi < ev[h // group, kj])
 
-        bm = create_block_mask(mask_mod, 1, q_heads, rows, rows, device=ev.device,
-                               _compile=ev.is_cuda)
+        n = seq.shape[0]
+        bm = BlockMask.from_kv_blocks(*_indices(partial), *_indices(full), BLOCK_SIZE=BLOCK,
+                                      mask_mod=mask_mod, seq_lengths=(n, n))
         masks.block_masks[layer] = bm
     return bm
 
@@ -106,12 +152,15 @@ def _flex(q, k, v, masks: EvictionMasks, layer: int, scale: float) -> torch.Tens
     from torch.nn.attention.flex_attention import flex_attention
 
     if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False) if q.is_cuda else flex_attention
-    bm = block_mask(masks, layer, q.shape[1], q.shape[0])
-    qs, ks, vs = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        _compiled_flex = torch.compile(flex_attention) if q.is_cuda else flex_attention
+    rows = q.shape[0]
+    padded = masks.seq_id.shape[0]  # the pack's rows rounded up to BLOCK (EvictionMasks.padded)
+    qs, ks, vs = (F.pad(x, (0, 0, 0, 0, 0, padded - rows)).transpose(0, 1).unsqueeze(0)
+                  for x in (q, k, v))
+    bm = block_mask(masks, layer, q.shape[1])
     o = _compiled_flex(qs, ks, vs, block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    out = o[0].transpose(0, 1)
-    return torch.where((masks.seq_id >= 0)[:, None, None], out, 0.0)  # padding rows: zeros
+    out = o[0].transpose(0, 1)[:rows]
+    return torch.where(masks.real[:rows, None, None], out, 0.0)  # padding rows: zeros
 
 
 def choose_sparse_impl(q: torch.Tensor, requested: str = "auto") -> str:

@@ -59,10 +59,51 @@ def test_pack_carries_records_only_when_sparse_and_checks_shapes():
     samples = [Sample([1, 2, 3], [4, 5], random_record(5, g)), Sample([6, 7], [8], None)]
     assert pack(samples).eviction is None
     masks = pack(samples, sparse=True, pad_to_multiple=4).eviction
-    assert masks.evict.shape == (L, HKV, 8)
+    assert masks.evict.shape == (L, HKV, 128)  # rounded up to a FlexAttention tile
     assert torch.equal(masks.evict[..., :5], samples[0].eviction_record.int())
-    assert (masks.evict[..., 5:8] == 8).all()  # the dense sample: never evicted
-    assert masks.seq_id.tolist() == [0] * 5 + [1] * 3
+    assert (masks.evict[..., 5:8] == 128).all()  # the dense sample: never evicted
+    assert masks.seq_id.tolist() == [0] * 5 + [1] * 3 + [2] * 120
+    assert masks.real.tolist() == [True] * 8 + [False] * 120
     bad = [Sample([1, 2, 3], [4, 5], random_record(4, g))]
     with pytest.raises(ValueError, match="eviction record of shape"):
         pack(bad, sparse=True)
+
+
+def test_block_classes_are_safe_and_sparse():
+    """FlexAttention tiles built from the record alone: an empty tile has no visible pair, a full
+    one only visible pairs (checked against the dense mask), and both kinds occur."""
+    from trainer.learner.sparse_attention import BLOCK, block_classes
+
+    g = torch.Generator().manual_seed(2)
+    lengths = [150, 90, 300]
+    records = [random_record(n, g) for n in lengths]
+    records[1] = records[2] = None  # the long dense one gives full tiles
+    masks = EvictionMasks.from_records(records, lengths, L, HKV, sum(lengths))
+    rows = masks.seq_id.shape[0]
+    i = torch.arange(rows)
+    seq = masks.seq_id
+    for layer in range(L):
+        ev = masks.evict[layer]
+        dense = ((seq[:, None] == seq[None, :]) & (i[None, :] <= i[:, None]))[None] \
+            & (i[None, :, None] < ev[:, None, :])
+        tiles = dense.unflatten(1, (-1, BLOCK)).unflatten(3, (-1, BLOCK))
+        ref_any, ref_all = tiles.any(4).any(2), tiles.all(4).all(2)
+        partial, full = block_classes(ev, seq)
+        assert not (partial & full).any()
+        assert not (ref_any & ~(partial | full)).any()  # nothing visible is skipped
+        assert not (full & ~ref_all).any()  # no tile is wrongly unmasked
+        assert full.any() and (~(partial | full)).any()
+
+
+def test_flex_on_a_pack_of_several_tiles_matches_the_mask_path():
+    g = torch.Generator().manual_seed(3)
+    lengths = [150, 90, 200]
+    records = [random_record(n, g) for n in lengths]
+    rows = sum(lengths) + 5
+    q, k, v = (torch.randn(rows, h, D, generator=g) for h in (HQ, HKV, HKV))
+    masks = EvictionMasks.from_records(records, lengths, L, HKV, rows)
+    cu = torch.tensor([0, 150, 240, 440], dtype=torch.int32)
+    for layer in range(L):
+        a = sparse_packed_attention(q, k, v, masks, layer, cu, scale=0.3, impl="flex")
+        b = sparse_packed_attention(q, k, v, masks, layer, cu, scale=0.3, impl="mask")
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)

@@ -21,7 +21,7 @@ def random_record(n, g):
 
 def reference(q, k, v, records, lengths, layer, scale):
     """Query i of a sample: softmax over its keys j <= i with i < record[layer, h, j]."""
-    out = torch.zeros(q.shape)
+    out = torch.zeros(q.shape, dtype=q.dtype)
     start = 0
     for rec, n in zip(records, lengths):
         for i in range(n):
@@ -107,3 +107,43 @@ def test_flex_on_a_pack_of_several_tiles_matches_the_mask_path():
         a = sparse_packed_attention(q, k, v, masks, layer, cu, scale=0.3, impl="flex")
         b = sparse_packed_attention(q, k, v, masks, layer, cu, scale=0.3, impl="mask")
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_flex_on_cuda_matches_the_mask_path_with_gradients():
+    """The GPU path (compiled FlexAttention, block masks from the record) in bf16 against the
+    fp32 mask path: outputs and q/k/v gradients, on two pack shapes (a recompile)."""
+    g = torch.Generator().manual_seed(4)
+    for lengths in ([700, 90, 1300], [257, 1024]):
+        records = [random_record(n, g) for n in lengths]
+        rows = sum(lengths) + 11
+        qkv = [torch.randn(rows, h, 64, generator=g) for h in (HQ, HKV, HKV)]
+        masks = EvictionMasks.from_records(records, lengths, L, HKV, rows)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        outs = []
+        for impl, dtype, dev in (("flex", torch.bfloat16, "cuda"), ("mask", torch.float32, "cpu")):
+            x = [t.to(dev, dtype).requires_grad_() for t in qkv]
+            m = masks.to(dev)
+            o = sparse_packed_attention(*x, m, 1, cu, scale=0.125, impl=impl)
+            o.float().square().sum().backward()
+            outs.append([o.float().cpu()] + [t.grad.float().cpu() for t in x])
+        for a, b in zip(*outs):
+            assert (a - b).abs().max() / b.abs().max() < 2e-2
+
+
+def test_gradients_of_the_mask_path_match_the_per_query_reference():
+    g = torch.Generator().manual_seed(5)
+    lengths = [6, 9]
+    records = [random_record(6, g), random_record(9, g)]
+    qkv = [torch.randn(15, h, D, generator=g, dtype=torch.float64) for h in (HQ, HKV, HKV)]
+    masks = EvictionMasks.from_records(records, lengths, L, HKV, 15)
+    cu = torch.tensor([0, 6, 15], dtype=torch.int32)
+    grads = []
+    for fn in (lambda q, k, v: sparse_packed_attention(q, k, v, masks, 2, cu, scale=0.3, impl="mask"),
+               lambda q, k, v: reference(q, k, v, records, lengths, 2, 0.3)):
+        x = [t.clone().requires_grad_() for t in qkv]
+        fn(*x).square().sum().backward()
+        grads.append([t.grad for t in x])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-7)

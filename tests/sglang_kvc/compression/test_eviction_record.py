@@ -134,3 +134,19 @@ def test_size_at_4k_tokens_for_the_half_b_shape():
     enc = eviction_record.encode(r)
     assert len(enc["data"]) == 524288 and torch.equal(eviction_record.decode(enc), r)
     assert eviction_record.record_dtype(40000) == torch.int32
+
+
+def test_tracker_on_a_hand_worked_example():
+    """Prompt 0..5; compaction at 6 keeps rows [0, 2, 4, 5] of head 0 and [1, 3, 4, 5] of head 1;
+    positions 6, 7 are appended; compaction at 8 keeps rows [0, 4, 5] (head 0: positions 0, 6, 7)
+    and [1, 4, 5] (head 1: 3, 6, 7)."""
+    t = eviction_record.EvictionTracker(1, 2)
+    t.on_compact(torch.tensor([[[0, 2, 4, 5], [1, 3, 4, 5]]]), 6, 6)
+    assert t.positions(6, "cpu").tolist() == [[[0, 2, 4, 5, 6, 7], [1, 3, 4, 5, 6, 7]]]
+    t.on_compact(torch.tensor([[[0, 4, 5], [1, 4, 5]]]), 6, 8)
+    rec = t.finish(10)
+    assert rec.tolist() == [[[10, 6, 8, 6, 8, 8, 10, 10, 10, 10],
+                             [6, 8, 6, 10, 8, 8, 10, 10, 10, 10]]]
+    assert t.exact
+    t.on_reset()  # preempted: recomputed densely, the evicted keys come back
+    assert not t.exact and t.positions(3, "cpu").tolist() == [[[0, 1, 2], [0, 1, 2]]]

@@ -241,11 +241,13 @@ class SDPACoreAttention(MegatronModule):
 
 
     def _sparse(self, query, key, value, layout: PackLayout, eviction):
-        from .sparse_attention import sparse_packed_attention
+        from .sparse_attention import kv_head_offset, sparse_packed_attention
 
         if self._dropout_p():
             raise ValueError("sparse (eviction-replay) attention has no dropout")
         cu = layout.cu_host if layout.cu_host is not None else layout.cu_device.cpu()
+        local = key.shape[1]  # tensor parallelism splits the KV heads over the ranks
+        eviction = eviction.heads(kv_head_offset(eviction.evict.shape[1], local), local)
         return sparse_packed_attention(query, key, value, eviction, self.layer_index, cu,
                                        scale=self.scale, impl=self.sparse_impl)
 

@@ -34,6 +34,7 @@ class EvictionMasks:
     evict: torch.Tensor  # [L, Hkv, rows] int32: pack index of the first query that misses each key
     seq_id: torch.Tensor  # [rows] int32: the sample of each row (padding: the number of samples)
     block_masks: dict = dataclasses.field(default_factory=dict)  # layer -> BlockMask (flex)
+    head_slices: dict = dataclasses.field(default_factory=dict)  # (start, count) -> EvictionMasks
 
     @property
     def real(self) -> torch.Tensor:
@@ -60,12 +61,36 @@ class EvictionMasks:
     def to(self, device) -> "EvictionMasks":
         return EvictionMasks(self.evict.to(device), self.seq_id.to(device))
 
+    def heads(self, start: int, count: int) -> "EvictionMasks":
+        """The masks of KV heads [start, start + count) (a tensor-parallel rank's), cached with
+        their own block masks."""
+        if start == 0 and count == self.evict.shape[1]:
+            return self
+        sub = self.head_slices.get((start, count))
+        if sub is None:
+            sub = EvictionMasks(self.evict[:, start:start + count], self.seq_id)
+            self.head_slices[(start, count)] = sub
+        return sub
+
     def layer_mask(self, layer: int, a: int, b: int, q_heads: int) -> torch.Tensor:
         """``[Hq, n, n]`` bool for the sample at pack rows [a, b) in ``layer``."""
         ev = self.evict[layer, :, a:b]  # [Hkv, n]
         i = torch.arange(a, b, device=ev.device)
         mask = (i[None, :] <= i[:, None])[None] & (i[None, :, None] < ev[:, None, :])
         return mask.repeat_interleave(q_heads // ev.shape[0], dim=0)
+
+
+def kv_head_offset(total: int, local: int) -> int:
+    """The first of this tensor-parallel rank's ``local`` KV heads among the record's ``total``."""
+    if local == total:
+        return 0
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    if local * tp != total:
+        raise ValueError(f"eviction record has {total} KV heads; this rank holds {local} of them "
+                         f"at tensor parallel size {tp}")
+    return ps.get_tensor_model_parallel_rank() * local
 
 
 def check_record(rec: torch.Tensor, num_layers: int, num_kv_heads: int, n: int, i: int) -> None:

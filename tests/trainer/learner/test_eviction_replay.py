@@ -38,7 +38,7 @@ def engine_samples(hf, algo, selection, compress_prompt):
                      for o in outs]
 
 
-def replay_task(rank, world, port, hf_dir, cache, cases):
+def replay_task(rank, world, port, hf_dir, cache, cases, tp=1):
     """Per case: (sparse, dense) per-sample response log-probs of one packed micro-batch."""
     from trainer.learner.forward import packed_logprobs
     from trainer.learner.model_provider import ModelConfig, build_policy_model
@@ -46,7 +46,7 @@ def replay_task(rank, world, port, hf_dir, cache, cases):
     from trainer.learner.packing import pack
 
     cpu_megatron.init_distributed(rank, world, master_port=port)
-    cpu_megatron.init_model_parallel(tp=1)
+    cpu_megatron.init_model_parallel(tp=tp)
     arch, model = build_policy_model(ModelConfig(hf_checkpoint=hf_dir, dtype=torch.float32),
                                      cache_dir=cache)
     def logprobs(samples, sparse):
@@ -72,3 +72,14 @@ def test_sparse_recompute_equals_the_engines_logprobs(tiny_model_factory, tmp_pa
         assert gap_dense > 1e-3, (case, gap_dense)  # the test can fail: dense is not the sampler
     gap_flex = max((a - b).abs().max().item() for a, b in zip(flex, cases[0][1]))
     assert gap_flex < 1e-5, gap_flex
+
+
+def test_sparse_recompute_under_tensor_parallelism(tiny_model_factory, tmp_path):
+    """TP = 2 splits the KV heads over the ranks: each rank replays its own heads' evictions."""
+    hf = tiny_model_factory("qwen2.5")  # 2 KV heads: one per rank
+    cases = [engine_samples(hf, *c) for c in (CASES[0], CASES[2])]
+    ranks = cpu_megatron.run_on_ranks((__file__, "replay_task"), 2, str(hf), str(tmp_path / "c"),
+                                      [s for s, _ in cases], 2)
+    for results, _ in ranks:  # both TP ranks hold the full log-probs
+        for (_, engine_lp), (sparse, _) in zip(cases, results):
+            assert max((a - b).abs().max().item() for a, b in zip(sparse, engine_lp)) < 1e-5

@@ -49,9 +49,10 @@ class EvictionTracker:
     def on_compact(self, keep_idx: torch.Tensor, n: int, at: int) -> None:
         """Rows `keep_idx` [L, Hkv, k] of row[:n] were kept; the rest are gone for queries >= at."""
         pos = self.positions(n, keep_idx.device)
-        dropped = torch.ones_like(pos, dtype=torch.bool).scatter_(-1, keep_idx, False)
-        m = n - keep_idx.shape[-1]
-        self.events.append((pos[dropped].view(*pos.shape[:2], m).to(torch.int32), at))
+        dropped = torch.ones_like(pos, dtype=torch.int8).scatter_(-1, keep_idx, 0)
+        # the n - k dropped rows of every (layer, head), without a boolean index (a host sync)
+        rows = dropped.argsort(dim=-1, descending=True, stable=True)[..., :n - keep_idx.shape[-1]]
+        self.events.append((pos.gather(-1, rows).to(torch.int32), at))
         self.kept, self.tail_start = pos.gather(-1, keep_idx), at
 
     def on_reset(self) -> None:
@@ -62,12 +63,14 @@ class EvictionTracker:
 
     def finish(self, length: int) -> torch.Tensor:
         """The record [L, Hkv, length] on the CPU, int16 when positions fit, else int32."""
-        # positions past the final sample (a step fed after a stop string) are cut off
-        width = max([length] + [int(pos.max()) + 1 for pos, _ in self.events])
-        out = torch.full((self.num_layers, self.num_kv_heads, width), length, dtype=torch.int32)
-        for pos, at in self.events:
-            out.scatter_(-1, pos.cpu().long(), min(at, length))
-        out = out[..., :length]
+        out = torch.full((self.num_layers, self.num_kv_heads, length), length, dtype=torch.int32)
+        if self.events:  # one device -> host copy for all compactions
+            pos = torch.cat([p for p, _ in self.events], -1).cpu().long()
+            at = torch.cat([torch.full((p.shape[-1],), min(a, length), dtype=torch.int32)
+                            for p, a in self.events]).expand_as(pos)
+            head = torch.arange(self.num_layers * self.num_kv_heads).view(*pos.shape[:2], 1)
+            inside = pos < length  # positions past the sample (fed after a stop string): cut
+            out.view(-1, length)[head.expand_as(pos)[inside], pos[inside]] = at[inside]
         return out.to(record_dtype(length))
 
 

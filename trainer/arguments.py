@@ -214,6 +214,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Inconsistent combinations fail now, not after the first rollout."""
+    from .learner.config import check_sparse_replay_args
+
+    check_sparse_replay_args(parser, args)
     if args.save_debug_rollout_data:
         try:
             args.save_debug_rollout_data.format(rollout_id=0)

@@ -239,7 +239,6 @@ class SDPACoreAttention(MegatronModule):
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
-
     def _sparse(self, query, key, value, layout: PackLayout, eviction):
         from .sparse_attention import kv_head_offset, sparse_packed_attention
 

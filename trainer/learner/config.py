@@ -31,8 +31,11 @@ class LearnerConfig:
 
 
 def learner_config_from_args(args: argparse.Namespace) -> LearnerConfig:
+    backend = args.attention_backend
+    if backend == "auto" and _replays(args):  # the eviction masks live in our SDPA attention
+        backend = "sdpa"
     model = ModelConfig(hf_checkpoint=args.hf_checkpoint, load=args.load,
-                        attention_backend=args.attention_backend)
+                        attention_backend=backend)
     return LearnerConfig(model, optim_config_from_args(args), train_config_from_args(args),
                          global_batch_size=args.global_batch_size, ref_load=args.ref_load)
 
@@ -54,6 +57,17 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
                        # training the sparse policy needs its π_old: the sparse recompute
                        sparse_recompute=getattr(args, "sparse_recompute", False) or train_sparse,
                        train_sparse_policy=train_sparse)
+
+
+def _replays(args: argparse.Namespace) -> bool:
+    return getattr(args, "sparse_recompute", False) or getattr(args, "train_sparse_policy", False)
+
+
+def check_sparse_replay_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if _replays(args) and args.attention_backend not in ("auto", "sdpa"):
+        parser.error(f"--sparse-recompute / --train-sparse-policy need --attention-backend sdpa "
+                     f"(or auto): the eviction masks are applied there, not by "
+                     f"{args.attention_backend!r}")
 
 
 def add_sparse_replay_args(parser: argparse.ArgumentParser) -> None:

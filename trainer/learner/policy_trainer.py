@@ -135,10 +135,21 @@ class PolicyTrainer:
     # --- batching ----------------------------------------------------------------------------
     def _micro_batches(self, samples: list[Sample], ids: list[int], sparse: bool = False
                        ) -> list[PackedBatch]:
+        if sparse:
+            self._check_replay_attention()
         lengths = [samples[i].length for i in ids]
         groups = split_by_token_budget(lengths, self.train_cfg.max_tokens_per_gpu)
         device = cpu_megatron.default_device()
         return [pack(samples, [ids[j] for j in g], sparse=sparse).to(device) for g in groups]
+
+    def _check_replay_attention(self) -> None:
+        """Eviction masks are applied by SDPACoreAttention only: any other core attention
+        would silently recompute densely."""
+        from .attention import SDPACoreAttention
+
+        if not any(isinstance(m, SDPACoreAttention) for m in self.model.modules()):
+            raise ValueError("eviction replay needs the sdpa attention backend (--attention-backend "
+                             "sdpa); this model's core attention would ignore the masks")
 
     def local_sample_ids(self, n: int) -> list[int]:
         """This DP rank's share of a global batch of ``n`` samples (contiguous, balanced)."""

@@ -15,9 +15,15 @@ The engine tracks it cheaply: only at compactions. Between compactions a request
 row j holds (for every layer and head) `kept[l, h, j]` for j < k and the contiguous positions
 `tail_start + (j - k)` after that, so the row -> position map is rebuilt from two facts.
 
-A request preempted after an eviction is recomputed densely when readmitted: the keys it had
-evicted come back, which a single eviction position per key cannot express. Such a record is
-marked `exact = False` (meta_info `eviction_record_exact`).
+A request preempted after an eviction (compressed requests are only preempted once they
+stopped compressing after `</think>`, or by `pause_generation(mode="retract")`) is recomputed
+densely when readmitted: from the query that samples its next token on (position `dense_from` =
+prompt + tokens sampled - 1, meta_info `eviction_record_dense_from`) its tokens come from a
+forward in which every earlier position's K/V was recomputed with full attention, so no mask
+over one forward reproduces both parts (measured: the post-preemption log-probs then differ by
+~0.1 nats from a masked replay, and match a dense forward). Such a record is marked
+`exact = False` (meta_info `eviction_record_exact`); replaying its tokens after `dense_from`
+exactly would take a second, dense forward.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class EvictionTracker:
     tail_start: int = 0  # logical position held by row[k] (rows after it are contiguous)
     events: list = dataclasses.field(default_factory=list)  # (positions [L, Hkv, m], at)
     exact: bool = True
+    dense_from: int | None = None  # first query that saw every earlier key again (preemption)
 
     def positions(self, n: int, device) -> torch.Tensor:
         """[L, Hkv, n] logical position held by each of the request's first n rows."""
@@ -55,10 +62,11 @@ class EvictionTracker:
         self.events.append((pos.gather(-1, rows).to(torch.int32), at))
         self.kept, self.tail_start = pos.gather(-1, keep_idx), at
 
-    def on_reset(self) -> None:
-        """The request lost its KV (preemption) and will be recomputed densely from position 0."""
-        if self.events:
-            self.exact = False
+    def on_reset(self, resume_at: int) -> None:
+        """The request lost its KV (preemption) and will be recomputed densely from position 0;
+        `resume_at` is the first query of that recompute whose logits are used (it samples)."""
+        if self.events and self.dense_from is None:
+            self.exact, self.dense_from = False, resume_at
         self.kept, self.tail_start = None, 0
 
     def finish(self, length: int) -> torch.Tensor:

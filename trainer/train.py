@@ -279,7 +279,8 @@ def _sample(call, pad_id: int) -> Sample:
     empty response becomes one pad token, whose record would not fit: replayed densely."""
     gen = call.gen
     record = gen.eviction_record if gen.response_ids else None
-    return Sample(call.prompt_ids, gen.response_ids or [pad_id], record)
+    return Sample(call.prompt_ids, gen.response_ids or [pad_id], record,
+                  gen.meta.get("eviction_record_dense_from"))
 
 
 def _kl_coefs(calls, default: float) -> list[float] | None:

@@ -19,6 +19,9 @@ class Sample:
     response_ids: list[int]
     # the rollout engine's eviction record [layers, KV heads, length] (None: dense sampler)
     eviction_record: torch.Tensor | None = None
+    # the engine recomputed this sample densely from this query on (a preemption after an
+    # eviction): a sparse pack replays it as two sequences, masked before and dense after
+    eviction_dense_from: int | None = None
 
     @property
     def length(self) -> int:
@@ -89,17 +92,18 @@ def pack(samples: list[Sample], indices: list[int] | None = None, pad_to_multipl
          sparse: bool = False) -> PackedBatch:
     """``sparse``: attend under the samples' eviction records (samples without one: dense)."""
     indices = list(range(len(samples))) if indices is None else indices
-    tokens, targets, is_response, lengths = [], [], [], []
+    tokens, targets, is_response, lengths, records = [], [], [], [], []
     for i in indices:
         s = samples[i]
         if not s.response_ids:
             raise ValueError(f"sample {i} has an empty response")
         seq = list(s.prompt_ids) + list(s.response_ids)
-        tokens += seq
-        targets += seq[1:] + [0]
-        p = len(s.prompt_ids)
-        is_response += [p - 1 <= j < len(seq) - 1 for j in range(len(seq))]
-        lengths.append(len(seq))
+        for lo, hi, record in _copies(s, sparse):  # one, or two for a dense recompute
+            tokens += seq
+            targets += seq[1:] + [0]
+            is_response += [lo <= j < hi for j in range(len(seq))]
+            lengths.append(len(seq))
+            records.append(record)
     total = len(tokens)
     padded = -(-total // pad_to_multiple) * pad_to_multiple
     pad = padded - total
@@ -113,14 +117,26 @@ def pack(samples: list[Sample], indices: list[int] | None = None, pad_to_multipl
         response_lengths=[len(samples[i].response_ids) for i in indices],
         sample_indices=indices,
         response_index=torch.tensor([j for j, r in enumerate(is_response) if r], dtype=torch.long),
-        eviction=_eviction_masks([samples[i] for i in indices], lengths, padded) if sparse else None,
+        eviction=_eviction_masks(records, lengths, padded) if sparse else None,
     )
 
 
-def _eviction_masks(samples: list[Sample], lengths: list[int], total: int):
+def _copies(s: Sample, sparse: bool) -> list[tuple[int, int, torch.Tensor | None]]:
+    """The sample's sequences in a pack: (first, end) of the positions whose log-probs it gives,
+    and the record it attends under. A sample the engine recomputed densely from query d on
+    (K/V of every earlier position recomputed with full attention) needs two forwards: masked
+    for the queries before d, dense from d on; both copies are in the pack."""
+    first, end = len(s.prompt_ids) - 1, s.length - 1
+    record = s.eviction_record if sparse else None
+    d = s.eviction_dense_from
+    if record is None or d is None or not first < d < end:
+        return [(first, end, record)]
+    return [(first, d, record), (d, end, None)]
+
+
+def _eviction_masks(records: list, lengths: list[int], total: int):
     from .sparse_attention import EvictionMasks
 
-    records = [s.eviction_record for s in samples]
     shaped = next((r for r in records if r is not None), None)
     if shaped is None:  # a dense sampler: nothing to replay
         return None

@@ -19,11 +19,11 @@ A request preempted after an eviction (compressed requests are only preempted on
 stopped compressing after `</think>`, or by `pause_generation(mode="retract")`) is recomputed
 densely when readmitted: from the query that samples its next token on (position `dense_from` =
 prompt + tokens sampled - 1, meta_info `eviction_record_dense_from`) its tokens come from a
-forward in which every earlier position's K/V was recomputed with full attention, so no mask
-over one forward reproduces both parts (measured: the post-preemption log-probs then differ by
-~0.1 nats from a masked replay, and match a dense forward). Such a record is marked
-`exact = False` (meta_info `eviction_record_exact`); replaying its tokens after `dense_from`
-exactly would take a second, dense forward.
+forward in which every earlier position's K/V was recomputed with full attention. No mask over
+one forward reproduces both parts; the replay takes the masked forward for queries before
+`dense_from` and a dense one after (the trainer packs such a sample twice). A request that
+compresses again after that recompute (a retract while compressing) had kept sets this form
+does not hold: its record is marked `exact = False` (meta_info `eviction_record_exact`).
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ class EvictionTracker:
 
     def on_compact(self, keep_idx: torch.Tensor, n: int, at: int) -> None:
         """Rows `keep_idx` [L, Hkv, k] of row[:n] were kept; the rest are gone for queries >= at."""
+        if self.dense_from is not None:  # kept sets chosen anew after the dense recompute
+            self.exact = False
         pos = self.positions(n, keep_idx.device)
         dropped = torch.ones_like(pos, dtype=torch.int8).scatter_(-1, keep_idx, 0)
         # the n - k dropped rows of every (layer, head), without a boolean index (a host sync)
@@ -66,7 +68,7 @@ class EvictionTracker:
         """The request lost its KV (preemption) and will be recomputed densely from position 0;
         `resume_at` is the first query of that recompute whose logits are used (it samples)."""
         if self.events and self.dense_from is None:
-            self.exact, self.dense_from = False, resume_at
+            self.dense_from = resume_at
         self.kept, self.tail_start = None, 0
 
     def finish(self, length: int) -> torch.Tensor:

@@ -149,10 +149,12 @@ def test_tracker_on_a_hand_worked_example():
                              [6, 8, 6, 10, 8, 8, 10, 10, 10, 10]]]
     assert t.exact
     t.on_reset(9)  # preempted: recomputed densely (all K/V anew) from query 9 on
-    assert not t.exact and t.dense_from == 9
+    assert t.exact and t.dense_from == 9
     assert t.positions(3, "cpu").tolist() == [[[0, 1, 2], [0, 1, 2]]]
     t.on_reset(11)
-    assert t.dense_from == 9  # the first dense recompute is where the record stops being exact
+    assert t.dense_from == 9  # dense from the first recompute on
+    t.on_compact(torch.tensor([[[0, 1], [0, 1]]]), 3, 12)  # compressing again: not expressible
+    assert not t.exact
     fresh = eviction_record.EvictionTracker(1, 2)
     fresh.on_reset(4)  # nothing evicted before the preemption: the plain record stays exact
     assert fresh.exact and fresh.dense_from is None
@@ -172,22 +174,23 @@ def preempt_after_compressions(eng, body, compressions=2):
         time.sleep(0.001)
 
     def stop_and_preempt():
-        running[0].compress_stopped = True
+        seq = running[0]
+        seq.compress_stopped = True
         eng.scheduler.retract_all()
-        return len(running[0].prompt_ids) + running[0].num_sampled - 1 if running else None
+        return len(seq.prompt_ids) + seq.num_sampled - 1  # its last sampled token's position
 
     return fut, eng.loop.call(stop_and_preempt)
 
 
-def test_preemption_after_an_eviction_marks_the_record_inexact(tiny_models):
+def test_preemption_after_an_eviction_reports_where_the_dense_recompute_starts(tiny_models):
     with make_engine(tiny_models, compress_algorithm="rkv", compress_max_prompt=10,
                      compress_divide_length=5, compress_max_window=3) as eng:
-        fut, _ = preempt_after_compressions(eng, {
+        fut, resume_at = preempt_after_compressions(eng, {
             "input_ids": prompt(7, seed=5), "return_eviction_record": True,
             "sampling_params": dict(GREEDY, max_new_tokens=60)})
         out = fut.result()
     meta = out["meta_info"]
-    assert meta["num_preemptions"] == 1 and meta["eviction_record_exact"] is False
+    assert meta["num_preemptions"] == 1 and meta["eviction_record_exact"] is True
     rec, dense_from = meta["eviction_record"], meta["eviction_record_dense_from"]
-    assert 7 < dense_from < 67 and (rec < 67).any()
+    assert 7 < dense_from == resume_at < 66 and (rec < 67).any()
     assert (rec[rec < 67] <= dense_from).all()  # every eviction happened before the recompute

@@ -147,3 +147,20 @@ def test_gradients_of_the_mask_path_match_the_per_query_reference():
         grads.append([t.grad for t in x])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-7)
+
+
+def test_a_densely_recomputed_sample_is_packed_twice_and_split_back():
+    """eviction_dense_from d: queries before d from the masked copy, from d on from a dense
+    copy; split_per_sample gives the response log-probs back in order, one row per sample."""
+    g = torch.Generator().manual_seed(6)
+    s = Sample([1, 2, 3], [4, 5, 6, 7, 8], random_record(8, g), eviction_dense_from=5)
+    other = Sample([9], [10, 11], random_record(3, g))
+    batch = pack([other, s], sparse=True)
+    assert batch.cu_seqlens.tolist() == [0, 3, 11, 19]
+    assert batch.eviction.seq_id[:19].tolist() == [0] * 3 + [1] * 8 + [2] * 8
+    assert (batch.eviction.evict[..., 11:19] == 128).all()  # the second copy attends densely
+    # response log-probs sit at queries 2..6 of s: 2, 3, 4 masked (rows 5-7), 5, 6 dense (16, 17)
+    assert batch.response_index.tolist() == [0, 1, 5, 6, 7, 16, 17]
+    values = torch.arange(19.0)
+    assert [x.tolist() for x in batch.split_per_sample(values)] == [[0, 1], [5, 6, 7, 16, 17]]
+    assert pack([s]).cu_seqlens.tolist() == [0, 8]  # dense packs: one copy

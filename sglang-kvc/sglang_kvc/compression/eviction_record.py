@@ -89,7 +89,8 @@ def record_dtype(length: int) -> torch.dtype:
 
 
 def record_bytes(num_layers: int, num_kv_heads: int, length: int) -> int:
-    return num_layers * num_kv_heads * length * torch.empty((), dtype=record_dtype(length)).element_size()
+    itemsize = torch.empty((), dtype=record_dtype(length)).element_size()
+    return num_layers * num_kv_heads * length * itemsize
 
 
 def encode(record: torch.Tensor) -> dict:

@@ -134,6 +134,11 @@ def _copies(s: Sample, sparse: bool) -> list[tuple[int, int, torch.Tensor | None
     return [(first, d, record), (d, end, None)]
 
 
+def packed_length(s: Sample, sparse: bool) -> int:
+    """Rows the sample takes in a pack (twice its length when replayed in two forwards)."""
+    return s.length * len(_copies(s, sparse))
+
+
 def _eviction_masks(records: list, lengths: list[int], total: int):
     from .sparse_attention import EvictionMasks
 

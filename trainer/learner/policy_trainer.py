@@ -26,7 +26,7 @@ from .forward import packed_forward
 from .fusions import wgrad as fusions_wgrad
 from .logprobs import logprobs_and_entropy
 from .model_provider import ModelConfig, build_policy_model
-from .packing import PackedBatch, Sample, pack, split_by_token_budget
+from .packing import PackedBatch, Sample, pack, packed_length, split_by_token_budget
 
 
 @dataclasses.dataclass
@@ -137,7 +137,7 @@ class PolicyTrainer:
                        ) -> list[PackedBatch]:
         if sparse:
             self._check_replay_attention()
-        lengths = [samples[i].length for i in ids]
+        lengths = [packed_length(samples[i], sparse) for i in ids]
         groups = split_by_token_budget(lengths, self.train_cfg.max_tokens_per_gpu)
         device = cpu_megatron.default_device()
         return [pack(samples, [ids[j] for j in g], sparse=sparse).to(device) for g in groups]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.learner.packing import Sample, pack
+from trainer.learner.packing import Sample, pack, packed_length
 from trainer.learner.sparse_attention import EvictionMasks, sparse_packed_attention
 
 L, HKV, HQ, D = 3, 2, 4, 8
@@ -164,3 +164,4 @@ def test_a_densely_recomputed_sample_is_packed_twice_and_split_back():
     values = torch.arange(19.0)
     assert [x.tolist() for x in batch.split_per_sample(values)] == [[0, 1], [5, 6, 7, 16, 17]]
     assert pack([s]).cu_seqlens.tolist() == [0, 8]  # dense packs: one copy
+    assert (packed_length(s, True), packed_length(s, False), packed_length(other, True)) == (16, 8, 3)

@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         add(p)  # --help shows the groups in this order
     _add_optional(p, "trainer.rollout.rewards", "add_reward_args")
     _add_optional(p, "trainer.tracking", "add_logging_args")
+    _add_optional(p, "trainer.learner.config", "add_sparse_replay_args")
     return p
 
 
@@ -257,6 +258,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Inconsistent combinations fail now, not after the first rollout."""
+    from .learner.config import check_sparse_replay_args
+
+    check_sparse_replay_args(parser, args)
     if args.save_debug_rollout_data:
         try:
             args.save_debug_rollout_data.format(rollout_id=0)
@@ -293,6 +297,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--max-staleness must be >= 0")
     if args.partial_rollout and args.max_staleness is None:
         parser.error("--partial-rollout needs --max-staleness (asynchronous rollouts)")
+    if args.partial_rollout and (args.sparse_recompute or args.train_sparse_policy):
+        parser.error("--partial-rollout with --sparse-recompute / --train-sparse-policy is not "
+                     "supported: a resumed request starts a new eviction record, so no record "
+                     "describes the whole sample")
     if args.overlong_penalty_factor < 0:
         parser.error("--overlong-penalty-factor must be >= 0")
     if args.rollout_temperature <= 0:

@@ -245,7 +245,9 @@ class Run:
         """Advantages, the dense π_old (and reference) recompute, the sparse correction."""
         ref = None
         if self.reference is not None:
-            ref = gather_dp(self.reference.compute_logprobs(batch.samples), self.trainer)
+            sparse = self.trainer.train_cfg.train_sparse_policy  # KL between like policies
+            ref = gather_dp(self.reference.compute_logprobs(batch.samples, sparse=sparse),
+                            self.trainer)
         return prepare_update(self.trainer, batch, self.algo.advantage, self.algo.correction, ref)
 
     def _write_debug_rows(self, rollout_id: int, result, prompts) -> None:
@@ -259,8 +261,7 @@ class Run:
         calls = [c for t in traces for c in t.calls]
         plain = all(len(t.calls) == 1 and t.group is None for t in traces)
         return RolloutBatch(
-            [Sample(c.prompt_ids, c.gen.response_ids or [self._pad_id()]) for c in calls],
-            shaped.rewards,
+            [_sample(c, self._pad_id()) for c in calls], shaped.rewards,
             [torch.tensor(c.gen.logprobs or [0.0]) for c in calls],
             group_index=[t.group_label for t in traces],
             trace_index=None if plain else [i for i, t in enumerate(traces) for _ in t.calls],
@@ -324,6 +325,15 @@ def _tokens_per_s(result, waited: float | None) -> float:
     slowest engine's generation time (async: it overlapped training)."""
     seconds = waited if waited is not None else max(s.seconds for s in result.shards)
     return sum(len(g.response_ids) for g in result.gens) / max(seconds, 1e-6)
+
+
+def _sample(call, pad_id: int) -> Sample:
+    """A call as the learner's sample, with its eviction record (replay) when it has one; an
+    empty response becomes one pad token, whose record would not fit: replayed densely."""
+    gen = call.gen
+    record = gen.eviction_record if gen.response_ids else None
+    return Sample(call.prompt_ids, gen.response_ids or [pad_id], record,
+                  gen.meta.get("eviction_record_dense_from"))
 
 
 def _kl_coefs(calls, default: float) -> list[float] | None:

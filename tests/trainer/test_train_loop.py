@@ -166,6 +166,8 @@ def test_bad_data_names_file_and_line(setup, tmp_path, content, message):
     (["--weight-sync", "tensor"], "--weight-sync tensor needs --rollout-server-urls"),
     (["--rollout-top-p", "0.9"], "--rollout-top-p 0.9 / --rollout-top-k -1: truncated sampling"),
     (["--rollout-top-k", "20"], "--rollout-top-k 20: truncated sampling is not supported"),
+    (["--max-staleness", "1", "--partial-rollout", "--sparse-recompute"],
+     "--partial-rollout with --sparse-recompute / --train-sparse-policy is not supported"),
 ])
 def test_bad_flags_fail_at_once(setup, tmp_path, extra, message):
     hf, data, _ = setup

@@ -45,6 +45,9 @@ class PackedAttentionParams(PackedSeqParams):
     cu_seqlens_host: torch.Tensor | None = None  # [n + 1] int32 on the CPU
     cu_seqlens_device: torch.Tensor | None = None  # the same, int32 on the compute device
     num_tokens: int | None = None  # tokens in sequences; the rest of the row is padding
+    # the rollout engine's KV evictions in pack coordinates (sparse_attention.EvictionMasks):
+    # when set, every layer attends under its own eviction mask (--sparse-recompute)
+    eviction: object | None = None
 
 
 @dataclasses.dataclass
@@ -202,6 +205,7 @@ class SDPACoreAttention(MegatronModule):
 
     # how packed batches are attended: auto, or one of PACKED_IMPLS forced (benchmarks, tests)
     packed_impl = "auto"
+    sparse_impl = "auto"  # eviction replay: auto (flex on CUDA, mask elsewhere), mask, flex
 
     def __init__(self, config, layer_number, attn_mask_type, attention_type,
                  attention_dropout=None, softmax_scale=None, cp_comm_type=None, pg_collection=None):
@@ -210,6 +214,7 @@ class SDPACoreAttention(MegatronModule):
             raise NotImplementedError("SDPACoreAttention does not implement context parallelism")
         self.scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.layer_index = layer_number - 1  # Megatron numbers layers globally from 1
 
     def _dropout_p(self) -> float:
         return self.dropout if self.training else 0.0
@@ -220,6 +225,9 @@ class SDPACoreAttention(MegatronModule):
             raise NotImplementedError("attention_bias is not supported")
         if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
             layout = PackLayout.from_params(packed_seq_params, query.device)
+            eviction = getattr(packed_seq_params, "eviction", None)
+            if eviction is not None:
+                return self._sparse(query, key, value, layout, eviction)
             return packed_attention(query, key, value, layout, scale=self.scale,
                                     dropout_p=self._dropout_p(), impl=self.packed_impl)
         # [s, b, h, d] -> [b, h, s, d]
@@ -230,6 +238,17 @@ class SDPACoreAttention(MegatronModule):
         out = _sdpa(q, k, v, scale=self.scale, dropout_p=self._dropout_p(), mask=mask)
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+    def _sparse(self, query, key, value, layout: PackLayout, eviction):
+        from .sparse_attention import kv_head_offset, sparse_packed_attention
+
+        if self._dropout_p():
+            raise ValueError("sparse (eviction-replay) attention has no dropout")
+        cu = layout.cu_host if layout.cu_host is not None else layout.cu_device.cpu()
+        local = key.shape[1]  # tensor parallelism splits the KV heads over the ranks
+        eviction = eviction.heads(kv_head_offset(eviction.evict.shape[1], local), local)
+        return sparse_packed_attention(query, key, value, eviction, self.layer_index, cu,
+                                       scale=self.scale, impl=self.sparse_impl)
 
 
 def set_packed_attention(impl: str) -> None:

@@ -31,8 +31,11 @@ class LearnerConfig:
 
 
 def learner_config_from_args(args: argparse.Namespace) -> LearnerConfig:
+    backend = args.attention_backend
+    if backend == "auto" and _replays(args):  # the eviction masks live in our SDPA attention
+        backend = "sdpa"
     model = ModelConfig(hf_checkpoint=args.hf_checkpoint, load=args.load,
-                        attention_backend=args.attention_backend)
+                        attention_backend=backend)
     return LearnerConfig(model, optim_config_from_args(args), train_config_from_args(args),
                          global_batch_size=args.global_batch_size, ref_load=args.ref_load)
 
@@ -47,6 +50,34 @@ def optim_config_from_args(args: argparse.Namespace) -> OptimConfig:
 
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     # the learner divides logits by the rollout temperature, as the sampler did
+    train_sparse = getattr(args, "train_sparse_policy", False)
     return TrainConfig(max_tokens_per_gpu=args.max_tokens_per_gpu,
                        log_probs_chunk_size=args.log_probs_chunk_size,
-                       temperature=args.rollout_temperature, seed=args.seed)
+                       temperature=args.rollout_temperature, seed=args.seed,
+                       # training the sparse policy needs its π_old: the sparse recompute
+                       sparse_recompute=getattr(args, "sparse_recompute", False) or train_sparse,
+                       train_sparse_policy=train_sparse)
+
+
+def _replays(args: argparse.Namespace) -> bool:
+    return getattr(args, "sparse_recompute", False) or getattr(args, "train_sparse_policy", False)
+
+
+def check_sparse_replay_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if _replays(args) and args.attention_backend not in ("auto", "sdpa"):
+        parser.error(f"--sparse-recompute / --train-sparse-policy need --attention-backend sdpa "
+                     f"(or auto): the eviction masks are applied there, not by "
+                     f"{args.attention_backend!r}")
+
+
+def add_sparse_replay_args(parser: argparse.ArgumentParser) -> None:
+    """Eviction replay (learner/sparse_attention.py): the rollouts return their eviction records
+    and the learner's forward attends under them."""
+    g = parser.add_argument_group("eviction replay")
+    g.add_argument("--sparse-recompute", action="store_true",
+                   help="recompute π_old with the sampler's own KV evictions: "
+                        "the behaviour ratio and the mismatch metrics then measure numerics only")
+    g.add_argument("--train-sparse-policy", action="store_true",
+                   help="the update's forward uses the same eviction masks: GRPO optimises the "
+                        "compressed policy itself, on-policy (implies --sparse-recompute; the "
+                        "reference's log-probs are replayed too)")

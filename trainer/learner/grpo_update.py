@@ -129,7 +129,9 @@ def prepare_update(trainer, batch: RolloutBatch, adv_cfg: AdvantageConfig,
     advantages = trace_advantages(batch, adv_cfg, mask)
     old = None
     if corr_cfg is None or corr_cfg.needs_dense_recompute:
-        old = pad_rows(gather_dp(trainer.compute_logprobs(batch.samples), trainer), width)
+        sparse = trainer.train_cfg.sparse_recompute  # the sampler's own attention, replayed
+        old = pad_rows(gather_dp(trainer.compute_logprobs(batch.samples, sparse=sparse), trainer),
+                       width)
     metrics = {}
     if corr_cfg is not None:
         old = select_old_logp(old, rollout, corr_cfg)
@@ -206,7 +208,8 @@ def run_updates(trainer, batch: RolloutBatch, prep: PreparedUpdate, loss_cfg: Po
         device = cpu_megatron.default_device()  # once per global batch, not per micro-batch
         sub_prep = _map_tensors(sub_prep, lambda t: t.to(device, non_blocking=True))
         metrics = trainer.train_step(sub, make_loss_fn(sub_prep, loss_cfg, scale),
-                                     with_entropy=loss_cfg.entropy_coef != 0)
+                                     with_entropy=loss_cfg.entropy_coef != 0,
+                                     sparse=trainer.train_cfg.train_sparse_policy)
         history.append(_reduce_over_dp(metrics, trainer))
     return history
 

@@ -17,6 +17,11 @@ import torch
 class Sample:
     prompt_ids: list[int]
     response_ids: list[int]
+    # the rollout engine's eviction record [layers, KV heads, length] (None: dense sampler)
+    eviction_record: torch.Tensor | None = None
+    # the engine recomputed this sample densely from this query on (a preemption after an
+    # eviction): a sparse pack replays it as two sequences, masked before and dense after
+    eviction_dense_from: int | None = None
 
     @property
     def length(self) -> int:
@@ -35,6 +40,7 @@ class PackedBatch:
     response_index: torch.Tensor  # [sum(response_lengths)] long: positions of response_positions
     cu_seqlens_device: torch.Tensor | None = None  # cu_seqlens on the compute device (``to``)
     bounds_on_device: bool = False  # Megatron's kernels (Transformer Engine's) read the device copy
+    eviction: object | None = None  # sparse_attention.EvictionMasks: attend as the sampler did
 
     @property
     def num_tokens(self) -> int:
@@ -50,7 +56,7 @@ class PackedBatch:
         return PackedAttentionParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                                      max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen,
                                      cu_seqlens_host=self.cu_seqlens, cu_seqlens_device=device_cu,
-                                     num_tokens=self.num_tokens)
+                                     num_tokens=self.num_tokens, eviction=self.eviction)
 
     def to(self, device) -> "PackedBatch":
         # Megatron gets the CPU cu_seqlens: our RoPE builds its tables from it once per
@@ -64,6 +70,7 @@ class PackedBatch:
                                    response_positions=move(self.response_positions),
                                    response_index=move(self.response_index),
                                    cu_seqlens_device=move(self.cu_seqlens),
+                                   eviction=None if self.eviction is None else self.eviction.to(device),
                                    bounds_on_device=transformer_engine_available())
 
     def split_per_sample(self, values: torch.Tensor) -> list[torch.Tensor]:
@@ -81,20 +88,22 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def pack(samples: list[Sample], indices: list[int] | None = None, pad_to_multiple: int = 1
-         ) -> PackedBatch:
+def pack(samples: list[Sample], indices: list[int] | None = None, pad_to_multiple: int = 1,
+         sparse: bool = False) -> PackedBatch:
+    """``sparse``: attend under the samples' eviction records (samples without one: dense)."""
     indices = list(range(len(samples))) if indices is None else indices
-    tokens, targets, is_response, lengths = [], [], [], []
+    tokens, targets, is_response, lengths, records = [], [], [], [], []
     for i in indices:
         s = samples[i]
         if not s.response_ids:
             raise ValueError(f"sample {i} has an empty response")
         seq = list(s.prompt_ids) + list(s.response_ids)
-        tokens += seq
-        targets += seq[1:] + [0]
-        p = len(s.prompt_ids)
-        is_response += [p - 1 <= j < len(seq) - 1 for j in range(len(seq))]
-        lengths.append(len(seq))
+        for lo, hi, record in _copies(s, sparse):  # one, or two for a dense recompute
+            tokens += seq
+            targets += seq[1:] + [0]
+            is_response += [lo <= j < hi for j in range(len(seq))]
+            lengths.append(len(seq))
+            records.append(record)
     total = len(tokens)
     padded = -(-total // pad_to_multiple) * pad_to_multiple
     pad = padded - total
@@ -108,7 +117,35 @@ def pack(samples: list[Sample], indices: list[int] | None = None, pad_to_multipl
         response_lengths=[len(samples[i].response_ids) for i in indices],
         sample_indices=indices,
         response_index=torch.tensor([j for j, r in enumerate(is_response) if r], dtype=torch.long),
+        eviction=_eviction_masks(records, lengths, padded) if sparse else None,
     )
+
+
+def _copies(s: Sample, sparse: bool) -> list[tuple[int, int, torch.Tensor | None]]:
+    """The sample's sequences in a pack: (first, end) of the positions whose log-probs it gives,
+    and the record it attends under. A sample the engine recomputed densely from query d on
+    (K/V of every earlier position recomputed with full attention) needs two forwards: masked
+    for the queries before d, dense from d on; both copies are in the pack."""
+    first, end = len(s.prompt_ids) - 1, s.length - 1
+    record = s.eviction_record if sparse else None
+    d = s.eviction_dense_from
+    if record is None or d is None or not first < d < end:
+        return [(first, end, record)]
+    return [(first, d, record), (d, end, None)]
+
+
+def packed_length(s: Sample, sparse: bool) -> int:
+    """Rows the sample takes in a pack (twice its length when replayed in two forwards)."""
+    return s.length * len(_copies(s, sparse))
+
+
+def _eviction_masks(records: list, lengths: list[int], total: int):
+    from .sparse_attention import EvictionMasks
+
+    shaped = next((r for r in records if r is not None), None)
+    if shaped is None:  # a dense sampler: nothing to replay
+        return None
+    return EvictionMasks.from_records(records, lengths, shaped.shape[0], shaped.shape[1], total)
 
 
 def split_by_token_budget(lengths: list[int], max_tokens: int) -> list[list[int]]:

@@ -26,7 +26,7 @@ from .forward import packed_forward
 from .fusions import wgrad as fusions_wgrad
 from .logprobs import logprobs_and_entropy
 from .model_provider import ModelConfig, build_policy_model
-from .packing import PackedBatch, Sample, pack, split_by_token_budget
+from .packing import PackedBatch, Sample, pack, packed_length, split_by_token_budget
 
 
 @dataclasses.dataclass
@@ -50,6 +50,8 @@ class TrainConfig:
     log_probs_chunk_size: int = 1024
     temperature: float = 1.0  # --rollout-temperature: logits are divided by it everywhere
     seed: int = 1234
+    sparse_recompute: bool = False  # π_old (and π_ref) attend as the sampler did (its records)
+    train_sparse_policy: bool = False  # the update's forward too: GRPO on the compressed policy
 
 
 # loss_fn(logp, entropy, sample_ids) -> (loss, metrics): logp/entropy are per-sample response
@@ -131,11 +133,23 @@ class PolicyTrainer:
         return optimizer, scheduler
 
     # --- batching ----------------------------------------------------------------------------
-    def _micro_batches(self, samples: list[Sample], ids: list[int]) -> list[PackedBatch]:
-        lengths = [samples[i].length for i in ids]
+    def _micro_batches(self, samples: list[Sample], ids: list[int], sparse: bool = False
+                       ) -> list[PackedBatch]:
+        if sparse:
+            self._check_replay_attention()
+        lengths = [packed_length(samples[i], sparse) for i in ids]
         groups = split_by_token_budget(lengths, self.train_cfg.max_tokens_per_gpu)
         device = cpu_megatron.default_device()
-        return [pack(samples, [ids[j] for j in g]).to(device) for g in groups]
+        return [pack(samples, [ids[j] for j in g], sparse=sparse).to(device) for g in groups]
+
+    def _check_replay_attention(self) -> None:
+        """Eviction masks are applied by SDPACoreAttention only: any other core attention
+        would silently recompute densely."""
+        from .attention import SDPACoreAttention
+
+        if not any(isinstance(m, SDPACoreAttention) for m in self.model.modules()):
+            raise ValueError("eviction replay needs the sdpa attention backend (--attention-backend "
+                             "sdpa); this model's core attention would ignore the masks")
 
     def local_sample_ids(self, n: int) -> list[int]:
         """This DP rank's share of a global batch of ``n`` samples (contiguous, balanced)."""
@@ -177,8 +191,10 @@ class PolicyTrainer:
         return loss, dummy_tokens, {}
 
     @torch.no_grad()
-    def compute_logprobs(self, samples: list[Sample]) -> list[torch.Tensor | None]:
-        """Response log-probs of this rank's samples under the current weights (π_old / π_ref).
+    def compute_logprobs(self, samples: list[Sample], sparse: bool = False
+                         ) -> list[torch.Tensor | None]:
+        """Response log-probs of this rank's samples under the current weights (π_old / π_ref);
+        ``sparse``: attending as the rollout engine did (the samples' eviction records).
 
         Returns a list aligned with ``samples``: tensors for this DP rank's samples, on the last
         pipeline stage; None elsewhere.
@@ -187,7 +203,7 @@ class PolicyTrainer:
         self.model.eval()
         out: list[torch.Tensor | None] = [None] * len(samples)
         zero = lambda logp, ent, idx: (logp[0].sum() * 0.0, {})  # noqa: E731
-        results = self._run(self._micro_batches(samples, ids), zero, forward_only=True,
+        results = self._run(self._micro_batches(samples, ids, sparse), zero, forward_only=True,
                             with_entropy=False)
         order = [i for sample_ids, _, _ in results for i in sample_ids]
         for i, lp in zip(order, _to_host([lp for _, logps, _ in results for lp in logps])):
@@ -195,15 +211,16 @@ class PolicyTrainer:
         self.model.train()
         return out
 
-    def train_step(self, samples: list[Sample], loss_fn: LossFn, *, with_entropy: bool = False
-                   ) -> dict:
-        """One optimizer step on this rank's share of a global batch."""
+    def train_step(self, samples: list[Sample], loss_fn: LossFn, *, with_entropy: bool = False,
+                   sparse: bool = False) -> dict:
+        """One optimizer step on this rank's share of a global batch (``sparse``: the policy's
+        forward attends under the samples' eviction records, --train-sparse-policy)."""
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         ids = self.local_sample_ids(len(samples))
-        results = self._run(self._micro_batches(samples, ids), loss_fn, forward_only=False,
-                            with_entropy=with_entropy)
+        results = self._run(self._micro_batches(samples, ids, sparse), loss_fn,
+                            forward_only=False, with_entropy=with_entropy)
         update_ok, grad_norm, _ = self.optimizer.step()
         if update_ok:
             self.scheduler.step(increment=1)

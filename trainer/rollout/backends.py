@@ -29,6 +29,7 @@ class RolloutConfig:
     concurrency: int = 64  # in-flight HTTP requests per server
     retries: int = 3
     compress: bool = True  # False: dense KV on a compressing sglang-kvc engine (dense evaluation)
+    eviction_record: bool = False  # ask sglang-kvc for each sample's eviction record (replay)
 
 
 @dataclasses.dataclass
@@ -41,12 +42,18 @@ class Generation:
     meta: dict
     # one weight version per token when a partial rollout was resumed under new weights
     token_versions: list[int] | None = None
+    # [layers, KV heads, prompt + response] int tensor: the first query that lost each key
+    # (sglang_kvc.compression.eviction_record), when the rollout asked for it
+    eviction_record: object | None = None
 
 
 def _kv_fields(cfg: RolloutConfig) -> dict:
     """sglang-kvc's per-request ``compress`` field, sent only when it asks for dense KV (a stock
     SGLang server never sees it in a default run)."""
-    return {} if cfg.compress else {"compress": False}
+    fields = {} if cfg.compress else {"compress": False}
+    if cfg.eviction_record:
+        fields["return_eviction_record"] = True
+    return fields
 
 
 def _sampling_params(cfg: RolloutConfig, seed: int | None, **overrides) -> dict:
@@ -62,7 +69,7 @@ def _sampling_params(cfg: RolloutConfig, seed: int | None, **overrides) -> dict:
     return params
 
 
-def parse_output(out: dict) -> Generation:
+def parse_output(out: dict, want_record: bool = False) -> Generation:
     meta = out.get("meta_info", {})
     pairs = meta.get("output_token_logprobs") or []
     ids = [int(p[1]) for p in pairs]
@@ -70,7 +77,19 @@ def parse_output(out: dict) -> Generation:
     return Generation(ids, [float(p[0]) for p in pairs], out.get("text", ""),
                       finish.get("type", "unknown") if isinstance(finish, dict) else str(finish),
                       meta.get("weight_version"),
-                      {k: v for k, v in meta.items() if k != "output_token_logprobs"})
+                      {k: v for k, v in meta.items()
+                       if k not in ("output_token_logprobs", "eviction_record")},
+                      _eviction_record(meta) if want_record else None)
+
+
+def _eviction_record(meta: dict):
+    """The record as a tensor: handed over as one in-process, base64 over HTTP."""
+    if "eviction_record" not in meta:
+        raise RuntimeError("the rollout engine returned no eviction_record: --sparse-recompute / "
+                           "--train-sparse-policy need sglang-kvc engines (return_eviction_record)")
+    from sglang_kvc.compression.eviction_record import decode
+
+    return decode(meta["eviction_record"])
 
 
 class EngineRollout:
@@ -98,7 +117,7 @@ class EngineRollout:
                   disable=not self.progress, mininterval=1.0) as bar:
             for _ in concurrent.futures.as_completed(futures):
                 bar.update()
-        return [parse_output(f.result()) for f in futures]
+        return [parse_output(f.result(), cfg.eviction_record) for f in futures]
 
 
 class _Transient(Exception):
@@ -161,7 +180,7 @@ class HTTPRollout:
             raise
         finally:
             pool.shutdown(wait=not stop.is_set(), cancel_futures=True)
-        return [parse_output(o) for o in outs]
+        return [parse_output(o, cfg.eviction_record) for o in outs]
 
     def _request(self, slot: int, payload: dict, retries: int, stop: threading.Event) -> dict:
         """One sample: its slot's engine, or the next one up after each failure."""

@@ -198,7 +198,10 @@ def sampling_config_from_args(args: argparse.Namespace) -> RolloutConfig:
         max_response_len=args.rollout_max_response_len, temperature=args.rollout_temperature,
         top_p=args.rollout_top_p, top_k=args.rollout_top_k,
         stop_token_ids=args.rollout_stop_token_ids, seed=None,
-        concurrency=args.rollout_concurrency)
+        concurrency=args.rollout_concurrency,
+        # the learner replays the sampler's evictions (learner/config.py's replay flags)
+        eviction_record=getattr(args, "sparse_recompute", False)
+        or getattr(args, "train_sparse_policy", False))
 
 
 def eval_samplings_from_args(args: argparse.Namespace) -> tuple[RolloutConfig, ...]:

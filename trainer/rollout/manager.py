@@ -138,7 +138,15 @@ def compression_stats(gens: list[Generation]) -> dict:
     return {"kv_compressions_per_sample": mean("num_compressions"),
             "kv_tokens_evicted_per_sample": mean("tokens_evicted"),
             "kv_peak_slots_per_sample": mean("peak_kv_slots"),
-            "kv_peak_slots_max": float(max(c.get("peak_kv_slots", 0) for c in comp))}
+            "kv_peak_slots_max": float(max(c.get("peak_kv_slots", 0) for c in comp)),
+            **replay_stats(gens)}
+
+
+def replay_stats(gens: list[Generation]) -> dict:
+    """Eviction replay: the fraction of records the engine could not make exact (a sample
+    preempted after an eviction is recomputed densely; its replay is then approximate)."""
+    flags = [g.meta.get("eviction_record_exact") for g in gens if g.eviction_record is not None]
+    return {"eviction_records_inexact": sum(not f for f in flags) / len(flags)} if flags else {}
 
 
 def engine_stats(shards: list[Shard]) -> dict:

@@ -70,6 +70,9 @@ class Compressor:
             s.peak_kv = max(s.peak_kv, n)
             s.num_compressions += 1
             s.tokens_evicted += n - keep
+        for i, s in enumerate(seqs):
+            if s.eviction is not None:  # after the step that fed num_computed - 1
+                s.eviction.on_compact(idx[i], n, s.num_computed)
         self.num_compressions += len(seqs)
         self.tokens_evicted += len(seqs) * (n - keep)
         return idx

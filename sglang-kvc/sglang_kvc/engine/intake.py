@@ -9,6 +9,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..compression.eviction_record import EvictionTracker
 from .io_struct import GenerateItem
 from .sequence import Sequence
 
@@ -19,6 +20,7 @@ UpdateFn = Callable[[dict, bool], Any]  # (output dict, finished)
 class IntakeLimits:
     vocab_size: int
     max_seq_len: int
+    kv_shape: tuple[int, int] = (0, 0)  # (layers, KV heads): the eviction record's leading dims
 
 
 def prompt_ids(item: GenerateItem, tokenizer) -> list[int]:
@@ -64,7 +66,8 @@ def make_sequences(item: GenerateItem, tokenizer, limits: IntakeLimits,
             logprob_start_len=item.logprob_start_len, stream=item.stream,
             return_text_in_logprobs=item.return_text_in_logprobs,
             # the trigger never fires for a stopped request: it keeps its whole KV
-            compress_stopped=not item.compress))
+            compress_stopped=not item.compress,
+            eviction=EvictionTracker(*limits.kv_shape) if item.return_eviction_record else None))
     return seqs
 
 

@@ -19,6 +19,7 @@ GENERATE_KEYS = {
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
     "top_logprobs_num", "return_text_in_logprobs", "stream", "token_ids_logprob",
     "compress",  # ours: false = this request keeps its whole KV on a compressing server
+    "return_eviction_record",  # ours: per layer/KV head, the first query that lost each key
 }
 # SGLang fields that would change the result, accepted at their default (what every stock client
 # sends) and refused otherwise: a value we would silently ignore is a wrong answer.
@@ -88,6 +89,7 @@ class GenerateItem:
     return_text_in_logprobs: bool = False
     stream: bool = False
     compress: bool = True  # False: dense KV for this request (e.g. a dense evaluation)
+    return_eviction_record: bool = False  # meta_info.eviction_record when the request finishes
 
 
 def _pick(value: Any, i: int, batch: bool, name: str, size: int) -> Any:
@@ -148,8 +150,9 @@ def parse_generate(body: Any, sampling_defaults: dict | None = None) -> tuple[li
             return_text_in_logprobs=get("return_text_in_logprobs", False),
             stream=bool(body.get("stream", False)),
             compress=get("compress", True),
+            return_eviction_record=get("return_eviction_record", False),
         )
-        for name in ("return_logprob", "compress"):
+        for name in ("return_logprob", "compress", "return_eviction_record"):
             if not isinstance(getattr(item, name), bool):
                 raise ValueError(f"{name} must be a boolean")
         for name in ("logprob_start_len", "top_logprobs_num"):

@@ -21,6 +21,10 @@ class OutputBuilder:
         meta = self._meta(seq, final)
         if seq.return_logprob:
             meta.update(self._logprobs(seq))
+        if final and seq.eviction is not None:  # a CPU tensor; the HTTP layer encodes it
+            meta["eviction_record"] = seq.eviction.finish(seq.num_tokens)
+            meta["eviction_record_exact"] = seq.eviction.exact
+            meta["eviction_record_dense_from"] = seq.eviction.dense_from
         return {"text": self._text(seq, final), "output_ids": list(seq.output_ids), "meta_info": meta}
 
     def _text(self, seq: Sequence, final: bool) -> str:

@@ -139,6 +139,8 @@ class Scheduler:
         self.running.remove(seq)
         self.version += 1
         self.kv.release(seq)
+        if seq.eviction is not None:  # readmitted, the query at its last sampled token samples
+            seq.eviction.on_reset(len(seq.prompt_ids) + seq.num_sampled - 1)
         seq.num_computed = 0
         seq.status = Status.WAITING
         seq.num_preemptions += 1

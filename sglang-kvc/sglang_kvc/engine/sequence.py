@@ -52,6 +52,8 @@ class Sequence:
     tokens_evicted: int = 0
     peak_kv: int = 0
     compress_stopped: bool = False
+    # return_eviction_record: which keys each query saw (compression/eviction_record.py)
+    eviction: Any = None
 
     finish_reason: dict | None = None
     num_preemptions: int = 0

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from ..compression import eviction_record
 from ..engine.engine import Engine
 
 
@@ -47,6 +48,15 @@ async def read_object(request: Request) -> dict:
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return body
+
+
+def jsonable(out: dict) -> dict:
+    """An output dict as JSON: the eviction record (a tensor in-process) as base64 bytes."""
+    meta = out.get("meta_info", {})
+    if "eviction_record" not in meta:
+        return out
+    meta = dict(meta, eviction_record=eviction_record.encode(meta["eviction_record"]))
+    return dict(out, meta_info=meta)
 
 
 def sse(obj: Any) -> str:

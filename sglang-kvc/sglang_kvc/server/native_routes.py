@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..engine.engine import Engine
 from ..engine.io_struct import parse_generate
-from .http_io import get_engine, read_json, read_object, sse, stream_bridge
+from .http_io import get_engine, jsonable, read_json, read_object, sse, stream_bridge
 
 router = APIRouter()
 
@@ -28,7 +28,7 @@ async def generate(request: Request, engine: Engine = Depends(get_engine)):
     items, is_batch = parse_generate(body, engine.sampling_defaults)
     if items[0].stream:
         return _stream_response(engine, items, is_batch)
-    results = await _wait_results(engine, items)
+    results = [jsonable(r) for r in await _wait_results(engine, items)]
     return JSONResponse(results if (is_batch or len(results) > 1) else results[0])
 
 
@@ -47,7 +47,7 @@ async def _events(engine: Engine, q: asyncio.Queue, remaining: int, rids: list[s
             remaining -= finished
             if multi:
                 out = dict(out, index=idx)
-            yield sse(out)
+            yield sse(jsonable(out))
         yield "data: [DONE]\n\n"
     finally:
         if remaining:  # client went away: stop generating for it

@@ -16,3 +16,25 @@ def test_resume_and_reference_models(tmp_path):
     assert (cfg.reference_model().load, cfg.reference_model().role) == ("ref", "reference")
     assert (cfg.train.temperature, cfg.optim.lr) == (0.7, 3e-4)
     assert cfg.global_batch_size == 32 * 8  # check_args: the whole rollout by default
+
+
+def test_eviction_replay_flags(tmp_path, capsys):
+    import pytest
+
+    from trainer.rollout.config import sampling_config_from_args
+
+    (tmp_path / "config.json").write_text("{}")
+    base = ["--hf-checkpoint", str(tmp_path), "--prompt-data", "p.jsonl"]
+    plain = parse_args(base)
+    cfg = learner_config_from_args(plain)
+    assert not cfg.train.sparse_recompute and not cfg.train.train_sparse_policy
+    assert not sampling_config_from_args(plain).eviction_record
+    args = parse_args(base + ["--train-sparse-policy"])
+    cfg = learner_config_from_args(args)
+    assert cfg.train.sparse_recompute and cfg.train.train_sparse_policy  # implied
+    assert cfg.model.attention_backend == "sdpa"  # auto would pick TE, which ignores the masks
+    assert sampling_config_from_args(args).eviction_record  # the rollouts ask for the records
+    assert learner_config_from_args(parse_args(base + ["--sparse-recompute"])).train.sparse_recompute
+    with pytest.raises(SystemExit):
+        parse_args(base + ["--sparse-recompute", "--attention-backend", "te"])
+    assert "--attention-backend sdpa" in capsys.readouterr().err

@@ -79,7 +79,7 @@ def parse_output(out: dict, want_record: bool = False) -> Generation:
                       meta.get("weight_version"),
                       {k: v for k, v in meta.items()
                        if k not in ("output_token_logprobs", "eviction_record")},
-                      _eviction_record(meta) if want_record else None)
+                      eviction_record=_eviction_record(meta) if want_record else None)
 
 
 def _eviction_record(meta: dict):

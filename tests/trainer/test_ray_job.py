@@ -229,6 +229,19 @@ def test_disaggregated_engines_behind_the_router(disaggregated):
     assert left == [], left
 
 
+def _drill_job(jobs, argv: list[str], drill: str, tmp_path: Path):
+    """A 3-rollout job with the fault drill ``drill``: (log, processes left, metrics, the fault
+    counts summed over the rollouts)."""
+    job = jobs(argv, _env(TRAINER_RAY_ENGINE_EXIT_AFTER=drill), tmp_path / "job.log")
+    rc, log, left = job.finish()
+    assert rc == 0, log[-4000:]
+    metrics = _metrics(tmp_path / "save")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    faults = {k: sum(m[f"rollout/{k}"] for m in metrics)
+              for k in ("engine_failures", "engine_restarts", "requests_reissued")}
+    return log, left, metrics, faults
+
+
 def test_engine_killed_mid_rollout_is_replaced_and_no_sample_is_lost(inputs, tmp_path, jobs,
                                                                    disaggregated):
     """The drill: engine 0 SIGKILLs itself at its 8th /generate request, in rollout 2 of 3 with
@@ -237,14 +250,8 @@ def test_engine_killed_mid_rollout_is_replaced_and_no_sample_is_lost(inputs, tmp
     before it serves rollout 3. Every rollout has each of its 10 samples once, at the current
     weight version, equal to the fault-free job's (same index, same seed), and the step log counts
     the failure, the restart and the re-issued requests."""
-    job = jobs(_disaggregated_argv(inputs, tmp_path), _env(TRAINER_RAY_ENGINE_EXIT_AFTER="0:8"),
-               tmp_path / "job.log")
-    rc, log, left = job.finish()
-    assert rc == 0, log[-4000:]
-    metrics = _metrics(tmp_path / "save")
-    assert [m["step"] for m in metrics] == [1, 2, 3]
-    faults = {k: sum(m[f"rollout/{k}"] for m in metrics)
-              for k in ("engine_failures", "engine_restarts", "requests_reissued")}
+    log, left, metrics, faults = _drill_job(jobs, _disaggregated_argv(inputs, tmp_path), "0:8",
+                                            tmp_path)
     assert faults["engine_failures"] == 1 and faults["engine_restarts"] == 1, faults
     assert faults["requests_reissued"] >= 1 and metrics[1]["rollout/engine_failures"] == 1
 
@@ -277,15 +284,9 @@ def test_engine_killed_during_a_weight_push_is_restarted_resynced_and_used(input
     rollout equals the fault-free job's (whose pushes went through NCCL/gloo broadcasts: the same
     weights), at the weight version it should have. (--weight-sync tensor: a death inside a
     distributed broadcast still ends the job; resubmitting resumes it.)"""
-    job = jobs([*_disaggregated_argv(inputs, tmp_path), "--weight-sync", "tensor"],
-               _env(TRAINER_RAY_ENGINE_EXIT_AFTER="0:update_weights_from_tensor:2"),
-               tmp_path / "job.log")
-    rc, log, left = job.finish()
-    assert rc == 0, log[-4000:]
-    metrics = _metrics(tmp_path / "save")
-    assert [m["step"] for m in metrics] == [1, 2, 3]
-    faults = {k: sum(m[f"rollout/{k}"] for m in metrics)
-              for k in ("engine_failures", "engine_restarts", "requests_reissued")}
+    log, left, metrics, faults = _drill_job(
+        jobs, [*_disaggregated_argv(inputs, tmp_path), "--weight-sync", "tensor"],
+        "0:update_weights_from_tensor:2", tmp_path)
     assert faults == {"engine_failures": 1, "engine_restarts": 1, "requests_reissued": 0}, faults
     for rows, reference, version in zip(_samples(tmp_path / "debug"), disaggregated[4],
                                         ["default", "rollout-1", "rollout-2"], strict=True):

@@ -6,8 +6,10 @@ compression and sparse-rollout correction, run side by side on one GPU, then one
         --seeds 1 2 --num-rollout 60 --parallel 7
     python benchmarks/correction_grid.py report runs/grid --out docs/data/grid --plot docs/plots/grid.png
 
-A config is ``dense`` or ``ALGORITHM:BUDGET:PRESET`` (``--mis-preset``: ``disabled`` is
-uncorrected PPO against the dense recompute). Every run evaluates the same held-out prompts
+A config is ``dense`` or ``ALGORITHM:BUDGET:PRESET[:REPLAY]`` (``--mis-preset``: ``disabled`` is
+uncorrected PPO against the dense recompute; REPLAY ``sparse-recompute`` or
+``train-sparse-policy``: the trainer replays the sampler's evictions, ``--sparse-recompute`` /
+``--train-sparse-policy``). Every run evaluates the same held-out prompts
 before training and every ``--eval-interval`` rollouts, greedy and at T = 1 (pass@k), both with
 the run's compression and dense (``--eval-compression both``). ``run`` prints progress each
 minute and the table at the end; ``report`` rebuilds it from the run folders (copying each run's
@@ -29,16 +31,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+REPLAYS = ("sparse-recompute", "train-sparse-policy")  # trainer flags of eviction replay
+
+
 @dataclasses.dataclass(frozen=True)
 class GridRun:
     algorithm: str  # "none" for dense
     budget: int | None
     preset: str | None  # --mis-preset
     seed: int
+    replay: str | None = None  # one of REPLAYS
 
     @property
     def config(self) -> str:
-        return "dense" if self.algorithm == "none" else f"{self.algorithm}:{self.budget}:{self.preset}"
+        if self.algorithm == "none":
+            return "dense"
+        return f"{self.algorithm}:{self.budget}:{self.preset}" + (f":{self.replay}" if self.replay else "")
 
     @property
     def name(self) -> str:
@@ -48,17 +56,18 @@ class GridRun:
         if self.algorithm == "none":
             return ["--compress-algorithm", "none"]
         return ["--compress-algorithm", self.algorithm, "--kv-budget", str(self.budget),
-                "--mis-preset", self.preset]
+                "--mis-preset", self.preset] + ([f"--{self.replay}"] if self.replay else [])
 
 
 def parse_config(text: str, seed: int) -> GridRun:
     if text == "dense":
         return GridRun("none", None, None, seed)
     parts = text.split(":")
-    if len(parts) != 3 or not parts[1].isdigit():
-        raise ValueError(f"config {text!r}: expected 'dense' or ALGORITHM:BUDGET:PRESET "
-                         "(e.g. rkv:128:sparse_rl)")
-    return GridRun(parts[0], int(parts[1]), parts[2], seed)
+    if len(parts) not in (3, 4) or not parts[1].isdigit() or (len(parts) == 4 and parts[3] not in REPLAYS):
+        raise ValueError(f"config {text!r}: expected 'dense' or ALGORITHM:BUDGET:PRESET[:REPLAY] "
+                         f"(e.g. rkv:128:sparse_rl, rkv:128:disabled:train-sparse-policy; REPLAY "
+                         f"one of {', '.join(REPLAYS)})")
+    return GridRun(parts[0], int(parts[1]), parts[2], seed, parts[3] if len(parts) == 4 else None)
 
 
 # --------------------------------------------------------------------------- run
@@ -269,9 +278,13 @@ def discover(folder: Path) -> list[GridRun]:
     runs = []
     for sub in sorted(p for p in folder.iterdir() if (p / "logs" / "metrics.jsonl").is_file()):
         config, _, seed = sub.name.rpartition("-s")
-        parts = config.split("-", 2)
-        runs.append(GridRun("none", None, None, int(seed)) if config == "dense"
-                    else GridRun(parts[0], int(parts[1]), parts[2], int(seed)))
+        if config == "dense":
+            runs.append(GridRun("none", None, None, int(seed)))
+            continue
+        algorithm, budget, rest = config.split("-", 2)
+        replay = next((r for r in REPLAYS if rest.endswith("-" + r)), None)
+        preset = rest[: -len(replay) - 1] if replay else rest
+        runs.append(GridRun(algorithm, int(budget), preset, int(seed), replay))
     return runs
 
 

@@ -26,6 +26,20 @@ def test_configs_parse_and_bad_ones_are_named():
     assert run.name == "rkv-128-sparse_rl-s2" and grid.parse_config("dense", 1).name == "dense-s1"
     with pytest.raises(ValueError, match="ALGORITHM:BUDGET:PRESET"):
         grid.parse_config("rkv:big", 1)
+    with pytest.raises(ValueError, match="REPLAY one of"):
+        grid.parse_config("rkv:128:disabled:replay", 1)
+    replay = grid.parse_config("rkv:128:disabled:train-sparse-policy", 1)
+    assert replay.flags()[-1] == "--train-sparse-policy"
+    assert replay.name == "rkv-128-disabled-train-sparse-policy-s1"
+
+
+def test_run_folders_name_their_config(tmp_path):
+    configs = ["dense", "rkv:128:sparse_rl", "snapkv:192:decoupled_token_is",
+               "rkv:128:disabled:train-sparse-policy", "rkv:96:sparse_rl:sparse-recompute"]
+    runs = [grid.parse_config(c, 3) for c in configs]
+    for run in runs:
+        _write_run(tmp_path / run.name, [{"step": 1}])
+    assert sorted(grid.discover(tmp_path), key=lambda r: r.name) == sorted(runs, key=lambda r: r.name)
 
 
 def test_table_against_hand_computed_values(tmp_path):

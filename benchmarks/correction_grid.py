@@ -108,8 +108,8 @@ def progress(runs: list[GridRun], out: Path, procs: dict) -> str:
     parts = []
     for run in runs:
         rows = read_rows(out / run.name)
-        state = "" if run.name not in procs else ("" if procs[run.name].poll() is None
-                                                  else f" rc={procs[run.name].returncode}")
+        proc = procs.get(run.name)
+        state = f" rc={proc.returncode}" if proc is not None and proc.poll() is not None else ""
         reward = next((r["reward_mean"] for r in reversed(rows) if "reward_mean" in r), math.nan)
         parts.append(f"{run.name} {max([r['step'] for r in rows] or [0])} r={reward:.2f}{state}")
     return " | ".join(parts)
@@ -167,9 +167,6 @@ class RunResult:
         values = [v for _, v in self.series(key)]
         return sum(values) / len(values) if values else math.nan
 
-    def peak(self, key: str) -> float:
-        return max((v for _, v in self.series(key)), default=math.nan)
-
 
 def collect(runs: list[GridRun], out: Path) -> list[RunResult]:
     return [RunResult(run, read_rows(out / run.name)) for run in runs]
@@ -210,13 +207,15 @@ def _last_mean(result: RunResult, key: str, n: int) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def pool_series(result: RunResult, dense: RunResult | None) -> list[tuple[int, float]]:
+    """Per rollout: the run's KV pool peak over dense's at the same rollout (same seed)."""
+    theirs = dict(dense.series("kv_pool_peak_used")) if dense else {}
+    return [(s, v / theirs[s]) for s, v in result.series("kv_pool_peak_used") if theirs.get(s)]
+
+
 def pool_fraction(result: RunResult, dense: RunResult | None) -> float:
-    """The run's largest per-rollout pool peak over dense's at the same rollout (same seed)."""
-    if dense is None:
-        return math.nan
-    theirs = dict(dense.series("kv_pool_peak_used"))
-    ratios = [v / theirs[s] for s, v in result.series("kv_pool_peak_used") if theirs.get(s)]
-    return max(ratios, default=math.nan)
+    """The largest of ``pool_series`` over the run."""
+    return max((v for _, v in pool_series(result, dense)), default=math.nan)
 
 
 def table(results: list[RunResult], task: str = "chain", k: int = 4) -> list[str]:
@@ -244,8 +243,7 @@ def _panel_series(result: RunResult, key: str, task: str, dense: RunResult | Non
     if key == "dense_greedy":
         return result.series(result.eval_key(task, "0", True, "score"))
     if key == "pool":
-        theirs = dict(dense.series("kv_pool_peak_used")) if dense else {}
-        return [(s, v / theirs[s]) for s, v in result.series("kv_pool_peak_used") if theirs.get(s)]
+        return pool_series(result, dense)
     return result.series(key)
 
 

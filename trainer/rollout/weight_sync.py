@@ -85,12 +85,14 @@ class WeightSync:
             self.http.wait_for_restarts()  # a replacement coming up gets this push too
         urls = self.http.urls if self.http is not None else []
         self._lost = set()
+        # what resync() sends: set first, so the restart hook re-syncs an engine that dies during
+        # this push to this push's weights (once), not to the previous ones
+        self._source, self.version = source, version
         if self.mode == "disk":
             nbytes = self._push_disk(source(), version, urls)
         else:
             nbytes = self._push_buckets(self.mode, source(), version, urls)
-        self._source, self.version = source, version
-        lost = self._resync_lost()
+        lost = self._wait_for_lost()
         if dist.is_initialized():
             dist.barrier()
         return {"sync_bytes": float(nbytes), "time_sync": time.perf_counter() - start,
@@ -112,22 +114,18 @@ class WeightSync:
         mode = "tensor" if self.mode == "distributed" else self.mode
         self._push_buckets(mode, self._source(), self.version, [url])
 
-    def _resync_lost(self) -> int:
-        """Engines that died during this push: once their replacements are up (the restart
-        hook), they get this push's weights and version; then the next rollout uses them."""
-        lost, self._lost = sorted(self._lost), set()  # the re-syncs go to them all
-        if not lost:
-            return 0
-        self.http.wait_for_restarts()
-        for slot in lost:
-            if self.http.engines.up[slot]:
-                self.resync(self.http.engines.urls[slot])
-        return len(lost)
+    def _wait_for_lost(self) -> int:
+        """Engines that died during this push: wait until their replacements are up (the restart
+        hook re-synced each to this push), so the next rollout uses them; how many there were."""
+        lost, self._lost = len(self._lost), set()
+        if lost:
+            self.http.wait_for_restarts()
+        return lost
 
     def _control(self, path: str, payload: dict, urls: list[str]) -> None:
         """A control request to the push's engines. One that dies (fails and does not answer
-        /health) is handed to failover and left out of the rest of this push; re-synced at its
-        end (``_resync_lost``). Not for ``distributed``: a process group cannot lose a member."""
+        /health) is handed to failover and left out of the rest of this push; the restart hook
+        re-syncs its replacement (``_wait_for_lost``). Not for ``distributed``: a process group cannot lose a member."""
         slots = self.http.engines.urls
         live = [u for u in urls if slots.index(u) not in self._lost] if self._lost else urls
         self._lost.update(self.http.call_surviving(path, payload, live))

@@ -147,7 +147,10 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(stream)
         last.copy_(saved)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: with --max-staleness the trainer keeps launching work (and allocating)
+        # on its own thread while the rollout thread captures; the default "global" mode turns
+        # those calls into cudaErrorStreamCaptureUnsupported on the trainer's side.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             packed = self._body(gbs, mode)
         self.pool = graph.pool()
         self.graphs[(gbs, mode)] = (graph, packed)

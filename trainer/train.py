@@ -38,6 +38,7 @@ from .learner.checkpoint import load_checkpoint, save_checkpoint
 from .learner.config import LearnerConfig, learner_config_from_args
 from .learner.grpo_update import RolloutBatch, gather_dp, prepare_update, run_updates
 from .learner.packing import Sample
+from .learner.model_provider import rounds_checkpoint
 from .learner.policy_trainer import OptimConfig, PolicyTrainer
 from .rollout.async_rollout import AsyncRollouts, gate_for
 from .rollout.backends import HTTPRollout
@@ -379,9 +380,11 @@ def _engine_device() -> str:
 def train(cfg: RunConfig, restart_hook: RestartHookFactory | None = None) -> list[dict]:
     run = Run(cfg, restart_hook)
     try:
-        if run.start_rollout > 0 or cfg.learner.model.load:
+        rounded = rounds_checkpoint(cfg.learner.model)
+        if run.start_rollout > 0 or cfg.learner.model.load or rounded:
             # the engines loaded --hf-checkpoint; make them serve exactly the trainer's weights
-            with phase(f"weights to the engine(s) ({cfg.rollout.weight_sync.mode})"):
+            why = f": {rounded}" if rounded else ""
+            with phase(f"weights to the engine(s) ({cfg.rollout.weight_sync.mode}){why}"):
                 run.push_weights(f"rollout-{run.start_rollout}")
         if cfg.loop.eval_before_train and run.start_rollout == 0:
             _evaluate_start(run)

@@ -69,6 +69,30 @@ def default_dtype() -> torch.dtype:
     return torch.bfloat16 if torch.cuda.is_available() else torch.float32
 
 
+def rounds_checkpoint(cfg: ModelConfig) -> str | None:
+    """Why the engines, loading ``hf_checkpoint`` themselves, would not serve the trainer's
+    weights: the checkpoint is stored in another dtype than the trainer holds (an fp32 warm-up
+    trained in bf16 loses its smallest steps to rounding), else None."""
+    path = Path(cfg.hf_checkpoint) / "config.json"
+    if cfg.load or not path.is_file():
+        return None
+    import json
+
+    config = json.loads(path.read_text())
+    stored = getattr(torch, str(config.get("dtype") or config.get("torch_dtype")), None)
+    held = cfg.dtype or default_dtype()
+    if not isinstance(stored, torch.dtype) or not _narrower(held, stored):
+        return None
+    return f"{cfg.hf_checkpoint} is stored in {stored}, the trainer holds {held}"
+
+
+def _narrower(held: torch.dtype, stored: torch.dtype) -> bool:
+    """Whether casting ``stored`` values to ``held`` can change them (bf16 -> fp32 cannot)."""
+    if not (held.is_floating_point and stored.is_floating_point):
+        return False
+    return stored != held and torch.finfo(held).bits <= torch.finfo(stored).bits
+
+
 def is_torch_dist_checkpoint(path: str | Path) -> bool:
     path = Path(path)
     return (path / TRACKER).is_file() or (path / METADATA).is_file()

@@ -177,8 +177,10 @@ def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
              "--max-tokens-per-gpu", "16384" if torch.cuda.is_available() else "4096",
              "--sglang-max-total-tokens", str(prompts * 8 * task.sample_tokens + 4096),
              "--sglang-max-running-requests", str(prompts * 8)]
-    if not torch.cuda.is_available():  # the trainer computes in fp32 on a CPU: so does the engine
-        flags += ["--sglang-dtype", "float32"]
+    # The engine computes in the trainer's dtype (fp32 on a CPU, bf16 on a GPU). The chain
+    # warm-up is saved in fp32, and an engine left at "auto" ran it in fp32 on a GPU while the
+    # trainer held bf16: the first rollout and step-0 eval measured weights nobody trains.
+    flags += ["--sglang-dtype", "bfloat16" if torch.cuda.is_available() else "float32"]
     # arith: R-KV keeps 40 tokens (+ a 16-token buffer) of ~140 (52 prompt + ~88 response): the
     # peak KV per sample is at most 56 slots, under half of dense's. chain: 128 (+ 16) of ~460.
     if args.compress_algorithm != "none":

@@ -68,6 +68,11 @@ def test_in_process_run_with_rkv_and_correction(setup, tmp_path):
         assert r["kv_compressions_per_sample"] > 0  # the sampler really was sparse
         assert 0.0 <= r["rejected_fraction"] <= 1.0 and "ess" in r
         assert r["time_rollout"] > 0 and r["time_update"] > 0
+        # this rollout's decode steps (not the engine's lifetime): at least the longest response
+        # needs (its first token comes from prefill), at most one a generated token
+        samples = r["rollout_engine0/samples"]
+        assert r["response_len_max"] - 1 <= r["rollout/decode_steps"] <= r["response_len_mean"] * samples
+        assert r["rollout/decode_ms_per_step"] > 0 and r["rollout/graph_captures"] == 0  # CPU: no graphs
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "2"
     assert (tmp_path / "logs" / "reward.png").is_file()
     assert "time split" in log

@@ -134,7 +134,8 @@ def _engine_shard(traces: list[Trace], parts: list[Shard]) -> Shard:
     pools = [p.kv_pool for p in parts if p.kv_pool]
     return Shard(traces, sum(p.seconds for p in parts), sum(p.reward_seconds for p in parts),
                  max(pools, key=lambda p: p["peak_used"]) if pools else None,
-                 _summed([p.plugin_stats for p in parts]), _summed([p.faults for p in parts]))
+                 _summed([p.plugin_stats for p in parts]), _summed([p.faults for p in parts]),
+                 _summed([p.decode for p in parts]))
 
 
 def _summed(dicts: list[dict]) -> dict:

@@ -37,6 +37,7 @@ class Shard:
     kv_pool: dict | None = None  # that engine's pool: peak_used, bytes_per_slot, capacity
     plugin_stats: dict = dataclasses.field(default_factory=dict)
     faults: dict = dataclasses.field(default_factory=dict)  # HTTP: rollout/engine_failures, ...
+    decode: dict = dataclasses.field(default_factory=dict)  # colocated: this rollout's decode counters
 
     @property
     def gens(self) -> list[Generation]:
@@ -156,8 +157,11 @@ def engine_stats(shards: list[Shard]) -> dict:
         tokens = sum(len(g.response_ids) for g in s.gens)
         out[f"rollout_engine{i}/samples"] = float(len(s.gens))
         out[f"rollout_engine{i}/tokens_per_s"] = tokens / s.seconds if s.seconds > 0 else 0.0
-    for key, count in ((k, v) for s in shards for k, v in s.faults.items()):
+    for key, count in ((k, v) for s in shards for k, v in {**s.faults, **s.decode}.items()):
         out[key] = out.get(key, 0.0) + count
+    if out.get("rollout/decode_steps"):
+        out["rollout/decode_ms_per_step"] = 1e3 * (out["rollout/decode_host_s"] + out[
+            "rollout/decode_gpu_wait_s"]) / out["rollout/decode_steps"]
     pools = [s.kv_pool for s in shards if s.kv_pool]
     if pools:
         out["kv_pool_peak_used"] = float(max(p["peak_used"] for p in pools))
@@ -183,6 +187,7 @@ class RolloutManager:
         self.version: str | None = None  # the weight version the engine(s) must report
         self.plugin, self.tokenizer = generate_plugin, tokenizer
         self._context_length: int | None = None  # asked of the engine once, on first use
+        self._decode_seen: dict = {}  # decode_counters() at the end of the last rollout
 
     def run(self, prompts: list[Prompt], n: int, cfg: RolloutConfig, mode: str = "train"
             ) -> RolloutResult:
@@ -206,7 +211,26 @@ class RolloutManager:
             t.prompt_index += start
             t.group = None if t.group is None else ("shard", start, t.group)  # unique over shards
         faults = self.backend.fault_metrics() if hasattr(self.backend, "fault_metrics") else {}
-        return Shard(traces, seconds, time.perf_counter() - begin, self.pool_stats(), extra, faults)
+        return Shard(traces, seconds, time.perf_counter() - begin, self.pool_stats(), extra, faults,
+                     self._decode_deltas())
+
+    def decode_counters(self) -> dict:
+        """The colocated engine's lifetime decode counters: steps, host and GPU-wait seconds, CUDA
+        graph captures (a capture per rollout means the KV pool came back elsewhere)."""
+        if self.engine is None:
+            return {}
+        info = self.engine.get_server_info()
+        steps, graphs = info["step_stats"], info.get("cuda_graphs", {})
+        n = steps["decode_steps"]
+        return {"rollout/decode_steps": n, "rollout/decode_host_s": steps["host_ms_per_step"] * n / 1e3,
+                "rollout/decode_gpu_wait_s": steps["gpu_wait_ms_per_step"] * n / 1e3,
+                "rollout/graph_captures": graphs.get("captures", 0),
+                "rollout/graph_capture_s": graphs.get("capture_s", 0.0)}
+
+    def _decode_deltas(self) -> dict:
+        now = self.decode_counters()
+        before, self._decode_seen = self._decode_seen, now
+        return {k: float(v - before.get(k, 0)) for k, v in now.items()}
 
     def _generate(self, local: list[Prompt], n: int, cfg: RolloutConfig, mode: str):
         if self.plugin is None:

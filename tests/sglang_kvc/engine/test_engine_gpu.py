@@ -97,3 +97,41 @@ def test_graphs_survive_a_kv_release_or_are_recaptured(tiny_models, prompts, mov
         assert a["meta_info"]["output_token_logprobs"] == b["meta_info"]["output_token_logprobs"]
     # re-captured exactly when the pool moved (the old graphs would write the old addresses)
     assert (info["captures"] > captures) == (now != ptrs)
+
+
+def test_graphs_captured_while_another_thread_computes(tiny_models, prompts):
+    """Async training (--max-staleness) captures decode graphs on the rollout thread while the
+    trainer's thread launches kernels and allocates; the capture must not fail either thread
+    (it did on an H200 with the default global capture mode) and the tokens equal a quiet run's."""
+    import threading
+
+    from sglang_kvc.engine.engine import Engine
+
+    params = {"temperature": 1.0, "max_new_tokens": 24, "ignore_eos": True, "sampling_seed": 5}
+    path = str(tiny_models["qwen2.5"])
+
+    def generate():
+        with Engine(model_path=path, device="cuda", dtype="float32", cuda_graph=True) as eng:
+            return [o["output_ids"] for o in eng.generate(prompt=prompts, sampling_params=params)]
+
+    quiet = generate()
+    stop, errors = threading.Event(), []
+
+    def trainer_thread():
+        try:
+            x = torch.randn(512, 512, device="cuda")
+            while not stop.is_set():
+                x = torch.tanh(x @ x.T / 512) + torch.empty(4096, device="cuda").sum()  # allocates
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - the failure under test
+            errors.append(e)
+
+    worker = threading.Thread(target=trainer_thread)
+    worker.start()
+    try:
+        busy = generate()
+    finally:
+        stop.set()
+        worker.join()
+    assert not errors, errors
+    assert busy == quiet

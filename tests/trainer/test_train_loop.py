@@ -237,6 +237,7 @@ def _same_run_keys(row: dict) -> dict:
     """The metrics that do not measure time (equal between two runs that compute the same)."""
     return {k: v for k, v in row.items()
             if not (k.startswith("time_") or "per_s" in k or k.startswith("rollout/staleness")
+                    or k.endswith(("_s", "_ms_per_step"))  # rollout/decode_host_s, ...
                     or k in ("rollout/interruptions", "rollout/partial_samples", "rollout_tail_fraction"))}
 
 

@@ -62,7 +62,8 @@ def engine_args(a, budget: int, tokens: int):
               dtype="bfloat16" if torch.cuda.is_available() else "float32")
     if budget:
         kw.update(compress_algorithm=a.algorithm, compress_max_prompt=budget,
-                  compress_divide_length=a.divide_length, compress_max_window=a.window)
+                  compress_divide_length=a.divide_length, compress_max_window=a.window,
+                  compress_prompt=a.compress_prompt)
     return ServerArgs(**kw)
 
 
@@ -107,6 +108,8 @@ def main(argv=None) -> int:
     p.add_argument("--algorithm", default="rkv")
     p.add_argument("--divide-length", type=int, default=16)
     p.add_argument("--window", type=int, default=8)
+    p.add_argument("--compress-prompt", action="store_true", help="also compress right after "
+                   "prefill when the prompt exceeds the budget (--sglang-compress-prompt)")
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: 160 arith, 400 chain")

@@ -59,3 +59,13 @@ def test_chain_sweep_on_a_tiny_model(tiny_model_factory, tmp_path):
         assert r["samples"] == 4 and 0 <= r["reward"] <= 1 and 0 <= r["truncated"] <= 1
         assert 0 <= r["groups_with_signal"] <= 1 and r["response_len_p10"] <= r["response_len_median"] <= 24
     assert rkv["budget"] == 32 and rkv["peak_kv_slots"] <= dense["dense_peak_kv_slots"]
+
+
+def test_compress_prompt_reaches_the_engine_only_when_compressing(tiny_model_factory):
+    bench = _bench()
+    a = argparse.Namespace(model_dir=str(tiny_model_factory("llama3")), prompts=2, samples=2,
+                           algorithm="rkv", divide_length=2, window=2, compress_prompt=True)
+    assert bench.engine_args(a, 8, 4096).compress_prompt is True
+    assert bench.engine_args(a, 0, 4096).compress_algorithm in (None, "none")  # dense: nothing
+    a.compress_prompt = False
+    assert bench.engine_args(a, 8, 4096).compress_prompt is False

@@ -37,8 +37,8 @@ from .launch import RendezvousError, init_parallel, parallel_config_from_args, p
 from .learner.checkpoint import load_checkpoint, save_checkpoint
 from .learner.config import LearnerConfig, learner_config_from_args
 from .learner.grpo_update import RolloutBatch, gather_dp, prepare_update, run_updates
-from .learner.packing import Sample
 from .learner.model_provider import rounds_checkpoint
+from .learner.packing import Sample
 from .learner.policy_trainer import OptimConfig, PolicyTrainer
 from .rollout.async_rollout import AsyncRollouts, gate_for
 from .rollout.backends import HTTPRollout

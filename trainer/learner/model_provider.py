@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -76,8 +77,6 @@ def rounds_checkpoint(cfg: ModelConfig) -> str | None:
     path = Path(cfg.hf_checkpoint) / "config.json"
     if cfg.load or not path.is_file():
         return None
-    import json
-
     config = json.loads(path.read_text())
     stored = getattr(torch, str(config.get("dtype") or config.get("torch_dtype")), None)
     held = cfg.dtype or default_dtype()

@@ -219,11 +219,9 @@ class RolloutManager:
         graph captures (a capture per rollout means the KV pool came back elsewhere)."""
         if self.engine is None:
             return {}
-        info = self.engine.get_server_info()
-        steps, graphs = info["step_stats"], info.get("cuda_graphs", {})
-        n = steps["decode_steps"]
-        return {"rollout/decode_steps": n, "rollout/decode_host_s": steps["host_ms_per_step"] * n / 1e3,
-                "rollout/decode_gpu_wait_s": steps["gpu_wait_ms_per_step"] * n / 1e3,
+        steps, graphs = self.engine.step_stats, self.engine.get_server_info().get("cuda_graphs", {})
+        return {"rollout/decode_steps": steps.decode_steps, "rollout/decode_host_s": steps.host_s,
+                "rollout/decode_gpu_wait_s": steps.gpu_wait_s,
                 "rollout/graph_captures": graphs.get("captures", 0),
                 "rollout/graph_capture_s": graphs.get("capture_s", 0.0)}
 

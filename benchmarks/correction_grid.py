@@ -12,7 +12,9 @@ uncorrected PPO against the dense recompute; REPLAY ``sparse-recompute`` or
 ``--train-sparse-policy``). Every run evaluates the same held-out prompts
 before training and every ``--eval-interval`` rollouts, greedy and at T = 1 (pass@k), both with
 the run's compression and dense (``--eval-compression both``). ``run`` prints progress each
-minute and the table at the end; ``report`` rebuilds it from the run folders (copying each run's
+minute and the table at the end; ``--compressed-flags`` go to the compressed runs only (to hold
+them to a pool of half dense's peak: ``'--sglang-max-total-tokens 20480 --sglang-compress-prompt'``
+for 128 samples, preemptions counted in the table); ``report`` rebuilds it from the run folders (copying each run's
 metrics to ``--out``) and plots the curves.
 """
 
@@ -23,6 +25,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -92,7 +95,10 @@ def command(run: GridRun, args, evals: Path) -> list[str]:
            "--n-samples-per-eval-prompt", str(args.eval_samples)]
     if args.model_dir:
         cmd += ["--model-dir", str(args.model_dir)]
-    return cmd + args.extra
+    cmd += args.extra
+    if run.algorithm != "none":  # last, so they win over --: e.g. a pool of half dense's peak
+        cmd += shlex.split(args.compressed_flags)
+    return cmd
 
 
 def launch(run: GridRun, args, evals: Path) -> subprocess.Popen:
@@ -199,6 +205,9 @@ def _columns(task: str, k: int) -> list[tuple[str, callable]]:
         ("response tokens (mean)", lambda r: r.mean("response_len_mean")),
         ("k3 (mean)", lambda r: r.mean("k3_kl")),
         ("rejected (mean)", lambda r: r.mean("rejected_fraction")),
+        # samples whose KV was dropped and recomputed because the pool ran out, per rollout
+        ("preemptions (mean)", lambda r: r.mean("rollout_preemptions")),
+        ("rollout s (mean)", lambda r: r.mean("time_rollout")),
     ]
 
 
@@ -323,6 +332,9 @@ def main(argv=None) -> int:
     r.add_argument("--eval-samples", type=int, default=4, help="T = 1 samples per eval prompt (pass@k)")
     r.add_argument("--eval-seed", type=int, default=999_999)
     r.add_argument("--poll", type=float, default=60.0, help="seconds between progress lines")
+    r.add_argument("--compressed-flags", default="", help="flags for the compressed runs only, as "
+                   "one string (e.g. '--sglang-max-total-tokens 20480 --sglang-compress-prompt': "
+                   "a pool of half dense's peak)")
     r.add_argument("extra", nargs="*", help="after --: flags for every run (trainer.train's too)")
     rep = sub.add_parser("report", help="table (and plot) of a grid's run folders")
     rep.add_argument("run_dir", type=Path)

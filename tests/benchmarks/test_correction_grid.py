@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import subprocess
@@ -99,3 +100,20 @@ def test_grid_runs_two_configs_side_by_side(tmp_path):
     rows = grid.read_rows(tmp_path / "rkv-20-sparse_rl-s0")
     assert rows[0]["step"] == 0 and "eval/arith_dense/score" in rows[0]
     assert "eval/arith_t1_dense/pass@2" in rows[-1] and "k3_kl" in rows[-1]
+
+
+def test_compressed_flags_reach_the_compressed_runs_only(tmp_path):
+    args = argparse.Namespace(
+        model="smollm2", task="chain", out=tmp_path, num_rollout=60, lr=1e-5, eval_interval=10,
+        eval_samples=4, model_dir=None, extra=["--sglang-max-total-tokens", "81920"],
+        compressed_flags="--sglang-max-total-tokens 20480 --sglang-compress-prompt")
+    dense = grid.command(grid.parse_config("dense", 1), args, tmp_path / "eval.jsonl")
+    rkv = grid.command(grid.parse_config("rkv:128:sparse_rl", 1), args, tmp_path / "eval.jsonl")
+    assert "--sglang-compress-prompt" not in dense and dense[-2:] == ["--sglang-max-total-tokens", "81920"]
+    # argparse keeps a repeated flag's last value: the compressed runs' pool is the smaller one
+    assert rkv[-3:] == ["--sglang-max-total-tokens", "20480", "--sglang-compress-prompt"]
+    from trainer.arguments import build_parser
+
+    # the trainer's flags as the quickstart passes them on: the last value of a repeated flag wins
+    tail = build_parser().parse_args(["--hf-checkpoint", "m", "--prompt-data", "d"] + dense[-2:] + rkv[-3:])
+    assert tail.sglang_max_total_tokens == 20480 and tail.sglang_compress_prompt

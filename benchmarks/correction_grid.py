@@ -13,7 +13,8 @@ uncorrected PPO against the dense recompute; REPLAY ``sparse-recompute`` or
 before training and every ``--eval-interval`` rollouts, greedy and at T = 1 (pass@k), both with
 the run's compression and dense (``--eval-compression both``). ``run`` prints progress each
 minute and the table at the end; ``--compressed-flags`` go to the compressed runs only (to hold
-them to a pool of half dense's peak: ``'--sglang-max-total-tokens 20480 --sglang-compress-prompt'``
+them to a pool of half dense's peak: ``--compressed-flags='--sglang-max-total-tokens 20480
+--sglang-compress-prompt'``
 for 128 samples, preemptions counted in the table); ``report`` rebuilds it from the run folders (copying each run's
 metrics to ``--out``) and plots the curves.
 """
@@ -333,8 +334,8 @@ def main(argv=None) -> int:
     r.add_argument("--eval-seed", type=int, default=999_999)
     r.add_argument("--poll", type=float, default=60.0, help="seconds between progress lines")
     r.add_argument("--compressed-flags", default="", help="flags for the compressed runs only, as "
-                   "one string (e.g. '--sglang-max-total-tokens 20480 --sglang-compress-prompt': "
-                   "a pool of half dense's peak)")
+                   "one string after '=' (e.g. --compressed-flags='--sglang-max-total-tokens 20480 "
+                   "--sglang-compress-prompt': a pool of half dense's peak)")
     r.add_argument("extra", nargs="*", help="after --: flags for every run (trainer.train's too)")
     rep = sub.add_parser("report", help="table (and plot) of a grid's run folders")
     rep.add_argument("run_dir", type=Path)
@@ -349,6 +350,10 @@ def main(argv=None) -> int:
         [parse_config(c, 0) for c in args.configs]
     except ValueError as e:
         p.error(f"--configs: {e}")
+    try:
+        shlex.split(args.compressed_flags)
+    except ValueError as e:  # e.g. an unclosed quote
+        p.error(f"--compressed-flags: {e}")
     return run_grid(args)
 
 

@@ -117,3 +117,9 @@ def test_compressed_flags_reach_the_compressed_runs_only(tmp_path):
     # the trainer's flags as the quickstart passes them on: the last value of a repeated flag wins
     tail = build_parser().parse_args(["--hf-checkpoint", "m", "--prompt-data", "d"] + dense[-2:] + rkv[-3:])
     assert tail.sglang_max_total_tokens == 20480 and tail.sglang_compress_prompt
+
+
+def test_bad_compressed_flags_are_a_cli_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        grid.main(["run", "--out", str(tmp_path), "--compressed-flags='--sglang-compress-prompt"])
+    assert e.value.code == 2 and "--compressed-flags: No closing quotation" in capsys.readouterr().err

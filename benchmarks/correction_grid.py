@@ -13,10 +13,9 @@ uncorrected PPO against the dense recompute; REPLAY ``sparse-recompute`` or
 before training and every ``--eval-interval`` rollouts, greedy and at T = 1 (pass@k), both with
 the run's compression and dense (``--eval-compression both``). ``run`` prints progress each
 minute and the table at the end; ``--compressed-flags`` go to the compressed runs only (to hold
-them to a pool of half dense's peak: ``--compressed-flags='--sglang-max-total-tokens 20480
---sglang-compress-prompt'``
-for 128 samples, preemptions counted in the table); ``report`` rebuilds it from the run folders (copying each run's
-metrics to ``--out``) and plots the curves.
+them to a pool of half dense's peak for 128 samples: ``--compressed-flags='--sglang-max-total-tokens
+20480 --sglang-compress-prompt'``, preemptions counted in the table); ``report`` rebuilds the
+table from the run folders (copying each run's metrics to ``--out``) and plots the curves.
 """
 
 from __future__ import annotations
@@ -98,7 +97,7 @@ def command(run: GridRun, args, evals: Path) -> list[str]:
         cmd += ["--model-dir", str(args.model_dir)]
     cmd += args.extra
     if run.algorithm != "none":  # last, so they win over --: e.g. a pool of half dense's peak
-        cmd += shlex.split(args.compressed_flags)
+        cmd += args.compressed_flags
     return cmd
 
 
@@ -350,8 +349,8 @@ def main(argv=None) -> int:
         [parse_config(c, 0) for c in args.configs]
     except ValueError as e:
         p.error(f"--configs: {e}")
-    try:
-        shlex.split(args.compressed_flags)
+    try:  # split once, here, so a bad string fails before any run starts
+        args.compressed_flags = shlex.split(args.compressed_flags)
     except ValueError as e:  # e.g. an unclosed quote
         p.error(f"--compressed-flags: {e}")
     return run_grid(args)

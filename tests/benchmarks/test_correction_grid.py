@@ -106,7 +106,7 @@ def test_compressed_flags_reach_the_compressed_runs_only(tmp_path):
     args = argparse.Namespace(
         model="smollm2", task="chain", out=tmp_path, num_rollout=60, lr=1e-5, eval_interval=10,
         eval_samples=4, model_dir=None, extra=["--sglang-max-total-tokens", "81920"],
-        compressed_flags="--sglang-max-total-tokens 20480 --sglang-compress-prompt")
+        compressed_flags=["--sglang-max-total-tokens", "20480", "--sglang-compress-prompt"])
     dense = grid.command(grid.parse_config("dense", 1), args, tmp_path / "eval.jsonl")
     rkv = grid.command(grid.parse_config("rkv:128:sparse_rl", 1), args, tmp_path / "eval.jsonl")
     assert "--sglang-compress-prompt" not in dense and dense[-2:] == ["--sglang-max-total-tokens", "81920"]

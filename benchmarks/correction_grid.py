@@ -227,10 +227,20 @@ def pool_fraction(result: RunResult, dense: RunResult | None) -> float:
     return max((v for _, v in pool_series(result, dense)), default=math.nan)
 
 
+def pool_provision(result: RunResult, dense: RunResult | None) -> float:
+    """The run's largest pool peak over dense's largest: the memory a user must provision
+    (dense's peak grows as its answers lengthen, so early rollouts dominate ``pool_fraction``)."""
+    ours, theirs = result.series("kv_pool_peak_used"), dense.series("kv_pool_peak_used") if dense else []
+    if not ours or not theirs:
+        return math.nan
+    return max(v for _, v in ours) / max(v for _, v in theirs)
+
+
 def table(results: list[RunResult], task: str = "chain", k: int = 4) -> list[str]:
     dense = {r.run.seed: r for r in results if r.run.algorithm == "none"}
     columns = _columns(task, k)
-    head = ["config", "seeds", "rollouts"] + [c for c, _ in columns] + ["pool KV of dense (max over run)"]
+    head = ["config", "seeds", "rollouts"] + [c for c, _ in columns] + ["pool KV of dense (max over run)",
+                                                                  "pool peak of dense's peak"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for config in dict.fromkeys(r.run.config for r in results):
         group = [r for r in results if r.run.config == config and r.rows]
@@ -238,7 +248,8 @@ def table(results: list[RunResult], task: str = "chain", k: int = 4) -> list[str
             continue
         cells = [config, str(len(group)), str(min(max(x["step"] for x in r.rows) for r in group))]
         cells += [_fmt(*_mean_se([fn(r) for r in group])) for _, fn in columns]
-        cells.append(_fmt(*_mean_se([pool_fraction(r, dense.get(r.run.seed)) for r in group]), 2))
+        for fraction in (pool_fraction, pool_provision):
+            cells.append(_fmt(*_mean_se([fraction(r, dense.get(r.run.seed)) for r in group]), 2))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -206,9 +206,10 @@ class Run:
                                                       else None)
         shaped = training_rewards(result.traces, self.plan)
         batch = self._batch(result, shaped)
-        prep, t["time_recompute"] = _timed(self._prepare, batch)
-        steps, t["time_update"] = _timed(run_updates, self.trainer, batch, prep, self.algo.loss,
-                                         self.cfg.learner.global_batch_size)
+        with self.device_work():
+            prep, t["time_recompute"] = _timed(self._prepare, batch)
+            steps, t["time_update"] = _timed(run_updates, self.trainer, batch, prep, self.algo.loss,
+                                             self.cfg.learner.global_batch_size)
         sync = self.push_weights(f"rollout-{rollout_id + 1}")
         t["time_sync"] = sync.pop("time_sync")
         train = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
@@ -275,8 +276,17 @@ class Run:
             sync = self.sync.push(self.trainer, version)
             self.rollouts.version = version
             return sync
-        with self.gate.update(version_number(version, self.start_rollout)):
+        with self.gate.update(version_number(version, self.start_rollout)), self.device_work():
             return self.sync.push(self.trainer, version)
+
+    def device_work(self):
+        """Async with an engine in this process: the training thread's GPU work must not overlap
+        the engine thread's CUDA-graph captures (``sglang_kvc.engine.cuda_graph.CaptureGate``)."""
+        if self.gate is None or self.rollouts.engine is None:
+            return contextlib.nullcontext()
+        from sglang_kvc.engine.cuda_graph import CAPTURE_GATE
+
+        return CAPTURE_GATE.device_work()
 
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id or 0
@@ -302,9 +312,10 @@ class Run:
             return
         plain = {k: v for k, v in self.cfg.flags.items()
                  if isinstance(v, (int, float, str, bool, list, type(None)))}
-        save_checkpoint(self.trainer, self.save_dir, rollout_id, args=argparse.Namespace(**plain),
-                        extra={"rollout_id": rollout_id,
-                               "data": self._data_states.get(rollout_id, self.prompts.state())})
+        with self.device_work():
+            save_checkpoint(self.trainer, self.save_dir, rollout_id, args=argparse.Namespace(**plain),
+                            extra={"rollout_id": rollout_id,
+                                   "data": self._data_states.get(rollout_id, self.prompts.state())})
 
     def close(self) -> None:
         if self.producer is not None:

@@ -223,7 +223,9 @@ class RolloutManager:
         return {"rollout/decode_steps": steps.decode_steps, "rollout/decode_host_s": steps.host_s,
                 "rollout/decode_gpu_wait_s": steps.gpu_wait_s,
                 "rollout/graph_captures": graphs.get("captures", 0),
-                "rollout/graph_capture_s": graphs.get("capture_s", 0.0)}
+                "rollout/graph_capture_s": graphs.get("capture_s", 0.0),
+                # async: steps run eagerly because the trainer's thread held the capture gate
+                "rollout/graph_deferred_steps": graphs.get("deferred", 0)}
 
     def _decode_deltas(self) -> dict:
         now = self.decode_counters()

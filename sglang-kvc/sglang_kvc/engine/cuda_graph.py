@@ -14,6 +14,8 @@ Compression runs eagerly between replays (model_runner.after_step).
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 
 import torch
@@ -23,6 +25,35 @@ from .sampler import SamplingBatch
 from .step_io import pack_outputs, sampling_columns
 
 _PAD_STEP = (0, 1, 0, 0)  # position, kv length, draw index, row of a padding entry
+
+
+class CaptureGate:
+    """Capture vs another thread's GPU work in this process (async training: the trainer's
+    thread computes while the engine decodes). While a stream captures, a device-wide sync or
+    an allocator ``cudaFree`` on any thread fails that thread ("operation not permitted when
+    stream is capturing") and invalidates the capture, whatever the capture mode (measured on
+    an H200). So a thread doing such work holds ``device_work()``, and a capture only starts
+    when nobody does: the engine never waits here, it runs the step eagerly instead and
+    captures at a later step (``deferred`` counts those steps)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def device_work(self):
+        """Held by another thread around its GPU work; waits at most for one capture."""
+        with self._lock:
+            yield
+
+    def try_capture(self) -> bool:
+        """Take the gate for a capture if it is free (then ``end_capture``)."""
+        return self._lock.acquire(blocking=False)
+
+    def end_capture(self) -> None:
+        self._lock.release()
+
+
+CAPTURE_GATE = CaptureGate()  # one per process: the GPU and its allocator are shared
 
 
 class DecodeGraphs:
@@ -37,6 +68,7 @@ class DecodeGraphs:
         self.params_f = torch.zeros(5, self.max_bs, dtype=torch.float32, device=dev)
         self.params_i = torch.zeros(3, self.max_bs, dtype=torch.int64, device=dev)
         self.num_captures, self.capture_s = 0, 0.0  # over the engine's life (server info)
+        self.deferred = 0  # steps run eagerly because another thread held CAPTURE_GATE
         self.clear()
 
     def clear(self) -> None:
@@ -54,7 +86,7 @@ class DecodeGraphs:
 
     def stats(self) -> dict:
         return {"graphs": len(self.graphs), "captures": self.num_captures,
-                "capture_s": self.capture_s}
+                "capture_s": self.capture_s, "deferred": self.deferred}
 
     def can_run(self, bs: int) -> bool:
         return bs <= self.max_bs
@@ -62,20 +94,35 @@ class DecodeGraphs:
     def _padded(self, bs: int) -> int:
         return next(s for s in self.sizes if s >= bs)
 
-    def step(self, seqs: list, bt) -> torch.Tensor:
+    def step(self, seqs: list, bt) -> torch.Tensor | None:
         """Run one decode step of `seqs` (batch tensors `bt`); returns the packed outputs
-        [bs, C] (model_runner.pack_outputs) on the device. Updates the requests' KV lengths."""
-        bs, gbs = len(seqs), self._padded(len(seqs))
+        [bs, C] (model_runner.pack_outputs) on the device. Updates the requests' KV lengths.
+        None, with nothing done, when the step needs a capture and CAPTURE_GATE is held."""
+        bs, gbs, mode = len(seqs), self._padded(len(seqs)), self._mode(bt.sampling)
+        if (gbs, mode) in self.graphs:
+            return self._replay(seqs, bt, gbs, mode)[:bs]
+        if not CAPTURE_GATE.try_capture():
+            self.deferred += 1
+            return None
+        try:
+            self._load(seqs, bt, gbs)
+            self._capture(gbs, mode)
+        finally:
+            CAPTURE_GATE.end_capture()
+        return self._replay(seqs, bt, gbs, mode, loaded=True)[:bs]
+
+    def _replay(self, seqs: list, bt, gbs: int, mode: tuple, loaded: bool = False) -> torch.Tensor:
+        if not loaded:
+            self._load(seqs, bt, gbs)
+        graph, packed = self.graphs[(gbs, mode)]
+        graph.replay()
+        return packed
+
+    def _load(self, seqs: list, bt, gbs: int) -> None:
         if self._params_key != (bt.key, gbs):
             self._load_params(seqs, gbs)
             self._params_key = (bt.key, gbs)
         self._load_step(seqs, gbs)
-        mode = self._mode(bt.sampling)
-        if (gbs, mode) not in self.graphs:
-            self._capture(gbs, mode)
-        graph, packed = self.graphs[(gbs, mode)]
-        graph.replay()
-        return packed[:bs]
 
     @staticmethod
     def _mode(sb: SamplingBatch) -> tuple:

@@ -123,17 +123,20 @@ class ModelRunner:
     def launch(self, batch: Batch) -> PendingStep:
         """Forward, sample and start the outputs' copy to the host; returns without waiting."""
         bt = self._batch_tensors(batch)
+        step = None
         if not batch.is_prefill and self._graphable(batch.seqs, bt):
-            step = self._graphed_step(batch, bt)
-        else:
+            step = self._graphed_step(batch, bt)  # None: its capture must wait (CAPTURE_GATE)
+        if step is None:
             step = self._eager_step(batch, bt)
         for s in batch.seqs:
             s.num_sampled += 1
         return step
 
-    def _graphed_step(self, batch: Batch, bt: BatchTensors) -> PendingStep:
+    def _graphed_step(self, batch: Batch, bt: BatchTensors) -> PendingStep | None:
         sb = bt.sampling
         packed = self.graphs.step(batch.seqs, bt)  # forward, sampling and outputs in one replay
+        if packed is None:
+            return None
         top_k = sb.top_logprobs_num if sb.need_logprobs else 0
         return PendingStep(batch, packed, sb.need_logprobs, top_k, {}, self.host_ring)
 

@@ -45,3 +45,54 @@ def test_graph_step_logic_matches_eager(tiny_models, extra):
         modes = {mode for _, mode in eng.runner.graphs.graphs}
     assert_same(got, want, tol=1e-5)
     assert len(sizes) > 1 and len(modes) > 1  # padded sizes and sampling modes really varied
+
+
+def test_steps_needing_a_capture_run_eagerly_while_the_gate_is_held(tiny_models):
+    """Async training: while the trainer's thread holds CAPTURE_GATE (its GPU work must not
+    overlap a capture), a step whose graph is missing leaves every buffer and request untouched
+    and runs eagerly; once the gate is free the graphs are captured. Mixed eager and graphed
+    steps give exactly the eager engine's outputs."""
+    import threading
+    import time
+
+    from sglang_kvc.engine.cuda_graph import CAPTURE_GATE
+
+    with make(tiny_models, overlap=True) as eng:
+        mix = request_mix(eng)
+        want = run_mix(eng, mix)
+    with make(tiny_models, overlap=True, cuda_graph_max_bs=16) as eng:
+        graphs = eng.runner.graphs = EmulatedGraphs(eng.runner, 16)
+        held = threading.Event()
+
+        def trainer():  # holds the gate until the engine has deferred five steps
+            with CAPTURE_GATE.device_work():
+                held.set()
+                deadline = time.monotonic() + 60
+                while graphs.deferred < 5 and time.monotonic() < deadline:
+                    time.sleep(0.001)
+
+        worker = threading.Thread(target=trainer)
+        worker.start()
+        held.wait()
+        got = run_mix(eng, mix)
+        worker.join()
+    assert graphs.deferred >= 5 and graphs.graphs  # both paths ran
+    assert_same(got, want, tol=1e-5)
+
+
+def test_capture_gate_is_exclusive():
+    """A capture cannot start while another thread works on the device, and vice versa."""
+    from sglang_kvc.engine.cuda_graph import CaptureGate
+
+    gate = CaptureGate()
+    with gate.device_work():
+        assert not gate.try_capture()
+    assert gate.try_capture()
+    got = []
+    worker = __import__("threading").Thread(target=lambda: got.append(gate._lock.acquire(timeout=0.05)))
+    worker.start()
+    worker.join()
+    assert got == [False]  # device_work (a blocking acquire) waits for the capture to end
+    gate.end_capture()
+    with gate.device_work():
+        pass

@@ -90,3 +90,25 @@ def test_generation_errors_reach_the_training_thread():
     with pytest.raises(RuntimeError, match="generating rollout 0 failed: engine gone"):
         producer.get(0)
     producer.close()
+
+
+@pytest.mark.parametrize("gate,engine,holds", [(True, True, True), (False, True, False),
+                                               (True, False, False)],
+                         ids=["async-in-process", "sync", "async-remote"])
+def test_training_thread_holds_the_capture_gate_with_an_in_process_async_engine(gate, engine, holds):
+    """Async with the engine in this process: the training thread's GPU work (recompute, update,
+    push, save) holds sglang-kvc's CAPTURE_GATE, so the engine thread never captures a decode
+    graph meanwhile (a device sync during a capture fails both). Synchronous runs and remote
+    engines never overlap a capture in this process and take nothing."""
+    from types import SimpleNamespace
+
+    from sglang_kvc.engine.cuda_graph import CAPTURE_GATE
+    from trainer.train import Run
+
+    run = SimpleNamespace(gate=object() if gate else None,
+                          rollouts=SimpleNamespace(engine=object() if engine else None))
+    with Run.device_work(run):
+        free = CAPTURE_GATE.try_capture()
+        if free:
+            CAPTURE_GATE.end_capture()
+    assert free != holds

@@ -100,23 +100,19 @@ class DecodeGraphs:
         None, with nothing done, when the step needs a capture and CAPTURE_GATE is held."""
         bs, gbs, mode = len(seqs), self._padded(len(seqs)), self._mode(bt.sampling)
         if (gbs, mode) in self.graphs:
-            return self._replay(seqs, bt, gbs, mode)[:bs]
-        if not CAPTURE_GATE.try_capture():
+            self._load(seqs, bt, gbs)
+        elif CAPTURE_GATE.try_capture():
+            try:
+                self._load(seqs, bt, gbs)
+                self._capture(gbs, mode)
+            finally:
+                CAPTURE_GATE.end_capture()
+        else:
             self.deferred += 1
             return None
-        try:
-            self._load(seqs, bt, gbs)
-            self._capture(gbs, mode)
-        finally:
-            CAPTURE_GATE.end_capture()
-        return self._replay(seqs, bt, gbs, mode, loaded=True)[:bs]
-
-    def _replay(self, seqs: list, bt, gbs: int, mode: tuple, loaded: bool = False) -> torch.Tensor:
-        if not loaded:
-            self._load(seqs, bt, gbs)
         graph, packed = self.graphs[(gbs, mode)]
         graph.replay()
-        return packed
+        return packed[:bs]
 
     def _load(self, seqs: list, bt, gbs: int) -> None:
         if self._params_key != (bt.key, gbs):

@@ -82,6 +82,8 @@ def test_steps_needing_a_capture_run_eagerly_while_the_gate_is_held(tiny_models)
 
 def test_capture_gate_is_exclusive():
     """A capture cannot start while another thread works on the device, and vice versa."""
+    import threading
+
     from sglang_kvc.engine.cuda_graph import CaptureGate
 
     gate = CaptureGate()
@@ -89,7 +91,7 @@ def test_capture_gate_is_exclusive():
         assert not gate.try_capture()
     assert gate.try_capture()
     got = []
-    worker = __import__("threading").Thread(target=lambda: got.append(gate._lock.acquire(timeout=0.05)))
+    worker = threading.Thread(target=lambda: got.append(gate._lock.acquire(timeout=0.05)))
     worker.start()
     worker.join()
     assert got == [False]  # device_work (a blocking acquire) waits for the capture to end

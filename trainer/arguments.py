@@ -116,6 +116,12 @@ def _add_server_args(g) -> None:
                         "(default: the --rollout-server-urls themselves). Behind a router the "
                         "trainer cannot fail over between engines; python -m trainer.ray_job "
                         "gives it the engines themselves as --rollout-server-urls")
+    g.add_argument("--rollout-engine-process", action="store_true",
+                   help="run each rank's colocated engine as a child process (python -m "
+                        "sglang_kvc.launch_server with the --sglang-* flags, on the rank's device) "
+                        "talked to over HTTP, instead of in the trainer's process: with "
+                        "--max-staleness, generation and training then overlap without sharing "
+                        "one Python interpreter; weights go by ipc on a GPU, tensor on a CPU")
     g.add_argument("--rollout-concurrency", type=int, default=64,
                    help="in-flight HTTP requests per server")
     g.add_argument("--weight-sync", default="auto",
@@ -309,7 +315,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--custom-generate-args needs --custom-generate-function-path")
     if args.eval_prompt_data and len(args.eval_prompt_data) % 2:
         parser.error("--eval-prompt-data takes name path pairs")
-    if args.weight_sync == "auto":
+    if args.rollout_engine_process:
+        _check_engine_process(parser, args)
+    elif args.weight_sync == "auto":
         args.weight_sync = "tensor" if args.rollout_server_urls else "inprocess"
     if args.weight_sync == "inprocess" and args.rollout_server_urls:
         parser.error("--weight-sync inprocess needs the in-process engine; drop "
@@ -317,10 +325,25 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.rollout_engine_urls and not args.rollout_server_urls:
         parser.error("--rollout-engine-urls names the engines behind --rollout-server-urls; "
                      "give --rollout-server-urls too")
-    if args.weight_sync != "inprocess" and not args.rollout_server_urls:
+    if args.weight_sync != "inprocess" and not (args.rollout_server_urls
+                                                or args.rollout_engine_process):
         parser.error(f"--weight-sync {args.weight_sync} needs --rollout-server-urls")
     if not args.rollout_server_urls:
         try:
             server_args_from(args)
         except ValueError as e:  # the server's own validation names its flag without the prefix
             parser.error(re.sub(r"--(?!sglang-)", "--sglang-", str(e)))
+
+
+def _check_engine_process(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--rollout-engine-process starts its own servers: no others, no in-process weight path."""
+    from .rollout.engine_process import weight_transport
+
+    if args.rollout_server_urls or args.rollout_engine_urls:
+        parser.error("--rollout-engine-process starts the engines itself; drop "
+                     "--rollout-server-urls / --rollout-engine-urls")
+    if args.weight_sync == "inprocess":
+        parser.error("--weight-sync inprocess needs the in-process engine; with "
+                     "--rollout-engine-process use ipc (GPU), tensor or disk")
+    if args.weight_sync == "auto":
+        args.weight_sync = weight_transport()

@@ -458,14 +458,31 @@ def main(argv=None, restart_hook: RestartHookFactory | None = None) -> int:
     except RendezvousError as e:  # the launch itself is wrong: say where, do not hang
         print(f"trainer.train: error: {e}", file=sys.stderr, flush=True)
         return 1
+    fleet = None
     try:
-        train(run_config_from_args(args), restart_hook)
+        fleet = _engine_processes(args)
+        train(run_config_from_args(args), restart_hook or (fleet and fleet.restart_hook))
     except (DataError, CheckpointError) as e:  # the user's input: a message, not a traceback
         print(f"trainer.train: error: {e}", file=sys.stderr)
         return 2
     finally:
+        if fleet is not None:
+            fleet.stop()
         cpu_megatron.teardown()
     return 0
+
+
+def _engine_processes(args: argparse.Namespace):
+    """``--rollout-engine-process``: this rank's engine as a child process (engine_process.py)."""
+    if not args.rollout_engine_process:
+        return None
+    from .rollout.engine_process import start_engine_processes
+
+    log_dir = Path(args.log_dir or args.save or ".")
+    with phase("start the rollout engine process(es)") as info:
+        fleet = start_engine_processes(args, log_dir)
+        info["detail"] = ", ".join(args.rollout_server_urls) + f"; logs in {log_dir / 'engines'}"
+    return fleet
 
 
 if __name__ == "__main__":

@@ -171,6 +171,10 @@ def test_bad_data_names_file_and_line(setup, tmp_path, content, message):
     (["--weight-sync", "tensor"], "--weight-sync tensor needs --rollout-server-urls"),
     (["--rollout-top-p", "0.9"], "--rollout-top-p 0.9 / --rollout-top-k -1: truncated sampling"),
     (["--rollout-top-k", "20"], "--rollout-top-k 20: truncated sampling is not supported"),
+    (["--rollout-engine-process", "--rollout-server-urls", "http://127.0.0.1:1"],
+     "--rollout-engine-process starts the engines itself"),
+    (["--rollout-engine-process", "--weight-sync", "inprocess"],
+     "--weight-sync inprocess needs the in-process engine"),
     (["--max-staleness", "1", "--partial-rollout", "--sparse-recompute"],
      "--partial-rollout with --sparse-recompute / --train-sparse-policy is not supported"),
 ])
@@ -317,3 +321,28 @@ def test_async_partial_rollouts_stay_within_the_bound(setup, tmp_path):
             if versions is not None:  # resumed: older tokens first, at most one version behind
                 assert len(versions) == len(s["response_ids"]) and versions == sorted(versions)
                 assert r - 1 <= versions[0] < versions[-1] <= r
+
+
+def test_engine_process_generates_while_training_and_gets_every_push(setup, tmp_path):
+    """--rollout-engine-process --max-staleness 1: the engine runs as a child process of the
+    trainer, generates the next rollout while the current one trains, and serves exactly the
+    weights each push sent (a --max-staleness 0 run's pi_old recompute equals its log-probs);
+    no engine process outlives the run."""
+    hf, data, _ = setup
+    runs = {}
+    for bound in ("0", "1"):
+        out = tmp_path / bound
+        rc, log = _run(_flags(hf, data, out, "--rollout-engine-process", "--max-staleness", bound,
+                              rollouts=3))
+        assert rc == 0, log[-3000:]
+        assert "start the rollout engine process(es)" in log and "http://127.0.0.1:" in log
+        runs[bound] = _metrics(out)
+        engine_log = (out / "logs" / "engines" / "engine0.log").read_text()
+        assert "/update_weights_from_tensor" in engine_log or "update_weights" in engine_log
+    assert all(r["train_rollout_logprob_abs_diff"] < 1e-4 for r in runs["0"])
+    assert all(r["rollout/staleness_max"] == 0 for r in runs["0"])
+    assert [r["step"] for r in runs["1"]] == [1, 2, 3]
+    assert any(r["rollout/staleness_max"] == 1 for r in runs["1"][1:])
+    leftover = subprocess.run(["pgrep", "-f", f"sglang_kvc.launch_server --model-path {hf}"],
+                              capture_output=True, text=True).stdout.split()
+    assert leftover == []

@@ -121,6 +121,12 @@ class EngineFleet:
             self.resync(engine.url)
         return engine.url
 
+    def restart_hook(self, resync: Callable[[str], None]) -> Callable[[str], str | None]:
+        """The trainer's restart-hook factory (``train.RestartHookFactory``): replacements get
+        ``resync`` (the run's last weights), failures go to ``restart``."""
+        self.resync = resync
+        return self.restart
+
     def stop(self) -> None:
         with self._lock:
             if self._stopped:

@@ -1,0 +1,93 @@
+"""``--rollout-engine-process``: the colocated engine as a child process on this rank's device.
+
+Why: an in-process engine shares the trainer's Python interpreter. Under ``--max-staleness`` its
+decode loop and Megatron's forward/backward both run host-bound Python at small and middle
+scale, and they take turns on the GIL: on one H200 async overlapped only 1.10-1.12x
+(docs/benchmarks.md). As a child process (``python -m sglang_kvc.launch_server`` with the run's
+``--sglang-*`` flags and this rank's device) each side has its own interpreter; the trainer talks
+to it over HTTP as to any server. Weights go by CUDA IPC handles on a GPU (``ipc``, no copy
+through the host) and as tensors over HTTP on a CPU; an engine that dies is restarted and
+re-synced (``fleet.py``).
+
+Every rank that would host a colocated engine starts one; all ranks learn every engine's URL, and
+generation goes to all of them from rank 0, as with ``--rollout-server-urls``. The engine keeps
+its KV pool while the trainer trains (the memory split is ``--sglang-mem-fraction-static`` /
+``--sglang-max-total-tokens``), which is what lets it generate meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .fleet import EngineFleet, FleetConfig
+
+_NOT_PASSED = {"model_path", "host", "port"}  # the fleet sets these itself
+
+
+def server_argv(server_args) -> list[str]:
+    """``launch_server`` flags for every ServerArgs field set away from its default."""
+    argv: list[str] = []
+    for f in dataclasses.fields(server_args):
+        value = getattr(server_args, f.name)
+        if f.name in _NOT_PASSED or value == f.default or value is None:
+            continue
+        argv += _flag(f, value)
+    return argv
+
+
+def _flag(f: dataclasses.Field, value) -> list[str]:
+    flag = "--" + f.name.replace("_", "-")
+    if not isinstance(value, bool):
+        return [flag, str(value)]
+    if value:
+        return [flag]
+    if f.metadata.get("negatable"):
+        return ["--no-" + flag[2:]]
+    raise ValueError(f"{flag} cannot be turned off on launch_server's command line")
+
+
+def weight_transport() -> str:
+    """``--weight-sync auto`` for an engine process: CUDA IPC on a GPU, tensors over HTTP else."""
+    return "ipc" if torch.cuda.is_available() else "tensor"
+
+
+def start_engine_processes(args: argparse.Namespace, log_dir: Path) -> EngineFleet | None:
+    """This rank's engine process (if it hosts one); points ``args.rollout_server_urls`` at
+    every rank's engine. Call after the process groups and Megatron's parallel state exist."""
+    from ..train import _engine_device
+    from .config import server_args_from
+    from .sharding import placement
+
+    fleet = None
+    if placement(remote=False).generates:
+        server_args = server_args_from(args, _engine_device())
+        fleet = EngineFleet(FleetConfig(args.hf_checkpoint, 1, server_argv(server_args),
+                                        host=_bind_host(), log_dir=str(log_dir / "engines")))
+        fleet.start()
+    args.rollout_server_urls = _gathered_urls(fleet.urls if fleet else [])
+    return fleet
+
+
+def _bind_host() -> str:
+    """Loopback on one node; the node's address when rank 0 must reach engines on others."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if world <= local:
+        return "127.0.0.1"
+    import socket
+
+    return socket.gethostbyname(socket.gethostname())
+
+
+def _gathered_urls(mine: list[str]) -> list[str]:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return mine
+    boxes: list = [None] * dist.get_world_size()
+    dist.all_gather_object(boxes, mine)
+    return [url for box in boxes for url in box]

@@ -40,7 +40,7 @@ class ResumableBackend:
             seen = self.gate.interruptions
             gens = self.backend.generate(prompts, n, cfg, **overrides)
         segment = 1
-        while todo := [k for k, g in enumerate(gens) if self._interrupted(g, cfg, seen)]:
+        while todo := [k for k, g in enumerate(gens) if self._interrupted(g, cfg, overrides, seen)]:
             with self.gate.engine_use():  # after the push that interrupted them
                 seen = self.gate.interruptions
                 more = self._continue([prompts[k // n] for k in todo], [gens[k] for k in todo],
@@ -50,22 +50,29 @@ class ResumableBackend:
             segment += 1
         return gens
 
-    def _interrupted(self, gen: Generation, cfg: RolloutConfig, seen: int) -> bool:
+    def _interrupted(self, gen: Generation, cfg: RolloutConfig, overrides: dict, seen: int) -> bool:
         """Aborted by a push since ``seen``, with tokens left to generate (any other abort
         stays one)."""
-        return gen.finish_reason == "abort" and len(gen.response_ids) < cfg.max_response_len \
+        return gen.finish_reason == "abort" and len(gen.response_ids) < _budget(cfg, overrides) \
             and self.gate.interruptions > seen
 
     def _continue(self, prompts, gens, seeds, cfg, overrides) -> list[Generation]:
         """Each sample's rest as its own request, all in flight at once."""
         def one(i: int) -> Generation:
-            rest = dataclasses.replace(cfg, seed=seeds[i],
-                                       max_response_len=cfg.max_response_len - len(gens[i].response_ids))
+            left = _budget(cfg, overrides) - len(gens[i].response_ids)
+            rest = dataclasses.replace(cfg, seed=seeds[i], max_response_len=left)
+            more = {**overrides, "max_new_tokens": left} if "max_new_tokens" in overrides else overrides
             return self.backend.generate([list(prompts[i]) + gens[i].response_ids], 1, rest,
-                                         **overrides)[0]
+                                         **more)[0]
 
         with concurrent.futures.ThreadPoolExecutor(max(1, min(len(gens), 64))) as pool:
             return list(pool.map(one, range(len(gens))))
+
+
+def _budget(cfg: RolloutConfig, overrides: dict) -> int:
+    """The request's token budget: a generate plug-in's per-request ``max_new_tokens`` (an
+    override, which the backends send in place of the config's) or the config's."""
+    return overrides.get("max_new_tokens", cfg.max_response_len)
 
 
 def _seed(cfg: RolloutConfig, index: int, segment: int) -> int | None:

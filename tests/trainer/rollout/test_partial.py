@@ -23,18 +23,19 @@ class InterruptibleBackend:
         self.gate_holder, self.calls, self.version = gate_holder, [], 0
 
     def generate(self, prompts, n, cfg, **overrides):
-        self.calls.append((prompts, n, cfg))
+        self.calls.append((prompts, n, cfg, overrides))
         first = len(self.calls) == 1
         if first:
             self.gate_holder["pushing"].wait(5)
+        limit = overrides.get("max_new_tokens", cfg.max_response_len)  # as the real backends
         out = []
         for i, ids in enumerate(prompts):
             for j in range(n):
                 k = i * n + j
-                stop = k if first and k < cfg.max_response_len else cfg.max_response_len
+                stop = k if first and k < limit else limit
                 toks = [100 + len(ids) + t for t in range(stop)]
                 lp = [-0.1 * (self.version + 1)] * stop
-                finish = "abort" if first and stop < cfg.max_response_len else "length"
+                finish = "abort" if first and stop < limit else "length"
                 out.append(Generation(toks, lp, "x" * stop, finish, f"rollout-{self.version}",
                                       {"prompt_tokens": len(ids)}))
         return out
@@ -71,6 +72,28 @@ def test_interrupted_samples_resume_once_under_the_new_version():
     assert lags == [1, 1, 1, 1]  # all started under version 0 (sample 0 before its first token)
     check_bound(lags, 1, 1)
     assert staleness_metrics(gens, lags, 0)["rollout/partial_samples"] == 3.0
+
+
+def test_a_plug_ins_own_token_budget_holds_across_an_interruption():
+    """A generate plug-in sends ``max_new_tokens`` per request (long-tail lengths, recipes): a
+    resumed sample gets what is left of *that* budget, not the whole of it again."""
+    holder = {"pushing": threading.Event()}
+    inner = InterruptibleBackend(holder)
+    gate = WeightGate(0, 1, interrupt=holder["pushing"].set)
+    backend = ResumableBackend(inner, gate)
+    cfg = RolloutConfig(max_response_len=10, seed=3)
+    producer = AsyncRollouts(lambda r: backend.generate([[1], [2]], 2, cfg, max_new_tokens=3),
+                             gate, range(1)).start()
+    import time
+    time.sleep(0.1)
+    with gate.update(1):
+        inner.version = 1
+    gens = producer.get(0)
+    producer.close()
+    # sample k stopped after k tokens (k < 3), then got 3 - k more; sample 3 was never cut
+    assert [len(g.response_ids) for g in gens] == [3, 3, 3, 3]
+    assert [token_versions(g, 0) for g in gens[:3]] == [[1, 1, 1], [0, 1, 1], [0, 0, 1]]
+    assert sorted(c[3]["max_new_tokens"] for c in inner.calls[1:]) == [1, 2, 3]
 
 
 def test_without_a_push_an_abort_stays_an_abort():

@@ -46,6 +46,7 @@ from .rollout.capacity import capacity_line
 from .rollout.config import RolloutSetup, rollout_setup_from_args
 from .rollout.data import DataError
 from .rollout.dynamic_sampling import DynamicSampler
+from .rollout.engine_process import EngineProcessError
 from .rollout.failover import RestartHook
 from .rollout.generate import needs_reference
 from .rollout.manager import RolloutManager
@@ -462,7 +463,7 @@ def main(argv=None, restart_hook: RestartHookFactory | None = None) -> int:
     try:
         fleet = _engine_processes(args)
         train(run_config_from_args(args), restart_hook or (fleet and fleet.restart_hook))
-    except (DataError, CheckpointError) as e:  # the user's input: a message, not a traceback
+    except (DataError, CheckpointError, EngineProcessError) as e:  # a message, not a traceback
         print(f"trainer.train: error: {e}", file=sys.stderr)
         return 2
     finally:

@@ -346,3 +346,13 @@ def test_engine_process_generates_while_training_and_gets_every_push(setup, tmp_
     leftover = subprocess.run(["pgrep", "-f", f"sglang_kvc.launch_server --model-path {hf}"],
                               capture_output=True, text=True).stdout.split()
     assert leftover == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs an engine that cannot start: CUDA on a CPU-only torch")
+def test_engine_process_that_cannot_start_is_an_error_naming_its_log(setup, tmp_path):
+    hf, data, _ = setup
+    rc, log = _run(_flags(hf, data, tmp_path, "--rollout-engine-process", "--sglang-device", "cuda"),
+                   timeout=180)
+    assert rc == 2, log[-2000:]
+    assert "trainer.train: error: --rollout-engine-process: rollout engine 0" in log
+    assert str(tmp_path / "logs" / "engines" / "engine0.log") in log

@@ -30,6 +30,10 @@ from .fleet import EngineFleet, FleetConfig
 _NOT_PASSED = {"model_path", "host", "port"}  # the fleet sets these itself
 
 
+class EngineProcessError(RuntimeError):
+    """An engine process that would not start (its log's tail is in the message)."""
+
+
 def server_argv(server_args) -> list[str]:
     """``launch_server`` flags for every ServerArgs field set away from its default."""
     argv: list[str] = []
@@ -69,7 +73,10 @@ def start_engine_processes(args: argparse.Namespace, log_dir: Path) -> EngineFle
         server_args = server_args_from(args, _engine_device())
         fleet = EngineFleet(FleetConfig(args.hf_checkpoint, 1, server_argv(server_args),
                                         host=_bind_host(), log_dir=str(log_dir / "engines")))
-        fleet.start()
+        try:
+            fleet.start()
+        except (RuntimeError, TimeoutError) as e:
+            raise EngineProcessError(f"--rollout-engine-process: {e}") from e
     args.rollout_server_urls = _gathered_urls(fleet.urls if fleet else [])
     return fleet
 

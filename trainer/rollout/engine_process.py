@@ -61,16 +61,17 @@ def weight_transport() -> str:
     return "ipc" if torch.cuda.is_available() else "tensor"
 
 
-def start_engine_processes(args: argparse.Namespace, log_dir: Path) -> EngineFleet | None:
-    """This rank's engine process (if it hosts one); points ``args.rollout_server_urls`` at
-    every rank's engine. Call after the process groups and Megatron's parallel state exist."""
-    from ..train import _engine_device
+def start_engine_processes(args: argparse.Namespace, log_dir: Path, device: str
+                           ) -> EngineFleet | None:
+    """This rank's engine process on ``device`` (if it hosts one); points
+    ``args.rollout_server_urls`` at every rank's engine. Call after the process groups and
+    Megatron's parallel state exist."""
     from .config import server_args_from
     from .sharding import placement
 
     fleet = None
     if placement(remote=False).generates:
-        server_args = server_args_from(args, _engine_device())
+        server_args = server_args_from(args, device)
         fleet = EngineFleet(FleetConfig(args.hf_checkpoint, 1, server_argv(server_args),
                                         host=_bind_host(), log_dir=str(log_dir / "engines")))
         try:

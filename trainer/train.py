@@ -482,7 +482,7 @@ def _engine_processes(args: argparse.Namespace):
     log_dir = Path(args.log_dir or args.save or ".")
     with phase("start the rollout engine process(es)") as info:
         fleet = start_engine_processes(args, log_dir, _engine_device())
-        info["detail"] = ", ".join(args.rollout_server_urls) + f"; logs in {log_dir / 'engines'}"
+        info["detail"] = ", ".join(args.rollout_server_urls) + f"; logs under {log_dir / 'engines'}"
     return fleet
 
 

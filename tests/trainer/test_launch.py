@@ -214,3 +214,26 @@ def test_async_dynamic_sampling_on_two_engines_through_torchrun(inputs, tmp_path
         assert r["rollout_engine0/samples"] + r["rollout_engine1/samples"] == 8
     # generated (at least its first round) while the previous rollout trained
     assert any(r["rollout/staleness_max"] == 1 for r in rows[1:])
+
+
+def test_engine_processes_on_two_ranks_through_torchrun(inputs, tmp_path):
+    """--rollout-engine-process on two gloo ranks: each rank starts its own engine process,
+    rank 0 generates through both, every push reaches both, and each keeps its own log."""
+    model, tmp = inputs
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    argv = ["--nproc-per-node", "2", "--master-port", str(cpu_megatron.free_port()),
+            "-m", "trainer.train", "--hf-checkpoint", str(model), "--prompt-data",
+            str(tmp / "data" / "simplelr_qwen_level3to5" / "train.jsonl"),
+            "--log-dir", str(tmp_path / "logs"), "--num-rollout", "2", *TINY,
+            "--kl-loss-coef", "0", "--rollout-engine-process", "--max-staleness", "1"]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv], cwd=ROOT,
+                          env={**env, "PYTHONWARNINGS": "ignore"}, text=True, capture_output=True,
+                          timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    logs = [(tmp_path / "logs" / "engines" / f"rank{r}" / "engine0.log").read_text() for r in (0, 1)]
+    generated = [log.count("POST /generate") for log in logs]
+    assert all(g > 0 for g in generated) and sum(generated) == 2 * 10  # 5 prompts x 2, 2 rollouts
+    pushes = [log.count("POST /update_weights_from_tensor") for log in logs]
+    assert pushes[0] == pushes[1] >= 2

@@ -23,7 +23,6 @@ import os
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from .fleet import EngineFleet, FleetConfig
 
@@ -67,19 +66,27 @@ def start_engine_processes(args: argparse.Namespace, log_dir: Path, device: str
     ``args.rollout_server_urls`` at every rank's engine. Call after the process groups and
     Megatron's parallel state exist."""
     from .config import server_args_from
-    from .sharding import placement
+    from .sharding import gather_shards, placement
 
-    fleet = None
-    if placement(remote=False).generates:
+    fleet, place = None, placement(remote=False)
+    if place.generates:
         server_args = server_args_from(args, device)
         fleet = EngineFleet(FleetConfig(args.hf_checkpoint, 1, server_argv(server_args),
-                                        host=_bind_host(), log_dir=str(log_dir / "engines")))
+                                        host=_bind_host(), log_dir=str(_engine_logs(log_dir))))
         try:
             fleet.start()
         except (RuntimeError, TimeoutError) as e:
             raise EngineProcessError(f"--rollout-engine-process: {e}") from e
-    args.rollout_server_urls = _gathered_urls(fleet.urls if fleet else [])
+    # in generator order, so rollout_engine<i> is data-parallel rank i's engine
+    args.rollout_server_urls = gather_shards(fleet.urls[0] if fleet else None, place)
     return fleet
+
+
+def _engine_logs(log_dir: Path) -> Path:
+    """``engines/`` (one rank), ``engines/rank<r>/`` (several: each rank's fleet names its one
+    engine ``engine0.log``)."""
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    return log_dir / "engines" if world == 1 else log_dir / "engines" / f"rank{rank}"
 
 
 def _bind_host() -> str:
@@ -92,10 +99,3 @@ def _bind_host() -> str:
 
     return socket.gethostbyname(socket.gethostname())
 
-
-def _gathered_urls(mine: list[str]) -> list[str]:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return mine
-    boxes: list = [None] * dist.get_world_size()
-    dist.all_gather_object(boxes, mine)
-    return [url for box in boxes for url in box]

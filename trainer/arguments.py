@@ -124,6 +124,10 @@ def _add_server_args(g) -> None:
                         "one Python interpreter; weights go by ipc on a GPU, tensor on a CPU")
     g.add_argument("--rollout-concurrency", type=int, default=64,
                    help="in-flight HTTP requests per server")
+    g.add_argument("--rollout-samples-per-request", type=int, default=256,
+                   help="samples sent together as one batched HTTP /generate request (SGLang "
+                        "takes lists of input_ids); 1 sends one request per sample. A request "
+                        "that fails is re-issued whole, to another engine when it is down")
     g.add_argument("--weight-sync", default="auto",
                    choices=["auto", *WEIGHT_SYNC_MODES],
                    help="how weights reach the engine (auto: inprocess, or tensor over HTTP; ipc: "
@@ -277,7 +281,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--rendezvous-timeout and --distributed-timeout-minutes must be > 0")
     for flag in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len",
                  "num_rollout", "max_tokens_per_gpu", "tensor_model_parallel_size",
-                 "pipeline_model_parallel_size"):
+                 "pipeline_model_parallel_size", "rollout_concurrency",
+                 "rollout_samples_per_request"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     samples = args.rollout_batch_size * args.n_samples_per_prompt

@@ -8,25 +8,24 @@ import dataclasses
 
 import pytest
 
-from trainer.rollout.backends import Generation, RolloutConfig
+from trainer.rollout.backends import Backend, Generation, RolloutConfig
 from trainer.rollout.generate import GenerateContext
 from trainer.rollout.rewards import RewardConfig, RewardModel
 
 
 @dataclasses.dataclass
-class ScriptedBackend:
+class ScriptedBackend(Backend):
     tokenizer: object
     script: object  # (prompt_text, repeat_index) -> response text
     requests: list = dataclasses.field(default_factory=list)  # (prompt_text, params) received
 
-    def generate(self, prompts, n, cfg, **overrides):
+    def run(self, requests, cfg):
         out, seen = [], {}
-        for ids in prompts:
-            text = self.tokenizer.decode(ids)
-            for _ in range(n):
-                k = seen[text] = seen.get(text, -1) + 1
-                self.requests.append((text, dict(overrides)))
-                out.append(self._respond(self.script(text, k), overrides))
+        for r in requests:
+            text = self.tokenizer.decode(r.input_ids)
+            k = seen[text] = seen.get(text, -1) + 1
+            self.requests.append((text, dict(r.sampling_params)))
+            out.append(self._respond(self.script(text, k), r.sampling_params))
         return out
 
     def _respond(self, response: str, params: dict) -> Generation:

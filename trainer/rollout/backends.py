@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import itertools
 import threading
 import time
 
@@ -27,6 +28,7 @@ class RolloutConfig:
     stop_token_ids: list[int] | None = None
     seed: int | None = None  # per-sample sampling_seed = seed + sample index when set
     concurrency: int = 64  # in-flight HTTP requests per server
+    samples_per_request: int = 256  # samples batched into one HTTP /generate request (1: one each)
     retries: int = 3
     compress: bool = True  # False: dense KV on a compressing sglang-kvc engine (dense evaluation)
     eviction_record: bool = False  # ask sglang-kvc for each sample's eviction record (replay)
@@ -69,6 +71,49 @@ def _sampling_params(cfg: RolloutConfig, seed: int | None, **overrides) -> dict:
     return params
 
 
+@dataclasses.dataclass
+class SampleRequest:
+    """One sample to generate: what an SGLang ``/generate`` request carries for it. Its
+    ``sampling_seed`` goes with it, so it is the same sample on whichever engine runs it."""
+    input_ids: list[int]
+    sampling_params: dict
+
+    @classmethod
+    def of(cls, input_ids: list[int], cfg: RolloutConfig, seed: int | None, **overrides
+           ) -> "SampleRequest":
+        return cls(list(input_ids), _sampling_params(cfg, seed, **overrides))
+
+
+def sample_requests(prompts: list[list[int]], n: int, cfg: RolloutConfig, **overrides
+                    ) -> list[SampleRequest]:
+    """``n`` samples of each prompt, in order; sample ``k`` is seeded ``cfg.seed + k``."""
+    out = []
+    for i, ids in enumerate(prompts):
+        for j in range(n):
+            seed = None if cfg.seed is None else cfg.seed + i * n + j
+            out.append(SampleRequest.of(ids, cfg, seed, **overrides))
+    return out
+
+
+def batch_body(requests: list[SampleRequest], cfg: RolloutConfig) -> dict:
+    """One batched ``/generate`` body (SGLang takes lists of ``input_ids`` and of
+    ``sampling_params``)."""
+    return {"input_ids": [r.input_ids for r in requests],
+            "sampling_params": [r.sampling_params for r in requests],
+            "return_logprob": True, **_kv_fields(cfg)}
+
+
+class Backend:
+    """What the rollout needs of an engine: ``run`` a list of sample requests, in order."""
+
+    def run(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
+        raise NotImplementedError
+
+    def generate(self, prompts: list[list[int]], n: int, cfg: RolloutConfig, **overrides
+                 ) -> list[Generation]:
+        return self.run(sample_requests(prompts, n, cfg, **overrides), cfg)
+
+
 def parse_output(out: dict, want_record: bool = False) -> Generation:
     meta = out.get("meta_info", {})
     pairs = meta.get("output_token_logprobs") or []
@@ -92,39 +137,39 @@ def _eviction_record(meta: dict):
     return decode(meta["eviction_record"])
 
 
-class EngineRollout:
+class EngineRollout(Backend):
     """An in-process engine, colocated with this rank's part of the trainer."""
 
     def __init__(self, engine, progress: bool = False):
         self.engine = engine
         self.progress = progress  # a bar of finished samples (one rank shows it)
 
-    def generate(self, prompts: list[list[int]], n: int, cfg: RolloutConfig, **overrides
-                 ) -> list[Generation]:
+    def run(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
         from sglang_kvc.engine.io_struct import parse_generate
 
-        input_ids, params = [], []
-        for i, ids in enumerate(prompts):
-            for j in range(n):
-                seed = None if cfg.seed is None else cfg.seed + i * n + j
-                input_ids.append(list(ids))
-                params.append(_sampling_params(cfg, seed, **overrides))
-        body = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True,
-                **_kv_fields(cfg)}
-        items, _ = parse_generate(body, self.engine.sampling_defaults)
+        items, _ = parse_generate(batch_body(requests, cfg), self.engine.sampling_defaults)
         futures = self.engine.submit(items)
-        with tqdm(total=len(input_ids), desc="generate", unit="sample", leave=False,
+        with tqdm(total=len(requests), desc="generate", unit="sample", leave=False,
                   disable=not self.progress, mininterval=1.0) as bar:
             for _ in concurrent.futures.as_completed(futures):
                 bar.update()
         return [parse_output(f.result(), cfg.eviction_record) for f in futures]
 
 
+def _as_list(out, expected: int) -> list[dict]:
+    """A batched response is a list, one result per sample (a server may answer a batch of one
+    with the bare result)."""
+    out = out if isinstance(out, list) else [out]
+    if len(out) != expected:
+        raise RuntimeError(f"/generate answered {len(out)} results for {expected} samples")
+    return out
+
+
 class _Transient(Exception):
     """A failed attempt that another attempt (maybe on another engine) may not repeat."""
 
 
-class HTTPRollout:
+class HTTPRollout(Backend):
     """One or more SGLang-API servers (sglang-kvc or stock SGLang), round-robin. A request that
     fails (connection error, timeout, 5xx) goes to another engine; an engine that does not answer
     ``/health`` is marked down and handed to ``on_engine_failure`` (``failover.py``). Every sample
@@ -161,29 +206,37 @@ class HTTPRollout:
     def wait_for_restarts(self, timeout: float | None = None) -> bool:
         return self.engines.wait_for_restarts(timeout)
 
-    def generate(self, prompts: list[list[int]], n: int, cfg: RolloutConfig, **overrides
-                 ) -> list[Generation]:
-        jobs = []
-        for i, ids in enumerate(prompts):
-            for j in range(n):
-                seed = None if cfg.seed is None else cfg.seed + i * n + j
-                jobs.append({"input_ids": ids, "return_logprob": True, **_kv_fields(cfg),
-                             "sampling_params": _sampling_params(cfg, seed, **overrides)})
+    def run(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
+        """The samples as batched ``/generate`` requests, round-robin over the engines, up to
+        ``cfg.concurrency`` requests in flight per engine; a failed request is re-issued whole."""
+        chunks = self._chunks(len(requests), max(1, cfg.samples_per_request))
         stop = threading.Event()  # one request failed for good: the others stop waiting
-        pool = concurrent.futures.ThreadPoolExecutor(max(1, cfg.concurrency * self.engines.size))
+        pool = concurrent.futures.ThreadPoolExecutor(max(1, min(
+            len(chunks), cfg.concurrency * self.engines.size)))
         try:
-            futures = [pool.submit(self._request, k % self.engines.size, job, cfg.retries, stop)
-                       for k, job in enumerate(jobs)]
-            outs = [f.result() for f in futures]
+            futures = [pool.submit(self._request, slot, batch_body([requests[k] for k in ks], cfg),
+                                   cfg.retries, stop) for slot, ks in chunks]
+            outs = [_as_list(f.result(), len(ks)) for f, (_, ks) in zip(futures, chunks)]
         except BaseException:
             stop.set()
             raise
         finally:
             pool.shutdown(wait=not stop.is_set(), cancel_futures=True)
-        return [parse_output(o, cfg.eviction_record) for o in outs]
+        by_index = {k: o for (_, ks), out in zip(chunks, outs) for k, o in zip(ks, out)}
+        return [parse_output(by_index[k], cfg.eviction_record) for k in range(len(requests))]
 
-    def _request(self, slot: int, payload: dict, retries: int, stop: threading.Event) -> dict:
-        """One sample: its slot's engine, or the next one up after each failure."""
+    def _chunks(self, count: int, per_request: int) -> list[tuple[int, list[int]]]:
+        """(engine slot, sample indices) per request: sample ``k`` goes to engine
+        ``k % engines``, each engine's share cut into requests of at most ``per_request``,
+        interleaved so that every engine gets work first."""
+        size = self.engines.size
+        shares = [list(range(slot, count, size)) for slot in range(size)]
+        cuts = [[(slot, share[i:i + per_request]) for i in range(0, len(share), per_request)]
+                for slot, share in enumerate(shares)]
+        return [c for wave in itertools.zip_longest(*cuts) for c in wave if c]
+
+    def _request(self, slot: int, payload: dict, retries: int, stop: threading.Event):
+        """One request: its slot's engine, or the next one up after each failure."""
         failures = 0
         while True:
             slot, url = self.engines.pick(slot, stop)

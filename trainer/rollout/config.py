@@ -199,6 +199,7 @@ def sampling_config_from_args(args: argparse.Namespace) -> RolloutConfig:
         top_p=args.rollout_top_p, top_k=args.rollout_top_k,
         stop_token_ids=args.rollout_stop_token_ids, seed=None,
         concurrency=args.rollout_concurrency,
+        samples_per_request=args.rollout_samples_per_request,
         # the learner replays the sampler's evictions (learner/config.py's replay flags)
         eviction_record=getattr(args, "sparse_recompute", False)
         or getattr(args, "train_sparse_policy", False))
@@ -208,7 +209,8 @@ def eval_samplings_from_args(args: argparse.Namespace) -> tuple[RolloutConfig, .
     return tuple(RolloutConfig(
         max_response_len=args.eval_max_response_len or args.rollout_max_response_len,
         temperature=t, top_p=args.eval_top_p,
-        stop_token_ids=args.rollout_stop_token_ids, concurrency=args.rollout_concurrency)
+        stop_token_ids=args.rollout_stop_token_ids, concurrency=args.rollout_concurrency,
+        samples_per_request=args.rollout_samples_per_request)
         for t in args.eval_temperature)
 
 

@@ -13,12 +13,11 @@ between rollouts (a replay buffer). ``ctx.mode`` is ``"train"`` or ``"eval"``.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import inspect
 import json
 
-from .backends import Generation, RolloutConfig
+from .backends import Generation, RolloutConfig, SampleRequest
 from .data import Prompt
 from .plugins import load_dotted
 from .rewards import RewardInput
@@ -47,31 +46,34 @@ class GenerateContext:
 
     # --- the engine --------------------------------------------------------------------------
     def generate(self, requests: list[Request]) -> list[Generation]:
-        """One wave: every request in flight at once; generations in request order."""
+        """One wave: every request in flight at once (one batch); generations in request
+        order."""
         fitted = [self.fit(r) for r in requests]
-        groups: dict[tuple, list[int]] = {}
-        for i, (r, _) in enumerate(fitted):
-            groups.setdefault((r.max_new_tokens, r.stop), []).append(i)
-        out: list[Generation | None] = [None] * len(requests)
-        with concurrent.futures.ThreadPoolExecutor(max(1, len(groups))) as pool:
-            jobs = {pool.submit(self._generate_group, g, [fitted[i][0] for i in idx]): idx
-                    for g, idx in enumerate(groups.values())}
-            for job, idx in jobs.items():
-                for i, gen in zip(idx, job.result()):
-                    gen.meta["truncated"] = fitted[i][1]
-                    gen.meta["input_ids"] = fitted[i][0].input_ids  # what was really sent
-                    out[i] = gen
+        gens = self.backend.run(self._sample_requests([r for r, _ in fitted]), self.cfg)
+        for gen, (r, truncated) in zip(gens, fitted):
+            gen.meta["truncated"] = truncated
+            gen.meta["input_ids"] = r.input_ids  # what was really sent
         self.waves += 1
-        return out  # type: ignore[return-value]
+        return gens
 
-    def _generate_group(self, g: int, requests: list[Request]) -> list[Generation]:
-        r = requests[0]  # a group shares its sampling parameters
-        seed = None if self.cfg.seed is None else \
-            (self.cfg.seed + self.waves * _WAVE_STRIDE + g * _GROUP_STRIDE) % 2**31
-        cfg = dataclasses.replace(self.cfg, seed=seed)
-        extra = {"stop": list(r.stop)} if r.stop else {}
-        return self.backend.generate([q.input_ids for q in requests], 1, cfg,
-                                     max_new_tokens=r.max_new_tokens, **extra)
+    def _sample_requests(self, requests: list[Request]) -> list[SampleRequest]:
+        """Each request with its own budget and stops; requests that share them form a group,
+        seeded ``seed + wave x _WAVE_STRIDE + group x _GROUP_STRIDE`` plus their rank in it."""
+        keys = list(dict.fromkeys((r.max_new_tokens, r.stop) for r in requests))
+        rank = dict.fromkeys(keys, 0)
+        out = []
+        for r in requests:
+            key = (r.max_new_tokens, r.stop)
+            out.append(SampleRequest.of(r.input_ids, self.cfg, self._seed(keys.index(key), rank[key]),
+                                        max_new_tokens=r.max_new_tokens,
+                                        **({"stop": list(r.stop)} if r.stop else {})))
+            rank[key] += 1
+        return out
+
+    def _seed(self, group: int, rank: int) -> int | None:
+        if self.cfg.seed is None:
+            return None
+        return (self.cfg.seed + self.waves * _WAVE_STRIDE + group * _GROUP_STRIDE) % 2**31 + rank
 
     def fit(self, r: Request) -> tuple[Request, bool]:
         """Shorten a request that would overrun the context (flagged, never rejected): the

@@ -29,8 +29,10 @@ from trainer.rollout.sharding import Placement
 SERVER = ["--device", "cpu", "--max-total-tokens", "8192", "--log-level", "warning"]
 PROMPTS = [[1 + i, 5, 7, 9] for i in range(8)]
 N = 2
-# 300 tokens: a few hundred ms per request, so a kill lands while requests are in flight
-CFG = RolloutConfig(max_response_len=300, temperature=1.0, seed=1234, concurrency=1)
+# 300 tokens: a few hundred ms per request, so a kill lands while requests are in flight; two
+# samples per batched request, so each engine gets 4 requests (a failed one is re-issued whole)
+CFG = RolloutConfig(max_response_len=300, temperature=1.0, seed=1234, concurrency=1,
+                    samples_per_request=2)
 
 
 @pytest.fixture(scope="module")

@@ -10,34 +10,32 @@ import torch
 
 from trainer.algorithms import correction_preset, compute_mis_weights
 from trainer.rollout.async_rollout import AsyncRollouts, WeightGate
-from trainer.rollout.backends import Generation, RolloutConfig
+from trainer.rollout.backends import Backend, Generation, RolloutConfig
 from trainer.rollout.partial import ResumableBackend, join
 from trainer.rollout.staleness import check_bound, staleness, staleness_metrics, token_versions
 
 
-class InterruptibleBackend:
+class InterruptibleBackend(Backend):
     """A fake engine: sample k of the first call is aborted after k tokens when a push is under
     way; every token's log-prob encodes the version that sampled it (-0.1 x (version + 1))."""
 
     def __init__(self, gate_holder):
         self.gate_holder, self.calls, self.version = gate_holder, [], 0
 
-    def generate(self, prompts, n, cfg, **overrides):
-        self.calls.append((prompts, n, cfg, overrides))
+    def run(self, requests, cfg):
+        self.calls.append(requests)
         first = len(self.calls) == 1
         if first:
             self.gate_holder["pushing"].wait(5)
-        limit = overrides.get("max_new_tokens", cfg.max_response_len)  # as the real backends
         out = []
-        for i, ids in enumerate(prompts):
-            for j in range(n):
-                k = i * n + j
-                stop = k if first and k < limit else limit
-                toks = [100 + len(ids) + t for t in range(stop)]
-                lp = [-0.1 * (self.version + 1)] * stop
-                finish = "abort" if first and stop < limit else "length"
-                out.append(Generation(toks, lp, "x" * stop, finish, f"rollout-{self.version}",
-                                      {"prompt_tokens": len(ids)}))
+        for k, r in enumerate(requests):
+            limit = r.sampling_params["max_new_tokens"]  # as the real backends
+            stop = k if first and k < limit else limit
+            toks = [100 + len(r.input_ids) + t for t in range(stop)]
+            lp = [-0.1 * (self.version + 1)] * stop
+            finish = "abort" if first and stop < limit else "length"
+            out.append(Generation(toks, lp, "x" * stop, finish, f"rollout-{self.version}",
+                                  {"prompt_tokens": len(r.input_ids)}))
         return out
 
 
@@ -61,12 +59,17 @@ def test_interrupted_samples_resume_once_under_the_new_version():
         assert token_versions(g, 0) == [0] * k + [1] * (4 - k)
         assert g.logprobs == [-0.1] * k + [-0.2] * (4 - k)
         assert g.finish_reason == "length" and g.weight_version == "rollout-1"
-    # continuations: prompt + generated tokens, for the tokens left, with fresh seeds
-    resumed = inner.calls[1:]
-    assert len(resumed) == 4  # sample 3 had 3 of 4 tokens; sample 0 none, still resumed
-    prompts_sent = sorted(tuple(c[0][0]) for c in resumed)
-    assert (1, 2) in prompts_sent and (1, 2, 102) in prompts_sent
-    assert sorted(c[2].max_response_len for c in resumed) == [1, 2, 3, 4]
+    # continuations, all in one batch: prompt + generated tokens, for the tokens left, with
+    # fresh seeds (sample 3 had 3 of 4 tokens; sample 0 none, still resumed)
+    assert len(inner.calls) == 2
+    resumed = inner.calls[1]
+    # (token t of a prompt of length L is 100 + L + t)
+    assert [r.input_ids for r in resumed] == [[1, 2], [1, 2, 102], [3, 101, 102], [3, 101, 102, 103]]
+    assert [r.sampling_params["max_new_tokens"] for r in resumed] == [4, 3, 2, 1]
+    first_seeds = [r.sampling_params["sampling_seed"] for r in inner.calls[0]]
+    assert first_seeds == [10, 11, 12, 13]
+    seeds = [r.sampling_params["sampling_seed"] for r in resumed]
+    assert len(set(seeds) | set(first_seeds)) == 8
     assert gate.interruptions == 1
     lags = staleness(gens, 1, 0)
     assert lags == [1, 1, 1, 1]  # all started under version 0 (sample 0 before its first token)
@@ -93,15 +96,15 @@ def test_a_plug_ins_own_token_budget_holds_across_an_interruption():
     # sample k stopped after k tokens (k < 3), then got 3 - k more; sample 3 was never cut
     assert [len(g.response_ids) for g in gens] == [3, 3, 3, 3]
     assert [token_versions(g, 0) for g in gens[:3]] == [[1, 1, 1], [0, 1, 1], [0, 0, 1]]
-    assert sorted(c[3]["max_new_tokens"] for c in inner.calls[1:]) == [1, 2, 3]
+    assert [r.sampling_params["max_new_tokens"] for r in inner.calls[1]] == [3, 2, 1]
 
 
 def test_without_a_push_an_abort_stays_an_abort():
     gate = WeightGate(0, 1)
     g = Generation([5], [-1.0], "a", "abort", "rollout-0", {})
 
-    class Once:
-        def generate(self, prompts, n, cfg, **kw):
+    class Once(Backend):
+        def run(self, requests, cfg):
             return [g]
 
     assert ResumableBackend(Once(), gate).generate([[1]], 1, RolloutConfig(max_response_len=4)) == [g]

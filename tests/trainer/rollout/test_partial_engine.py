@@ -4,7 +4,6 @@ the continuation is exactly a fresh compressed request of prompt + head."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import pytest
@@ -13,8 +12,8 @@ import torch
 from checkpoint_tools.tiny_models import make_tiny_model
 from sglang_kvc.engine.engine import Engine
 from trainer.rollout.async_rollout import AsyncRollouts, WeightGate
-from trainer.rollout.backends import EngineRollout, RolloutConfig
-from trainer.rollout.partial import ResumableBackend, _seed
+from trainer.rollout.backends import EngineRollout, RolloutConfig, SampleRequest
+from trainer.rollout.partial import _SEED_STRIDE, ResumableBackend
 
 PROMPTS = [[5, 9, 14, 3], [7, 7, 21, 40, 2, 11]]
 RKV = dict(compress_algorithm="rkv", compress_max_prompt=12, compress_divide_length=4,
@@ -49,9 +48,11 @@ def _interrupted_run(engine, inner, prompts, n, cfg):
 
 
 def _fresh(inner, prompt, head, cfg, index):
-    rest = dataclasses.replace(cfg, seed=_seed(cfg, index, 1),
-                               max_response_len=cfg.max_response_len - len(head))
-    return inner.generate([prompt + head], 1, rest, ignore_eos=True)[0]
+    """A new request of prompt + head for the tokens left, seeded as a first continuation."""
+    seed = (cfg.seed + index + _SEED_STRIDE) % 2**31
+    request = SampleRequest.of(prompt + head, cfg, seed, ignore_eos=True,
+                               max_new_tokens=cfg.max_response_len - len(head))
+    return inner.run([request], cfg)[0]
 
 
 def test_batched_samples_resume_once_complete_and_compressed_anew(model_dir):

@@ -187,7 +187,7 @@ def step_numbers(m: dict, rec: Recorder, arch, decode: DecodeModel, machine: Mac
     if machine.peak_flops:
         out["recompute_mfu"] = fwd / m["time_recompute"] / machine.peak_flops
         out["update_mfu"] = train / m["time_update"] / machine.peak_flops
-    if machine.peak_hbm:
+    if machine.peak_hbm and m["time_rollout"] > 0:  # async: 0 when the rollout was ready
         floor = decode.bytes([len(s.prompt_ids) for s in rec.update], responses) / machine.peak_hbm
         out["rollout_hbm_roofline_fraction"] = floor / m["time_rollout"]
     return out
@@ -249,7 +249,7 @@ def start_run(args, extra: list[str], work: Path):
     from trainer.arguments import parse_args as trainer_args
     from trainer.learner.attention import set_packed_attention
     from trainer.launch import init_parallel, parallel_config_from_args
-    from trainer.train import Run, run_config_from_args
+    from trainer.train import Run, engine_processes, run_config_from_args
 
     set_packed_attention(args.packed_attention)
     hf = Path(args.hf_checkpoint) if args.hf_checkpoint else build_checkpoint(args.shape, work / "hf")
@@ -257,7 +257,8 @@ def start_run(args, extra: list[str], work: Path):
     rollouts = 1 + args.steps + bool(args.profile)
     targs = trainer_args(trainer_argv(args, hf, data, work, rollouts) + extra)
     init_parallel(parallel_config_from_args(targs))
-    return targs, Run(run_config_from_args(targs))
+    fleet = engine_processes(targs)  # --rollout-engine-process: the engine as a child process
+    return targs, Run(run_config_from_args(targs)), fleet
 
 
 def measure(args, targs, run) -> tuple[list[dict], Path | None]:
@@ -283,11 +284,13 @@ def main(argv=None) -> dict:
     args, extra = parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-rl-step-"))
     work.mkdir(parents=True, exist_ok=True)
-    targs, run = start_run(args, extra, work)
+    targs, run, fleet = start_run(args, extra, work)
     try:
         steps, trace = measure(args, targs, run)
     finally:
         run.close()
+        if fleet is not None:
+            fleet.stop()
         cpu_megatron.teardown()
     machine = Machine.detect(args)
     summary = summarize(steps)

@@ -461,7 +461,7 @@ def main(argv=None, restart_hook: RestartHookFactory | None = None) -> int:
         return 1
     fleet = None
     try:
-        fleet = _engine_processes(args)
+        fleet = engine_processes(args)
         train(run_config_from_args(args), restart_hook or (fleet and fleet.restart_hook))
     except (DataError, CheckpointError, EngineProcessError) as e:  # a message, not a traceback
         print(f"trainer.train: error: {e}", file=sys.stderr)
@@ -473,7 +473,7 @@ def main(argv=None, restart_hook: RestartHookFactory | None = None) -> int:
     return 0
 
 
-def _engine_processes(args: argparse.Namespace):
+def engine_processes(args: argparse.Namespace):
     """``--rollout-engine-process``: this rank's engine as a child process (engine_process.py)."""
     if not args.rollout_engine_process:
         return None

@@ -156,7 +156,7 @@ def disaggregated(inputs, tmp_path_factory):
 def _disaggregated_argv(inputs, tmp: Path) -> list[str]:
     return [*_ray_job(inputs, tmp / "save", "--rollout-num-gpus", "2"), "--num-rollout", "3",
             "--save-debug-rollout-data", str(tmp / "debug" / "rollout_{rollout_id}.jsonl"),
-            "--engine-start-timeout", "120"]
+            "--engine-start-timeout", "120", "--rollout-samples-per-request", "2"]
 
 
 def _samples(debug: Path) -> list[list[dict]]:
@@ -222,8 +222,9 @@ def test_disaggregated_engines_behind_the_router(disaggregated):
     assert [len(rows) for rows in samples] == [10, 10, 10]
     report = _engine_report(log)
     assert len(report) == 2, log[-3000:]
-    assert sum(g for g, _ in report.values()) == 30  # 3 rollouts x 10 samples
-    assert all(g == 15 and u == 3 for g, u in report.values()), report  # round robin; a push per rollout
+    # round robin, 5 samples per engine per rollout in batched requests of 2, 2 and 1; a push
+    # per rollout
+    assert all(g == 3 * 3 and u == 3 for g, u in report.values()), report
     for phase in ("] reserve 2 GPU(s) for rollout engines (PACK): ",
                   "] start 2 rollout engine(s) (sglang-kvc HTTP servers): ",
                   "] start sglang-router: ", "-> 2 engine(s), round robin",
@@ -248,13 +249,13 @@ def _drill_job(jobs, argv: list[str], drill: str, tmp_path: Path):
 
 def test_engine_killed_mid_rollout_is_replaced_and_no_sample_is_lost(inputs, tmp_path, jobs,
                                                                    disaggregated):
-    """The drill: engine 0 SIGKILLs itself at its 8th /generate request, in rollout 2 of 3 with
-    requests in flight. The job goes on: the trainer re-issues them to engine 1, the supervisor
+    """The drill: engine 0 SIGKILLs itself at its 5th /generate request (batches of 2 samples:
+    3 requests a rollout), in rollout 2 of 3 with requests in flight. The job goes on: the trainer re-issues them to engine 1, the supervisor
     starts another engine 0 on the same GPU bundle and the trainer re-syncs it (the last weights)
     before it serves rollout 3. Every rollout has each of its 10 samples once, at the current
     weight version, equal to the fault-free job's (same index, same seed), and the step log counts
     the failure, the restart and the re-issued requests."""
-    log, left, metrics, faults = _drill_job(jobs, _disaggregated_argv(inputs, tmp_path), "0:8",
+    log, left, metrics, faults = _drill_job(jobs, _disaggregated_argv(inputs, tmp_path), "0:5",
                                             tmp_path)
     assert faults["engine_failures"] == 1 and faults["engine_restarts"] == 1, faults
     assert faults["requests_reissued"] >= 1 and metrics[1]["rollout/engine_failures"] == 1
@@ -273,8 +274,9 @@ def test_engine_killed_mid_rollout_is_replaced_and_no_sample_is_lost(inputs, tmp
     new = re.search(r"rollout engine 0 is back at (http://\S+) after", log)[1]
     report = _engine_report(log)
     assert set(report) == {new, first[2]} and new != first[1], report
-    # the replacement served rollout 3 and took the re-sync + the pushes after rollouts 2 and 3
-    assert report[new] == (5, 3) and "since it was restarted (1x)" in log, report
+    # the replacement served rollout 3 (3 batched requests) and took the re-sync + the pushes
+    # after rollouts 2 and 3
+    assert report[new] == (3, 3) and "since it was restarted (1x)" in log, report  # 3 batches
     assert "sglang-router did not" not in log
     assert all(_refuses(url) for url in [*first.groups(), new]), "an engine outlived the job"
     assert left == [], left

@@ -290,13 +290,15 @@ def _checkpoint_tensors(ckpt_dir, scratch):
     return flat
 
 
-def test_async_partial_rollouts_stay_within_the_bound(setup, tmp_path):
-    """--max-staleness 1 --partial-rollout on the in-process engine with R-KV: long responses keep
-    the next rollout in flight when the weights are pushed, so requests are interrupted and
-    resumed; every sample comes back once, with one version per token, none more than one
-    version behind."""
+@pytest.mark.parametrize("layout", [[], ["--rollout-engine-process"]],
+                         ids=["in-process", "engine-process"])
+def test_async_partial_rollouts_stay_within_the_bound(setup, tmp_path, layout):
+    """--max-staleness 1 --partial-rollout with R-KV, on the in-process engine and on an engine
+    process (interrupted over HTTP: /abort_request): long responses keep the next rollout in
+    flight when the weights are pushed, so requests are interrupted and resumed; every sample
+    comes back once, with one version per token, none more than one version behind."""
     hf, data, _ = setup
-    flags = _flags(hf, data, tmp_path, "--max-staleness", "1", "--partial-rollout",
+    flags = _flags(hf, data, tmp_path, *layout, "--max-staleness", "1", "--partial-rollout",
                    "--save-debug-rollout-data", str(tmp_path / "rows_{rollout_id}.jsonl"),
                    "--sglang-compress-algorithm", "rkv", "--sglang-compress-max-prompt", "4",
                    "--sglang-compress-divide-length", "2", "--sglang-compress-max-window", "2",

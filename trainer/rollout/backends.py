@@ -273,7 +273,7 @@ class HTTPRollout(Backend):
             raise _Transient(f"HTTP {r.status_code}: {r.text[:200]}")
         if r.status_code >= 400:  # our request is wrong: no engine will take it
             raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text[:500]}")
-        return r.json()
+        return r.json() if r.content else {}  # /abort_request answers an empty 200, as SGLang
 
     def post(self, url: str, payload: dict, retries: int = 1) -> dict:
         """One control request to one server, retried there (no failover: it is about that one)."""

@@ -31,6 +31,7 @@ import json
 import math
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -272,10 +273,18 @@ def measure(args, targs, run) -> tuple[list[dict], Path | None]:
     for i in range(1 + args.steps):
         rec.clear()
         metrics = run.rollout_step(i)
+        print(f"[bench-rl-step] step {i}{' (warm-up)' if not i else ''}: "
+              f"{metrics['time_total']:.2f} s, ended {_clock()}", flush=True)
         if i:  # step 0 warms up (compilation, CUDA graphs, allocator)
             steps.append(step_numbers(metrics, rec, arch, decode, machine))
     trace = profile_step(run, 1 + args.steps, Path(args.profile)) if args.profile else None
     return steps, trace
+
+
+def _clock() -> str:
+    """Wall-clock time to the millisecond (to line steps up with e.g. nvidia-smi samples)."""
+    now = time.time()
+    return time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
 
 
 def main(argv=None) -> dict:

@@ -59,15 +59,15 @@ class GenerateContext:
     def _sample_requests(self, requests: list[Request]) -> list[SampleRequest]:
         """Each request with its own budget and stops; requests that share them form a group,
         seeded ``seed + wave x _WAVE_STRIDE + group x _GROUP_STRIDE`` plus their rank in it."""
-        keys = list(dict.fromkeys((r.max_new_tokens, r.stop) for r in requests))
-        rank = dict.fromkeys(keys, 0)
+        keys = [(r.max_new_tokens, r.stop) for r in requests]
+        group = {key: g for g, key in enumerate(dict.fromkeys(keys))}
+        rank = dict.fromkeys(group, 0)
         out = []
-        for r in requests:
-            key = (r.max_new_tokens, r.stop)
-            out.append(SampleRequest.of(r.input_ids, self.cfg, self._seed(keys.index(key), rank[key]),
-                                        max_new_tokens=r.max_new_tokens,
-                                        **({"stop": list(r.stop)} if r.stop else {})))
+        for r, key in zip(requests, keys):
+            seed = self._seed(group[key], rank[key])
             rank[key] += 1
+            out.append(SampleRequest.of(r.input_ids, self.cfg, seed, max_new_tokens=r.max_new_tokens,
+                                        **({"stop": list(r.stop)} if r.stop else {})))
         return out
 
     def _seed(self, group: int, rank: int) -> int | None:

@@ -6,9 +6,9 @@ interrupted by a weight push keep their tokens and continue under the new weight
 the engines' ``abort_request``), the aborted samples come back with the tokens generated so far;
 the wrapper waits at the gate (``engine_use``) until the push is done, then sends them again as
 one batch of new requests whose prompts are prompt + generated tokens, each for the tokens it
-has left. The pieces are joined: token ids, behaviour log-probs (each token's from the weights that sampled it) and one
-weight version per token (``Generation.token_versions``). Each sample is returned exactly once,
-in its place.
+has left. The pieces are joined: token ids, behaviour log-probs (each token's from the weights
+that sampled it) and one weight version per token (``Generation.token_versions``). Each sample
+is returned exactly once, in its place.
 
 KV compression: the continuation is a new request, so a compressed request's eviction state is
 *recomputed*, not kept: the engine prefills prompt + generated tokens under the new weights and

@@ -181,7 +181,8 @@ def step_numbers(m: dict, rec: Recorder, arch, decode: DecodeModel, machine: Mac
                recompute_tokens_per_s=sum(s.length for s in rec.recompute) / m["time_recompute"],
                update_tokens_per_s=sum(s.length for s in rec.update) / m["time_update"],
                sync_gb_per_s=m.get("sync_bytes", 0.0) / 1e9 / max(m["time_sync"], 1e-9),
-               response_len_mean=m["response_len_mean"])
+               response_len_mean=m["response_len_mean"], reward_mean=m["reward_mean"],
+               aborted=m["aborted"])
     out.update({k: m[k] for k in ("kv_compressions_per_sample", "kv_peak_slots_per_sample",
                                   "kv_pool_peak_used", "kv_pool_peak_bytes", "kv_pool_capacity",
                                   "rollout_preemptions", "rollout_tail_fraction") if k in m})
@@ -272,13 +273,22 @@ def measure(args, targs, run) -> tuple[list[dict], Path | None]:
     steps = []
     for i in range(1 + args.steps):
         rec.clear()
+        started = time.time()
         metrics = run.rollout_step(i)
-        print(f"[bench-rl-step] step {i}{' (warm-up)' if not i else ''}: "
-              f"{metrics['time_total']:.2f} s, ended {_clock()}", flush=True)
+        if _rank() == 0:
+            print(f"[bench-rl-step] step {i}{' (warm-up)' if not i else ''}: "
+                  f"{metrics['time_total']:.2f} s, ended {_clock()}", flush=True)
         if i:  # step 0 warms up (compilation, CUDA graphs, allocator)
-            steps.append(step_numbers(metrics, rec, arch, decode, machine))
+            steps.append({**step_numbers(metrics, rec, arch, decode, machine),
+                          "started_at": started, "ended_at": time.time()})
     trace = profile_step(run, 1 + args.steps, Path(args.profile)) if args.profile else None
     return steps, trace
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def _clock() -> str:
@@ -296,11 +306,14 @@ def main(argv=None) -> dict:
     targs, run, fleet = start_run(args, extra, work)
     try:
         steps, trace = measure(args, targs, run)
+        rank = _rank()
     finally:
         run.close()
         if fleet is not None:
             fleet.stop()
         cpu_megatron.teardown()
+    if rank != 0:  # torchrun: rank 0 reports for the job
+        return {}
     machine = Machine.detect(args)
     summary = summarize(steps)
     print_table(summary, len(steps))

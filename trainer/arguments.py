@@ -122,6 +122,15 @@ def _add_server_args(g) -> None:
                         "talked to over HTTP, instead of in the trainer's process: with "
                         "--max-staleness, generation and training then overlap without sharing "
                         "one Python interpreter; weights go by ipc on a GPU, tensor on a CPU")
+    g.add_argument("--rollout-engine-placement", default="per-gpu", choices=["per-gpu", "per-replica"],
+                   help="colocated engines: one on every GPU (default; at TP > 1 each holds the full "
+                        "weights, and every GPU generates), or one per data-parallel replica on its "
+                        "first tensor-parallel rank (less engine memory, fewer generating GPUs)")
+    g.add_argument("--rollout-num-gpus", type=int, default=0,
+                   help="disaggregated rollouts under torchrun (slime's flag): global rank 0 starts "
+                        "this many engine processes (python -m sglang_kvc.launch_server, one GPU "
+                        "each) on this node's GPUs after the trainer's (local GPU LOCAL_WORLD_SIZE "
+                        "onwards); weights go over NCCL (--weight-sync distributed) on a GPU")
     g.add_argument("--rollout-concurrency", type=int, default=64,
                    help="in-flight HTTP requests per server")
     g.add_argument("--rollout-samples-per-request", type=int, default=256,
@@ -320,7 +329,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--custom-generate-args needs --custom-generate-function-path")
     if args.eval_prompt_data and len(args.eval_prompt_data) % 2:
         parser.error("--eval-prompt-data takes name path pairs")
-    if args.rollout_engine_process:
+    if args.rollout_num_gpus:
+        _check_rollout_gpus(parser, args)
+    elif args.rollout_engine_process:
         _check_engine_process(parser, args)
     elif args.weight_sync == "auto":
         args.weight_sync = "tensor" if args.rollout_server_urls else "inprocess"
@@ -330,7 +341,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.rollout_engine_urls and not args.rollout_server_urls:
         parser.error("--rollout-engine-urls names the engines behind --rollout-server-urls; "
                      "give --rollout-server-urls too")
-    if args.weight_sync != "inprocess" and not (args.rollout_server_urls
+    if args.weight_sync != "inprocess" and not (args.rollout_server_urls or args.rollout_num_gpus
                                                 or args.rollout_engine_process):
         parser.error(f"--weight-sync {args.weight_sync} needs --rollout-server-urls")
     if not args.rollout_server_urls:
@@ -338,6 +349,22 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             server_args_from(args)
         except ValueError as e:  # the server's own validation names its flag without the prefix
             parser.error(re.sub(r"--(?!sglang-)", "--sglang-", str(e)))
+
+
+def _check_rollout_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--rollout-num-gpus starts its own servers on GPUs of their own: no other engines."""
+    if args.rollout_num_gpus < 0:
+        parser.error("--rollout-num-gpus must be >= 0")
+    if args.rollout_server_urls or args.rollout_engine_urls or args.rollout_engine_process:
+        parser.error("--rollout-num-gpus starts the engines itself; drop --rollout-server-urls / "
+                     "--rollout-engine-urls / --rollout-engine-process")
+    if args.weight_sync == "inprocess":
+        parser.error("--weight-sync inprocess needs the in-process engine; with "
+                     "--rollout-num-gpus use distributed (GPU), tensor or disk")
+    if args.weight_sync == "auto":
+        import torch
+
+        args.weight_sync = "distributed" if torch.cuda.is_available() else "tensor"
 
 
 def _check_engine_process(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -41,7 +41,7 @@ from .learner.model_provider import rounds_checkpoint
 from .learner.packing import Sample
 from .learner.policy_trainer import OptimConfig, PolicyTrainer
 from .rollout.async_rollout import AsyncRollouts, gate_for
-from .rollout.backends import HTTPRollout
+from .rollout.backends import HTTPRollout, RolloutError
 from .rollout.capacity import capacity_line
 from .rollout.config import RolloutSetup, rollout_setup_from_args
 from .rollout.data import DataError
@@ -157,9 +157,11 @@ class Run:
         return start
 
     def _start_rollouts(self) -> RolloutManager:
-        engines, place = self.cfg.rollout.engines, placement(self.cfg.rollout.engines.remote)
+        engines = self.cfg.rollout.engines
+        place = placement(engines.remote, engines.per_gpu)
         what = (f"{len(engines.server_urls)} rollout server(s)" if engines.remote
-                else f"{place.num_generators} colocated rollout engine(s), one per data-parallel rank")
+                else f"{place.num_generators} colocated rollout engine(s), one per "
+                     + ("GPU" if engines.per_gpu else "data-parallel replica"))
         with phase(f"start {what}") as info:
             manager = RolloutManager(
                 place, self.plan.reward,
@@ -463,7 +465,7 @@ def main(argv=None, restart_hook: RestartHookFactory | None = None) -> int:
     try:
         fleet = engine_processes(args)
         train(run_config_from_args(args), restart_hook or (fleet and fleet.restart_hook))
-    except (DataError, CheckpointError, EngineProcessError) as e:  # a message, not a traceback
+    except (DataError, CheckpointError, EngineProcessError, RolloutError) as e:  # a message
         print(f"trainer.train: error: {e}", file=sys.stderr)
         return 2
     finally:
@@ -474,8 +476,9 @@ def main(argv=None, restart_hook: RestartHookFactory | None = None) -> int:
 
 
 def engine_processes(args: argparse.Namespace):
-    """``--rollout-engine-process``: this rank's engine as a child process (engine_process.py)."""
-    if not args.rollout_engine_process:
+    """``--rollout-engine-process`` (this rank's engine as a child process) or
+    ``--rollout-num-gpus`` (engines on GPUs of their own, started by rank 0): engine_process.py."""
+    if not (args.rollout_engine_process or args.rollout_num_gpus):
         return None
     from .rollout.engine_process import start_engine_processes
 

@@ -74,7 +74,8 @@ def runs(inputs, tmp_path_factory):
 
 
 def _engines(recipe: str, nproc: int) -> int:
-    return nproc // 2 if recipe.endswith("tp2") else nproc
+    """An engine on every GPU, TP = 2 too (both tensor-parallel ranks generate)."""
+    return nproc
 
 
 def _rows(path: Path) -> list[dict]:
@@ -121,8 +122,8 @@ def test_engines_serve_the_trainers_weights_after_the_update(runs, inputs, tmp_p
     """The greedy eval after the last update, from every engine, is what the trainer's final
     weights (saved, exported with megatron2hf) give under Hugging Face: each token is HF's
     argmax teacher-forced on the same prefix (near-ties excused). Dense rollouts: a compressed
-    cache would rightly differ from HF's full attention. With TP=2 the one engine gets the full
-    weights gathered from both tensor-parallel ranks."""
+    cache would rightly differ from HF's full attention. With TP=2 each rank's engine gets the
+    full weights gathered from both tensor-parallel ranks."""
     from transformers import AutoModelForCausalLM
 
     save, rc, log = runs[recipe, nproc]

@@ -10,13 +10,22 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import itertools
+import logging
 import threading
 import time
+from typing import Callable
 
 import requests
 from tqdm import tqdm
 
 from .failover import AllEnginesDown, EngineSet, RestartHook
+
+log = logging.getLogger(__name__)
+
+
+class RolloutError(RuntimeError):
+    """Samples that an engine could not generate: the rollout fails, naming the engine and its
+    first error, rather than training on the empty answers of aborted samples."""
 
 
 @dataclasses.dataclass
@@ -114,6 +123,38 @@ class Backend:
         return self.run(sample_requests(prompts, n, cfg, **overrides), cfg)
 
 
+def engine_error(gen: Generation) -> str | None:
+    """The engine's message when a step failure ended this sample (sglang-kvc's finish reason
+    ``abort`` with ``status_code`` 500), else None. An abort by request (a weight push of partial
+    rollouts, ``abort_request``) is not an engine error."""
+    reason = gen.meta.get("finish_reason")
+    if gen.finish_reason != "abort" or not isinstance(reason, dict):
+        return None
+    if reason.get("status_code") is None and reason.get("err_type") is None:
+        return None
+    return str(reason.get("message") or reason.get("err_type"))
+
+
+def reissue_failed(run_once: Callable[[list["SampleRequest"]], list[Generation]],
+                   requests: list["SampleRequest"], engine: str) -> list[Generation]:
+    """``run_once(requests)``, then once more for the samples an engine failure ended (same seed:
+    the same sample if the failure was transient); still failing, a ``RolloutError`` naming
+    ``engine`` and the first error."""
+    gens = run_once(requests)
+    failed = [k for k, g in enumerate(gens) if engine_error(g)]
+    if not failed:
+        return gens
+    log.warning("%s: %d of %d samples ended by an engine error (%s); re-issuing them once",
+                engine, len(failed), len(gens), engine_error(gens[failed[0]]))
+    for k, g in zip(failed, run_once([requests[k] for k in failed])):
+        gens[k] = g
+    still = [g for g in (gens[k] for k in failed) if engine_error(g)]
+    if still:
+        raise RolloutError(f"{engine}: {len(still)} of {len(gens)} samples failed twice; "
+                           f"first error: {engine_error(still[0])}")
+    return gens
+
+
 def parse_output(out: dict, want_record: bool = False) -> Generation:
     meta = out.get("meta_info", {})
     pairs = meta.get("output_token_logprobs") or []
@@ -144,11 +185,21 @@ class EngineRollout(Backend):
         self.engine = engine
         self.progress = progress  # a bar of finished samples (one rank shows it)
 
+    @property
+    def name(self) -> str:
+        return f"rollout engine on {self.engine.runner.device}"
+
     def run(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
+        return reissue_failed(lambda reqs: self._run_once(reqs, cfg), requests, self.name)
+
+    def _run_once(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
         from sglang_kvc.engine.io_struct import parse_generate
 
         items, _ = parse_generate(batch_body(requests, cfg), self.engine.sampling_defaults)
-        futures = self.engine.submit(items)
+        try:
+            futures = self.engine.submit(items)
+        except RuntimeError as e:  # its thread died: nothing here can run them
+            raise RolloutError(f"{self.name}: {e}") from e
         with tqdm(total=len(requests), desc="generate", unit="sample", leave=False,
                   disable=not self.progress, mininterval=1.0) as bar:
             for _ in concurrent.futures.as_completed(futures):
@@ -208,7 +259,13 @@ class HTTPRollout(Backend):
 
     def run(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
         """The samples as batched ``/generate`` requests, round-robin over the engines, up to
-        ``cfg.concurrency`` requests in flight per engine; a failed request is re-issued whole."""
+        ``cfg.concurrency`` requests in flight per engine; a failed request is re-issued whole,
+        and samples that an engine's step failure ended (HTTP 200, finish reason ``abort``
+        with status 500) once more."""
+        return reissue_failed(lambda reqs: self._run_once(reqs, cfg), requests,
+                              f"rollout server(s) {', '.join(self.engines.urls)}")
+
+    def _run_once(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
         chunks = self._chunks(len(requests), max(1, cfg.samples_per_request))
         stop = threading.Event()  # one request failed for good: the others stop waiting
         pool = concurrent.futures.ThreadPoolExecutor(max(1, min(

@@ -116,6 +116,8 @@ class EngineConfig:
     server_urls: list[str] | None = None  # SGLang-API servers instead of colocated engines
     engine_urls: list[str] | None = None  # the engines behind a router given as server_urls
     offload: bool | None = None  # release the KV pool while training; None: with a GPU
+    per_gpu: bool = True  # colocated: an engine on every GPU (False: one per data-parallel replica)
+    num_gpus: int = 0  # --rollout-num-gpus: engine processes on GPUs of their own (rank 0 starts them)
 
     @property
     def remote(self) -> bool:
@@ -219,7 +221,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
              if k.startswith(ENGINE_PREFIX)}
     return EngineConfig(model_path=args.hf_checkpoint, engine_flags=flags,
                         server_urls=args.rollout_server_urls,
-                        engine_urls=args.rollout_engine_urls, offload=args.offload_rollout)
+                        engine_urls=args.rollout_engine_urls, offload=args.offload_rollout,
+                        per_gpu=args.rollout_engine_placement == "per-gpu",
+                        num_gpus=args.rollout_num_gpus)
 
 
 def weight_sync_config_from_args(args: argparse.Namespace) -> WeightSyncConfig:

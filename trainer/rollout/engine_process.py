@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from .fleet import EngineFleet, FleetConfig
 
@@ -62,24 +63,66 @@ def weight_transport() -> str:
 
 def start_engine_processes(args: argparse.Namespace, log_dir: Path, device: str
                            ) -> EngineFleet | None:
-    """This rank's engine process on ``device`` (if it hosts one); points
-    ``args.rollout_server_urls`` at every rank's engine. Call after the process groups and
-    Megatron's parallel state exist."""
-    from .config import server_args_from
-    from .sharding import gather_shards, placement
+    """This rank's engine process(es): with ``--rollout-engine-process`` its colocated engine on
+    ``device`` (if it hosts one), with ``--rollout-num-gpus N`` (global rank 0) N engines on the
+    node's GPUs after the trainer's. Points ``args.rollout_server_urls`` at every engine, on
+    every rank. Call after the process groups and Megatron's parallel state exist."""
+    from .sharding import Placement, gather_shards, placement
 
-    fleet, place = None, placement(remote=False)
-    if place.generates:
-        server_args = server_args_from(args, device)
-        fleet = EngineFleet(FleetConfig(args.hf_checkpoint, 1, server_argv(server_args),
-                                        host=_bind_host(), log_dir=str(_engine_logs(log_dir))))
-        try:
-            fleet.start()
-        except (RuntimeError, TimeoutError) as e:
-            raise EngineProcessError(f"--rollout-engine-process: {e}") from e
-    # in generator order, so rollout_engine<i> is data-parallel rank i's engine
+    if args.rollout_num_gpus:
+        rank0 = not dist.is_initialized() or dist.get_rank() == 0
+        fleet = _start(_disaggregated(args, log_dir)) if rank0 else None
+        urls = gather_shards(fleet.urls if fleet else None, Placement(1, 0 if rank0 else None))
+        args.rollout_server_urls = urls[0]
+        return fleet
+    place = placement(remote=False, per_gpu=args.rollout_engine_placement == "per-gpu")
+    fleet = _start(_colocated(args, log_dir, device)) if place.generates else None
+    # in generator order, so rollout_engine<i> is generating rank i's engine
     args.rollout_server_urls = gather_shards(fleet.urls[0] if fleet else None, place)
     return fleet
+
+
+def _start(cfg: FleetConfig) -> EngineFleet:
+    fleet = EngineFleet(cfg)
+    try:
+        fleet.start()
+    except (RuntimeError, TimeoutError) as e:
+        raise EngineProcessError(f"rollout engine process: {e}") from e
+    return fleet
+
+
+def _colocated(args: argparse.Namespace, log_dir: Path, device: str) -> FleetConfig:
+    from .config import server_args_from
+
+    return FleetConfig(args.hf_checkpoint, 1, server_argv(server_args_from(args, device)),
+                       host=_bind_host(), log_dir=str(_engine_logs(log_dir)))
+
+
+def _disaggregated(args: argparse.Namespace, log_dir: Path) -> FleetConfig:
+    """``--rollout-num-gpus`` engines, one GPU each (``CUDA_VISIBLE_DEVICES``), on the GPUs of
+    this node that the trainer's ranks do not use; on a CPU machine, CPU engines."""
+    from .config import server_args_from
+
+    n = args.rollout_num_gpus
+    gpus = rollout_gpus(n, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    device = "cuda:0" if gpus else "cpu"  # the one GPU each engine sees
+    env = [{"CUDA_VISIBLE_DEVICES": g} for g in gpus] or None
+    return FleetConfig(args.hf_checkpoint, n, server_argv(server_args_from(args, device)),
+                       host=_bind_host(), log_dir=str(log_dir / "engines"), env=env)
+
+
+def rollout_gpus(num: int, trainer_gpus: int) -> list[str]:
+    """The GPUs (as ``CUDA_VISIBLE_DEVICES`` entries) of ``num`` engines placed after this
+    node's ``trainer_gpus`` trainer GPUs; [] without CUDA."""
+    if not torch.cuda.is_available():
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if trainer_gpus + num > len(ids):
+        raise EngineProcessError(
+            f"--rollout-num-gpus {num} needs {num} GPU(s) beside the trainer's {trainer_gpus} on "
+            f"this node; {len(ids)} visible (lower --nproc-per-node / NUM_GPUS or ROLLOUT_GPUS)")
+    return ids[trainer_gpus:trainer_gpus + num]
 
 
 def _engine_logs(log_dir: Path) -> Path:

@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 
 import requests
 
-from .backends import EngineRollout, Generation, HTTPRollout, RolloutConfig
+from .backends import EngineRollout, Generation, HTTPRollout, RolloutConfig, RolloutError
 from .data import Prompt
 from .generate import GenerateContext, run_plugin
 from .rewards import RewardConfig, RewardInput, RewardModel
 from .sharding import Placement, gather_shards, shard_bounds
 from .traces import Trace, sample_traces
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -38,6 +41,7 @@ class Shard:
     plugin_stats: dict = dataclasses.field(default_factory=dict)
     faults: dict = dataclasses.field(default_factory=dict)  # HTTP: rollout/engine_failures, ...
     decode: dict = dataclasses.field(default_factory=dict)  # colocated: this rollout's decode counters
+    error: str | None = None  # the shard failed: every rank raises it (none waits for it)
 
     @property
     def gens(self) -> list[Generation]:
@@ -192,8 +196,22 @@ class RolloutManager:
     def run(self, prompts: list[Prompt], n: int, cfg: RolloutConfig, mode: str = "train"
             ) -> RolloutResult:
         """The whole batch's traces and rewards, in prompt order, on every rank."""
-        shard = self._shard(prompts, n, cfg, mode) if self.place.generates else None
-        return RolloutResult(gather_shards(shard, self.place))
+        shard = self._guarded_shard(prompts, n, cfg, mode) if self.place.generates else None
+        shards = gather_shards(shard, self.place)
+        failed = [f"engine {i}: {s.error}" for i, s in enumerate(shards) if s.error]
+        if failed:  # on every rank, so that none is left waiting in the next collective
+            raise RolloutError("rollout failed on " + "; ".join(failed))
+        return RolloutResult(shards)
+
+    def _guarded_shard(self, prompts: list[Prompt], n: int, cfg: RolloutConfig, mode: str
+                       ) -> Shard:
+        """This rank's shard, or one that carries its error to every rank through the gather: a
+        rank that raised alone would leave the others in the gather until its timeout."""
+        try:
+            return self._shard(prompts, n, cfg, mode)
+        except Exception as e:  # noqa: BLE001 - re-raised on every rank by run()
+            log.error("rollout engine %s: shard failed", self.place.index, exc_info=e)
+            return Shard([], 0.0, 0.0, error=f"{type(e).__name__}: {e}")
 
     def _shard(self, prompts: list[Prompt], n: int, cfg: RolloutConfig, mode: str) -> Shard:
         start, stop = shard_bounds(len(prompts), self.place.num_generators, self.place.index)
@@ -204,7 +222,9 @@ class RolloutManager:
             begin = time.perf_counter()
             traces, extra = self._generate(local, n, cfg, mode) if local else ([], {})
             seconds = time.perf_counter() - begin
-        self._check_version([c.gen for t in traces for c in t.calls])
+        gens = [c.gen for t in traces for c in t.calls]
+        _check_complete(gens)
+        self._check_version(gens)
         begin = time.perf_counter()
         self.score(local, traces)
         for t in traces:
@@ -297,6 +317,18 @@ class RolloutManager:
             self.rewards.close()
         if self.engine is not None:
             self.engine.shutdown()
+
+
+def _check_complete(gens: list[Generation]) -> None:
+    """No aborted sample leaves a rollout: an engine error was re-issued by the backend and
+    a push's interruption resumed (partial rollouts); one still aborted would train as an
+    empty or cut answer."""
+    aborted = [g for g in gens if g.finish_reason == "abort"]
+    if aborted:
+        reason = aborted[0].meta.get("finish_reason")
+        why = reason.get("message") if isinstance(reason, dict) else reason
+        raise RolloutError(f"{len(aborted)} of {len(gens)} samples came back aborted "
+                           f"(first: {why})")
 
 
 def _start_backend(server_args, server_urls, progress: bool):

@@ -1,8 +1,11 @@
 """Which ranks generate, which prompts each one takes, and how the shards come back together.
 
-Colocated rollouts: one engine per data-parallel replica, hosted by its first tensor-parallel
-rank, so ``--tensor-model-parallel-size 2`` on 8 GPUs gives 4 engines. Remote servers: global
-rank 0 alone talks to them. Prompts are split into contiguous, balanced shards in engine order,
+Colocated rollouts: one engine per GPU (``per_gpu``, the default): every rank hosts one, with
+the full weights its tensor-parallel group gathers for the weight push anyway, so with
+``--tensor-model-parallel-size 2`` every GPU still generates. ``--rollout-engine-placement
+per-replica`` (or pipeline parallelism) keeps one per data-parallel replica, on its first
+tensor-parallel rank (half the engine weights' memory at TP = 2, half the generating GPUs).
+Remote servers: global rank 0 alone talks to them. Prompts are split into contiguous, balanced shards in engine order,
 and the gathered samples are concatenated in that order: the global batch is the one a single
 engine would have produced, sample for sample (each sample's seed is its global index).
 """
@@ -25,13 +28,15 @@ class Placement:
         return self.index is not None
 
 
-def placement(remote: bool) -> Placement:
+def placement(remote: bool, per_gpu: bool = True) -> Placement:
     """This rank's role in generation (Megatron's parallel state must be initialised)."""
     from megatron.core import parallel_state as ps
 
     rank = dist.get_rank() if dist.is_initialized() else 0
     if remote:
         return Placement(1, 0 if rank == 0 else None)
+    if per_gpu and ps.get_pipeline_model_parallel_world_size() == 1:
+        return Placement(dist.get_world_size() if dist.is_initialized() else 1, rank)
     first_of_model = (ps.get_tensor_model_parallel_rank() == 0
                       and ps.get_pipeline_model_parallel_rank() == 0)
     return Placement(ps.get_data_parallel_world_size(),

@@ -133,9 +133,24 @@ class BatchTensors:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The engine's device, with its index: a bare ``cuda`` is the caller's current device now,
+    the one a later thread must bind to (``bind_thread``)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def bind_thread(device: torch.device) -> None:
+    """Make ``device`` the calling thread's current CUDA device. The current device is per
+    thread and a new thread starts on device 0, while Triton launches on the current device's
+    stream whatever its tensors' device: rank 1's engine thread, left unbound, failed every
+    step with "Pointer argument cannot be accessed from Triton (cpu tensor?)". So every thread
+    that runs engine steps (the step loop, graph captures, weight updates) binds first."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 def resolve_dtype(name: str, cfg: ModelConfig, model_path: str) -> torch.dtype:

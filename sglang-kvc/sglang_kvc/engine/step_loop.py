@@ -28,7 +28,7 @@ from .model_runner import ModelRunner
 from .output import OutputBuilder
 from .scheduler import Batch, Scheduler
 from .sequence import Sequence, Status
-from .step_io import PendingStep, StepOutput
+from .step_io import PendingStep, StepOutput, bind_thread
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,7 @@ class StepLoop:
 
     def _run(self) -> None:
         try:
+            bind_thread(self.runner.device)  # before the first step: see bind_thread
             while not self.stopped:
                 self._iterate()
             self._complete_inflight()

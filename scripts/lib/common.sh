@@ -15,6 +15,8 @@
 #   USE_WANDB (0)  WANDB_PROJECT (sparse-rl)  TORCHRUN_ARGS (--standalone; e.g. --nnodes/--rdzv-* for
 #   several nodes)  TORCHRUN (the launcher; default: .venv/bin/python -m torch.distributed.run, else torchrun)
 #   DRY_RUN=1: print the command instead of running it (the eval prompts are still written).
+#   ROLLOUT_GPUS (0) > 0: disaggregated rollouts; under torchrun the trainer's rank 0 starts that many
+#     engine processes (one GPU each) on the GPUs after the NUM_GPUS trainer GPUs, weights over NCCL.
 #   RAY=1: launch with Ray (python -m trainer.ray_job) instead of torchrun: NUM_GPUS trainer GPUs on
 #     each of NUM_NODES (1) nodes; ROLLOUT_GPUS (0) > 0 starts that many disaggregated engines
 #     behind sglang-router (0: one engine inside each data-parallel trainer rank, --colocate);
@@ -64,9 +66,9 @@ check_inputs() {
     [[ "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] || die "NUM_GPUS=$NUM_GPUS is not a positive integer"
     [[ "$TP" =~ ^[1-9][0-9]*$ && "$PP" =~ ^[1-9][0-9]*$ ]] || die "TP=$TP and PP=$PP must be positive integers"
     (( NUM_GPUS % (TP * PP) == 0 )) || die "NUM_GPUS=$NUM_GPUS is not divisible by TP*PP=$((TP * PP))"
+    [[ "$ROLLOUT_GPUS" =~ ^[0-9]+$ ]] || die "ROLLOUT_GPUS=$ROLLOUT_GPUS is not a non-negative integer"
     if [[ "${RAY:-0}" == 1 ]]; then
         [[ "$NUM_NODES" =~ ^[1-9][0-9]*$ ]] || die "NUM_NODES=$NUM_NODES is not a positive integer"
-        [[ "$ROLLOUT_GPUS" =~ ^[0-9]+$ ]] || die "ROLLOUT_GPUS=$ROLLOUT_GPUS is not a non-negative integer"
     fi
     [[ -d "$MODEL_DIR" ]] || die "MODEL_DIR=$MODEL_DIR does not exist; download $MODEL_NAME (Hugging Face format) and set MODEL_DIR to it"
     [[ -f "$MODEL_DIR/config.json" ]] || die "MODEL_DIR=$MODEL_DIR has no config.json; it must be a Hugging Face checkpoint of $MODEL_NAME"
@@ -184,6 +186,10 @@ torchrun_command() {
     # shellcheck disable=SC2206  # TORCHRUN_ARGS is a list of words on purpose
     local torchrun_args=(${TORCHRUN_ARGS:---standalone})
     LAUNCH=("${launcher[@]}" "${torchrun_args[@]}" --nproc-per-node "$NUM_GPUS" -m trainer.train)
+    if (( ROLLOUT_GPUS > 0 )); then
+        # disaggregated: rank 0 starts the engines on the node's GPUs after the trainer's
+        LAUNCH+=(--rollout-num-gpus "$ROLLOUT_GPUS")
+    fi
 }
 
 ray_command() {

@@ -219,3 +219,16 @@ def test_default_model_dir_is_named(inputs):
     proc = run("run-qwen2.5-7b.sh", env)
     assert proc.returncode == 1
     assert f"MODEL_DIR={expected} does not exist" in proc.stderr
+
+
+def test_rollout_gpus_under_torchrun_disaggregates(inputs):
+    """ROLLOUT_GPUS without RAY: the trainer on NUM_GPUS ranks, and its rank 0 starts the engines
+    on the GPUs after them (--rollout-num-gpus), instead of the colocated command."""
+    _, env = inputs
+    argv = dry_run("run-qwen2.5-3b-rkv.sh", {**env, "NUM_GPUS": "1", "ROLLOUT_GPUS": "1",
+                                             "EVAL_SETS": ""})
+    assert argv[argv.index("--nproc-per-node") + 1] == "1"
+    assert flags(argv)["--rollout-num-gpus"] == ["1"]
+    assert "--rollout-num-gpus" not in dry_run("run-qwen2.5-3b-rkv.sh", {**env, "EVAL_SETS": ""})
+    proc = run("run-qwen2.5-3b-rkv.sh", {**env, "ROLLOUT_GPUS": "x", "DRY_RUN": "1"})
+    assert proc.returncode != 0 and "ROLLOUT_GPUS=x is not a non-negative integer" in proc.stderr

@@ -238,3 +238,30 @@ def test_engine_processes_on_two_ranks_through_torchrun(inputs, tmp_path):
     assert [log.count("POST /generate") for log in logs] == [2, 2]
     pushes = [log.count("POST /update_weights_from_tensor") for log in logs]
     assert pushes[0] == pushes[1] >= 2
+
+
+def test_disaggregated_engine_started_by_rank0_through_torchrun(inputs, tmp_path):
+    """--rollout-num-gpus 1 under torchrun with two trainer ranks: rank 0 starts one engine
+    process of its own (CPU here; a GPU after the trainer's on a GPU node), every rank learns
+    its URL, it generates every sample of every rollout one version behind at most, and each
+    push reaches it."""
+    model, tmp = inputs
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    argv = ["--nproc-per-node", "2", "--master-port", str(cpu_megatron.free_port()),
+            "-m", "trainer.train", "--hf-checkpoint", str(model), "--prompt-data",
+            str(tmp / "data" / "simplelr_qwen_level3to5" / "train.jsonl"),
+            "--log-dir", str(tmp_path / "logs"), "--num-rollout", "3", *TINY,
+            "--kl-loss-coef", "0", "--rollout-num-gpus", "1", "--max-staleness", "1"]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv], cwd=ROOT,
+                          env={**env, "PYTHONWARNINGS": "ignore"}, text=True, capture_output=True,
+                          timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["rollout_engine0/samples"] == 10 and "rollout_engine1/samples" not in r
+        assert r["aborted"] == 0 and r["rollout/staleness_max"] <= 1
+    log = (tmp_path / "logs" / "engines" / "engine0.log").read_text()
+    assert log.count("POST /generate") == 3  # one batched request per rollout
+    assert log.count("POST /update_weights_from_tensor") >= 3
+    assert not (tmp_path / "logs" / "engines" / "engine1.log").exists()

@@ -45,6 +45,8 @@ class Layout:
 
 
 _DISAGG = ("--rollout-num-gpus", "1")
+# the engine's GPU is its own: a pool for the whole batch at the cap (0.5B: 12 KiB a token)
+_FULL_GPU = ("--sglang-max-total-tokens", "1100000")
 LAYOUTS = {
     "1gpu-sync": Layout(1),
     "1gpu-s1-proc": Layout(1, ("--max-staleness", "1", "--rollout-engine-process")),
@@ -56,11 +58,16 @@ LAYOUTS = {
     "disagg-s2": Layout(1, _DISAGG + ("--max-staleness", "2"), 1),
     "disagg-s1-partial": Layout(1, _DISAGG + ("--max-staleness", "1", "--partial-rollout"), 1),
     "disagg-s2-partial": Layout(1, _DISAGG + ("--max-staleness", "2", "--partial-rollout"), 1),
+    "disagg-s1-fullgpu": Layout(1, _DISAGG + _FULL_GPU + ("--max-staleness", "1"), 1),
+    "disagg-s2-fullgpu": Layout(1, _DISAGG + _FULL_GPU + ("--max-staleness", "2"), 1),
+    "disagg-s1-partial-fullgpu": Layout(1, _DISAGG + _FULL_GPU + ("--max-staleness", "1",
+                                                                  "--partial-rollout"), 1),
 }
 
 
 def run_argv(args, cfg: dict, layout: Layout, hf: Path, out: Path, work: Path) -> list[str]:
-    """torchrun over bench_rl_step.py with the config's and the layout's flags."""
+    """torchrun over bench_rl_step.py with the config's and the layout's flags (last: they
+    win over the shared pool size)."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node", str(layout.trainer_gpus), str(HERE / "bench_rl_step.py"),
             "--hf-checkpoint", str(hf), "--prompts", str(args.prompts),

@@ -69,6 +69,7 @@ class DecodeGraphs:
         self.params_i = torch.zeros(3, self.max_bs, dtype=torch.int64, device=dev)
         self.num_captures, self.capture_s = 0, 0.0  # over the engine's life (server info)
         self.deferred = 0  # steps run eagerly because another thread held CAPTURE_GATE
+        self.capture_stream: torch.cuda.Stream | None = None
         self.clear()
 
     def clear(self) -> None:
@@ -177,13 +178,22 @@ class DecodeGraphs:
         self.num_captures += 1
         self.capture_s += time.perf_counter() - t0
 
+    def _stream(self) -> torch.cuda.Stream:
+        """This engine's side stream, on its own device. ``torch.cuda.graph``'s default capture
+        stream is one per process, made on whichever device was current at the first capture:
+        a second engine on another GPU then captured on the first one's device (Triton: "Pointer
+        argument cannot be accessed")."""
+        if self.capture_stream is None:
+            self.capture_stream = torch.cuda.Stream(device=self.runner.device)
+        return self.capture_stream
+
     def _capture_graph(self, gbs: int, mode: tuple) -> None:
         # The warm-up runs the step for real (Triton compiles and autotunes outside capture);
         # the replay that follows recomputes the same values into the same places, once the
         # rows' input tokens, which the warm-up overwrote with its samples, are put back.
         last = self.runner.rows.last_token
         saved = last.clone()
-        stream = torch.cuda.Stream()
+        stream = self._stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             self._body(gbs, mode)
@@ -193,7 +203,8 @@ class DecodeGraphs:
         # thread_local: with --max-staleness the trainer keeps launching work (and allocating)
         # on its own thread while the rollout thread captures; the default "global" mode turns
         # those calls into cudaErrorStreamCaptureUnsupported on the trainer's side.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream,
+                              capture_error_mode="thread_local"):
             packed = self._body(gbs, mode)
         self.pool = graph.pool()
         self.graphs[(gbs, mode)] = (graph, packed)

@@ -1,16 +1,36 @@
-"""python -m sglang_kvc.launch_server --model-path DIR [--host H --port P ...]"""
+"""python -m sglang_kvc.launch_server --model-path DIR [--host H --port P ...]
+
+Bad flags and a model path that is not a local checkpoint fail in one line before anything is
+loaded. SIGTERM / Ctrl-C abort every request first (handlers answer at once, new requests get
+503), so the server exits within seconds even under load.
+"""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
+import threading
 
 
-def main(argv: list[str] | None = None) -> None:
-    from .server_args import ServerArgs
+def check_model_dir(path: str, flag: str = "--model-path") -> str | None:
+    """Why `path` is not a local HF checkpoint, or None. Checked before transformers sees it: a
+    missing path would otherwise be taken for a hub repo id (a traceback, or minutes of
+    retrying a network this machine may not have)."""
+    from pathlib import Path
 
-    parser = argparse.ArgumentParser(
+    p = Path(path)
+    if not p.exists():
+        return f"{flag} {path}: no such directory (a local checkpoint with config.json; " \
+               f"./scripts/get-smollm2.sh fetches one)"
+    if not (p / "config.json").is_file():
+        return f"{flag} {path}: no config.json there"
+    return None
+
+
+def _parse(argv: list[str] | None):
+    from .server_args import OneLineParser, ServerArgs
+
+    parser = OneLineParser(
         prog="python -m sglang_kvc.launch_server",
         description="SGLang-compatible rollout server on a paged KV engine.")
     ServerArgs.add_cli_args(parser)
@@ -19,17 +39,38 @@ def main(argv: list[str] | None = None) -> None:
         args = ServerArgs.from_cli_args(ns)
     except ValueError as e:
         parser.error(str(e))
+    for path, flag in ((args.model_path, "--model-path"), (args.tokenizer_path, "--tokenizer-path")):
+        problem = path and check_model_dir(path, flag)
+        if problem and not (flag == "--tokenizer-path" and "config.json" in problem):
+            parser.error(problem)
+    return args
+
+
+def _server(app, args, engine):
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):  # runs in the signal handler: must not block
+            if not self.should_exit:
+                threading.Thread(target=engine.begin_shutdown, daemon=True).start()
+            super().handle_exit(sig, frame)
+
+    # The grace period is a backstop: aborted requests answer at once.
+    return Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                 timeout_graceful_shutdown=5))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    import uvicorn
 
     from .engine.engine import Engine
     from .server.app import create_app
 
     engine = Engine(server_args=args)
     try:
-        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level)
+        _server(create_app(engine), args, engine).run()
     finally:
         engine.shutdown()
 

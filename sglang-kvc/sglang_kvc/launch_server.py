@@ -12,23 +12,8 @@ import sys
 import threading
 
 
-def check_model_dir(path: str, flag: str = "--model-path") -> str | None:
-    """Why `path` is not a local HF checkpoint, or None. Checked before transformers sees it: a
-    missing path would otherwise be taken for a hub repo id (a traceback, or minutes of
-    retrying a network this machine may not have)."""
-    from pathlib import Path
-
-    p = Path(path)
-    if not p.exists():
-        return f"{flag} {path}: no such directory (a local checkpoint with config.json; " \
-               f"./scripts/get-smollm2.sh fetches one)"
-    if not (p / "config.json").is_file():
-        return f"{flag} {path}: no config.json there"
-    return None
-
-
 def _parse(argv: list[str] | None):
-    from .server_args import OneLineParser, ServerArgs
+    from .server_args import OneLineParser, ServerArgs, check_model_dir
 
     parser = OneLineParser(
         prog="python -m sglang_kvc.launch_server",
@@ -43,7 +28,24 @@ def _parse(argv: list[str] | None):
         problem = path and check_model_dir(path, flag)
         if problem and not (flag == "--tokenizer-path" and "config.json" in problem):
             parser.error(problem)
+    if problem := check_device(args.device):
+        parser.error(problem)
     return args
+
+
+def check_device(device: str) -> str | None:
+    """Why `--device` cannot be used here, or None."""
+    if device in ("auto", "cpu"):
+        return None
+    if device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        return f"--device {device}: expected auto, cpu, cuda or cuda:N"
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(device[5:]) if ":" in device else 0
+    if index >= count:
+        return f"--device {device}: this machine has {count} CUDA device(s); try --device cpu"
+    return None
 
 
 def _server(app, args, engine):
@@ -68,7 +70,11 @@ def main(argv: list[str] | None = None) -> None:
     from .engine.engine import Engine
     from .server.app import create_app
 
-    engine = Engine(server_args=args)
+    try:
+        engine = Engine(server_args=args)
+    except (OSError, ValueError) as e:  # a checkpoint that is not what it says: one line
+        sys.exit(f"python -m sglang_kvc.launch_server: error: cannot load --model-path "
+                 f"{args.model_path}: {e}")
     try:
         _server(create_app(engine), args, engine).run()
     finally:

@@ -26,6 +26,21 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
 
 
+def check_model_dir(path: str, flag: str = "--model-path") -> str | None:
+    """Why `path` is not a local HF checkpoint, or None. Checked before transformers sees it: a
+    missing path would otherwise be taken for a hub repo id (a traceback, or minutes of
+    retrying a network this machine may not have)."""
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.exists():
+        return f"{flag} {path}: no such directory (a local checkpoint with config.json; " \
+               f"./scripts/get-smollm2.sh fetches one)"
+    if not (p / "config.json").is_file():
+        return f"{flag} {path}: no config.json there"
+    return None
+
+
 def _arg(default: Any, help: str, **kw) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..models.config import ModelConfig
-from ..server_args import ServerArgs
+from ..server_args import ServerArgs, check_model_dir
 from ..weights.updates import WeightUpdater
 from .admission import Admission, Demand, QueueFull, check_n, counted, demand_of, limits_from_args
 from .detokenizer import Detokenizer
@@ -100,6 +100,8 @@ class Engine:
         args = server_args or ServerArgs(model_path=model_path, **kwargs)
         if not args.model_path:
             raise ValueError("model_path is required")
+        if problem := check_model_dir(args.model_path, "model_path"):
+            raise FileNotFoundError(problem)
         self.args = args
         self.model_config = ModelConfig.from_hf(AutoConfig.from_pretrained(args.model_path))
         self.tokenizer = _load_tokenizer(args)

@@ -47,7 +47,13 @@ _UNSUPPORTED = {"suffix": None, "tools": None, "functions": None, "response_form
 # shape the stream's framing (value: allowed types; None is always allowed).
 _COMMON_KEYS = {"model", "stream", "logprobs", *_SAMPLING_MAP, *_UNSUPPORTED}
 _IGNORED = {"user": (str,), "stream_options": (dict,), "metadata": (dict,), "store": (bool,),
-            "service_tier": (str,), "rid": (str,)}
+            "service_tier": (str,), "rid": (str,),
+            # SGLang's reasoning-parser switches (sglang-router sends them): no parser here
+            "separate_reasoning": (bool,), "stream_reasoning": (bool,)}
+# SGLang extras that would change the answer: accepted at their default (what sglang-router
+# forwards), refused otherwise, as on /generate.
+_NEUTRAL = {"continue_final_message": False, "return_hidden_states": False, "lora_path": None,
+            "session_params": None, "ebnf": None}
 _ROUTE_KEYS = {
     "completions": _COMMON_KEYS | {"prompt", "echo"},
     "chat": _COMMON_KEYS | {"messages", "top_logprobs", "chat_template_kwargs", "tool_choice",
@@ -75,9 +81,12 @@ async def openai_error_handler(_request: Request, exc: OpenAIError) -> JSONRespo
 
 
 def _check_fields(body: dict, route: str) -> None:
-    unknown = sorted(set(body) - _ROUTE_KEYS[route] - set(_IGNORED))
+    unknown = sorted(set(body) - _ROUTE_KEYS[route] - set(_IGNORED) - set(_NEUTRAL))
     if unknown:
         raise OpenAIError(f"unknown request field(s): {', '.join(unknown)}")
+    for k, neutral in _NEUTRAL.items():
+        if body.get(k) not in (neutral, None):
+            raise OpenAIError(f"{k}={body[k]!r} is not supported by this server")
     for k, types in _IGNORED.items():
         v = body.get(k)
         if v is not None and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types)):

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         engine = Engine(server_args=args)
     except (OSError, ValueError) as e:  # a checkpoint that is not what it says: one line
         sys.exit(f"python -m sglang_kvc.launch_server: error: cannot load --model-path "
-                 f"{args.model_path}: {e}")
+                 f"{args.model_path}: {str(e).strip().splitlines()[0]}")
     try:
         _server(create_app(engine), args, engine).run()
     finally:

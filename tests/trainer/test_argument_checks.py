@@ -62,3 +62,17 @@ def test_flags_without_effect_warn_in_one_line(base, capsys, extra, warned):
         assert err == []
     else:
         assert len(err) == 1 and "warning" in err[0] and warned in err[0], err
+
+
+def test_quickstart_checks_trainer_flags_before_warming_up(tmp_path):
+    import subprocess
+    import sys
+
+    work = tmp_path / "qs"
+    r = subprocess.run([sys.executable, "-m", "trainer.quickstart", "--workdir", str(work),
+                        "--max-stalenes", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "python -m trainer.train: error: unrecognized arguments: --max-stalenes 1 "
+        "(--help lists the flags)"]
+    assert not work.exists()  # nothing built, nothing warmed up

@@ -259,7 +259,7 @@ run_trainer() {
     export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
     if [[ "${PREFLIGHT:-1}" == 1 ]]; then
         # the trainer's flags and every prompt against the context, before any rank starts
-        "$PYTHON" -m trainer.preflight "${ARGS[@]}" "$@" || exit 1
+        "$PYTHON" -m trainer.startup.preflight "${ARGS[@]}" "$@" || exit 1
     fi
     mkdir -p "$SAVE_DIR" "$LOG_DIR"
     export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"

@@ -1,7 +1,7 @@
 """Checks a run script makes before it starts any rank: the trainer's flags (the trainer's own
 rules), then every prompt of --prompt-data against the model's context.
 
-    python -m trainer.preflight <the trainer's flags>
+    python -m trainer.startup.preflight <the trainer's flags>
 
 A prompt as long as the context can never be generated from: the engine refuses it at the first
 rollout, on every rank. Here it is one line with the count, before any rank loads a model.
@@ -35,7 +35,7 @@ def context_length(args) -> int:
 
 def too_long(args, tokenizer) -> TooLong:
     """Prompts that leave no room for a single generated token (the engine's own rule)."""
-    from .rollout.data import load_prompts
+    from ..rollout.data import load_prompts
 
     prompts = load_prompts(args.prompt_data, tokenizer, input_key=args.input_key,
                            label_key=args.label_key, apply_chat_template=args.apply_chat_template,
@@ -52,14 +52,14 @@ def message(t: TooLong, data: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .arguments import parse_args
+    from ..arguments import parse_args
 
     with warnings.catch_warnings():  # Megatron's import-time notes would bury the one line
         warnings.simplefilter("ignore")
         args = parse_args(argv)
         from transformers import AutoTokenizer
 
-        from .rollout.data import DataError
+        from ..rollout.data import DataError
         tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
     try:
         t = too_long(args, tokenizer)

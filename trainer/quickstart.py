@@ -25,6 +25,8 @@ from typing import Callable
 
 import torch
 
+from checkpoint_tools.hf_io import fix_safetensors_modes
+
 PROMPT = "<|im_start|>user\nadd {a} {b}<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -77,6 +79,7 @@ def warm_up(model_dir: Path, steps: int, seed: int, lr: float = 3e-3) -> float:
         loss.backward()
         opt.step()
     model.save_pretrained(model_dir)
+    fix_safetensors_modes(model_dir)  # save_pretrained leaves them 0600
     return float(loss)
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from checkpoint_tools.hf_io import fix_safetensors_modes
+
 
 def example_ids(tok, row: dict) -> tuple[list[int], list[int]]:
     """``(prompt ids, answer ids)`` of one worked example; the answer ends the turn."""
@@ -47,6 +49,7 @@ def save(model, tok, source: Path, out: Path, dtype: torch.dtype) -> None:
     """The checkpoint in ``dtype``, with the tokenizer and the source's chat/generation configs."""
     out.mkdir(parents=True, exist_ok=True)
     model.to(dtype).save_pretrained(out)
+    fix_safetensors_modes(out)  # save_pretrained leaves them 0600
     tok.save_pretrained(out)
     for name in ("chat_template.jinja", "generation_config.json"):
         if (source / name).is_file():

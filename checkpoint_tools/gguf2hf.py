@@ -11,13 +11,12 @@ exactly; the conversion cannot restore the precision quantization took away.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
-from .model_config import CheckpointError, run_converter
+from .model_config import CheckpointError, ConverterParser, run_converter
 
 # GGUF architecture -> what transformers builds from it (families this project trains)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -92,7 +91,7 @@ def convert(gguf_path: str | Path, output_dir: str | Path, dtype: torch.dtype = 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="gguf2hf", description=__doc__.split("\n\n")[0])
+    p = ConverterParser(prog="gguf2hf", description=__doc__.split("\n\n")[0])
     p.add_argument("--gguf", required=True, help="the .gguf file")
     p.add_argument("--output-dir", required=True, help="HF checkpoint directory to write")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")

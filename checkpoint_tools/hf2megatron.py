@@ -22,8 +22,8 @@ from . import cpu_megatron
 from .hf_io import HFCheckpointReader
 from .mapping import (EMBEDDING, FINAL_NORM, HF_EMBEDDING, HF_FINAL_NORM, HF_LM_HEAD, LAYER_PREFIX,
                       OUTPUT_LAYER, hf_to_megatron_layer, pad_vocab)
-from .model_config import (CheckpointError, load_arch, megatron_args, read_config_json,
-                           run_converter)
+from .model_config import (CheckpointError, ConverterParser, load_arch, megatron_args,
+                           read_config_json, run_converter)
 from .torch_dist import METADATA, iteration_dir_name, write_tracker
 
 
@@ -132,8 +132,9 @@ def convert_hf_to_torch_dist(
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="hf2megatron", description="Convert a Hugging Face checkpoint to Megatron torch_dist.")
+    p = ConverterParser(
+        prog="hf2megatron",
+        description="Convert a Hugging Face checkpoint to Megatron torch_dist.")
     p.add_argument("--hf-checkpoint", required=True, help="HF model directory (config.json + safetensors)")
     p.add_argument("--save", required=True, help="output root; gets latest_checkpointed_iteration.txt")
     p.add_argument("--tensor-model-parallel-size", "--tp", type=int, default=1, dest="tp",

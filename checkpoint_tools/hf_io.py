@@ -119,6 +119,7 @@ class ShardedSafetensorsWriter:
     def _flush(self) -> None:
         tmp = f".shard-{len(self._shards):05d}.safetensors.tmp"
         save_file(self._pending, self.dir / tmp, metadata={"format": "pt"})
+        readable_by_all(self.dir / tmp)
         self._shards.append((tmp, list(self._pending)))
         self._pending, self._pending_bytes = {}, 0
 
@@ -160,3 +161,17 @@ def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
             shutil.copy2(Path(src) / name, Path(dst) / name)
             copied.append(name)
     return copied
+
+
+def readable_by_all(*paths: Path) -> None:
+    """safetensors writes through a private temp file (mode 0600); a checkpoint is shared data,
+    so give it the mode any other file gets here (0644 under the usual umask)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in paths:
+        os.chmod(path, 0o666 & ~mask)
+
+
+def fix_safetensors_modes(directory: str | Path) -> None:
+    """`readable_by_all` for every .safetensors file `save_pretrained` wrote in `directory`."""
+    readable_by_all(*Path(directory).glob("*.safetensors"))

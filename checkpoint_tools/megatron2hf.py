@@ -23,8 +23,8 @@ from tqdm import tqdm
 from .hf_io import SAFE_INDEX, ShardedSafetensorsWriter, copy_tokenizer_files
 from .mapping import (EMBEDDING, FINAL_NORM, HF_EMBEDDING, HF_FINAL_NORM, HF_LM_HEAD, LAYER_PREFIX,
                       OUTPUT_LAYER, layer_suffixes, megatron_to_hf_tensor)
-from .model_config import (CheckpointError, ModelArch, arch_from_hf_config, read_config_json,
-                           run_converter)
+from .model_config import (CheckpointError, ConverterParser, ModelArch, arch_from_hf_config,
+                           read_config_json, run_converter)
 from .torch_dist import read_common, resolve_checkpoint_dir, tensor_metadata
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -152,8 +152,9 @@ def convert_torch_dist_to_hf(
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="megatron2hf", description="Convert a Megatron torch_dist checkpoint to Hugging Face.")
+    p = ConverterParser(
+        prog="megatron2hf",
+        description="Convert a Megatron torch_dist checkpoint to Hugging Face.")
     p.add_argument("--load", "--input-dir", dest="load", required=True,
                    help="checkpoint root (with latest_checkpointed_iteration.txt) or an "
                         "iter_XXXXXXX/release directory")

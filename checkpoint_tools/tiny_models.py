@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from .hf_io import fix_safetensors_modes
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{% if loop.first and message['role'] != 'system' %}"
@@ -161,6 +163,7 @@ def make_tiny_model(
     )
     save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out, **save_kwargs)
+    fix_safetensors_modes(out)  # save_pretrained leaves them 0600
     tokenizer.save_pretrained(out)
     return out
 

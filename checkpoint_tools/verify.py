@@ -10,7 +10,6 @@ backs the conversion tests, so what users run is what CI checks.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -143,7 +142,7 @@ def compare_with_hf(hf_dir: str | Path, load: str | Path, tp: int = 1, pp: int =
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="verify", description=__doc__.split("\n\n")[0])
+    p = ConverterParser(prog="verify", description=__doc__.split("\n\n")[0])
     p.add_argument("--hf-checkpoint", required=True, help="HF model directory (the reference)")
     p.add_argument("--load", required=True, help="torch_dist checkpoint root or iteration dir")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size to load at")

@@ -98,7 +98,9 @@ def load_benchmark(name: str, data_dir: Path | None = None, limit: int | None = 
     ``ValueError`` naming file and line."""
     path = benchmark_path(name, data_dir)
     if not path.is_file():
-        raise FileNotFoundError(f"benchmark file {path} not found (set --data-dir or SPARSE_RL_EVAL_DATA)")
+        raise FileNotFoundError(f"benchmark file {path} not found; the eval sets are looked up in "
+                                f"--data-dir, else $SPARSE_RL_EVAL_DATA, else ../shared/data/eval "
+                                f"beside the checkout, else data/eval in it (evaluation/README.md)")
     kind = name if name in BENCHMARKS else "local"
     problems = []
     for lineno, row in iter_rows(path):

@@ -31,7 +31,8 @@ class GradeConfig:
 
 
 def parse_args(argv: list[str] | None = None) -> GradeConfig:
-    parser = argparse.ArgumentParser(description="Grade {gold, pred} JSONL pairs with the math grader.")
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description="Grade {gold, pred} JSONL pairs with the math grader.")
     parser.add_argument("--input", type=Path, required=True, help="JSONL file, one {\"gold\", \"pred\"} object per line")
     parser.add_argument("--output", type=Path, default=None,
                         help="where to write graded lines (default: stdout)")

@@ -134,7 +134,8 @@ def prepare(problems: list[MathProblem], out_dir: Path) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Rebuild the SimpleRL MATH level 3-5 training sets.")
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description="Rebuild the SimpleRL MATH level 3-5 training sets.")
     parser.add_argument("--source", type=Path, help="local MATH copy: v0 JSON array, JSONL, or MATH directory")
     parser.add_argument("--download", action="store_true", help=f"fetch the public source ({PUBLIC_SOURCE})")
     parser.add_argument("--out-dir", type=Path, required=True, help="where the two dataset folders are written")

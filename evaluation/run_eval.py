@@ -64,8 +64,8 @@ class EvalConfig:
 
 
 def parse_args(argv: list[str] | None = None) -> EvalConfig:
-    p = argparse.ArgumentParser(description="Score a served model (SGLang /generate or OpenAI-compatible) "
-                                            "on math benchmarks.")
+    p = argparse.ArgumentParser(allow_abbrev=False, description="Score a served model (SGLang "
+                                "/generate or OpenAI-compatible) on math benchmarks.")
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
     p.add_argument("--benchmarks", default="math500",
                    help="comma-separated: gsm8k, math500, minerva_math, olympiadbench, gaokao2023en, aime24, "
@@ -263,6 +263,8 @@ async def evaluate_benchmark(config: EvalConfig, name: str, client: httpx.AsyncC
 
 async def run(config: EvalConfig) -> dict[str, dict]:
     """Evaluate every benchmark of ``config``; returns benchmark -> metrics."""
+    for name in config.benchmarks:  # a missing file fails now, before the server is probed
+        load_benchmark(name, config.data_dir, limit=1)
     config.output_dir.mkdir(parents=True, exist_ok=True)
     limits = httpx.Limits(max_connections=config.concurrency + 4, max_keepalive_connections=config.concurrency)
     timeout = httpx.Timeout(config.request_timeout, connect=30.0)

@@ -46,12 +46,15 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q --upgrade pip
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     log "GPU present but no CUDA torch: installing PyPI's default (CUDA) torch build"
-    "$PY" -m pip install -q torch
+    "$PY" -m pip install -q torch numpy
   else
     log "installing $CPU_TORCH (CPU build)"
-    "$PY" -m pip install -q "$CPU_TORCH"
+    "$PY" -m pip install -q "$CPU_TORCH" numpy
   fi
 fi
+# numpy with torch, before torch is first imported: without it torch warns "Failed to
+# initialize NumPy" (the project installs numpy anyway, a step later)
+"$PY" -c "import numpy" 2>/dev/null || "$PY" -m pip install -q numpy
 TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')"
 
 STAMP="$VENV/.sparse-rl-setup"

@@ -19,8 +19,10 @@ from .rollout.weight_sync import MODES as WEIGHT_SYNC_MODES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m trainer.train",
-                                description="GRPO with sparse (KV-compressed) rollouts.")
+    from sglang_kvc.server_args import OneLineParser  # one-line errors, no abbreviations
+
+    p = OneLineParser(prog="python -m trainer.train",
+                      description="GRPO with sparse (KV-compressed) rollouts.")
     p.add_argument("--config", default=None, help="YAML file with any of these flags as keys")
     for add in (_add_model_args, _add_launch_args, _add_data_args, _add_rollout_args,
                 add_engine_args, _add_training_args, add_algorithm_args, _add_eval_args):
@@ -248,6 +250,34 @@ def _yaml_defaults(parser: argparse.ArgumentParser, path: str) -> None:
             action.required = False
 
 
+def _check_data_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A missing data file fails now, not after the model and the engine are up."""
+    from .rollout.data import parse_data_spec
+
+    specs = [("--prompt-data", args.prompt_data)]
+    specs += [("--eval-prompt-data", s) for s in (args.eval_prompt_data or [])[1::2]]
+    for flag, spec in specs:
+        path, _ = parse_data_spec(spec)
+        if not path.is_file():
+            parser.error(f"{flag} {path}: file not found")
+
+
+def _warn_replay_without_compression(args: argparse.Namespace) -> None:
+    """Eviction replay with a dense engine replays nothing: it is the dense recompute."""
+    if not (args.sparse_recompute or args.train_sparse_policy) or args.rollout_server_urls:
+        return
+    algo = (getattr(args, "sglang_compress_algorithm", None) or "none").strip().lower()
+    if algo == "none":
+        flag = "--train-sparse-policy" if args.train_sparse_policy else "--sparse-recompute"
+        _warn(f"{flag} without --sglang-compress-algorithm: the engine evicts nothing, so the "
+              f"replay is the dense recompute")
+
+
+def _warn(message: str) -> None:
+    """A flag that has no effect in its combination: one line at start-up, the run goes on."""
+    print(f"python -m trainer.train: warning: {message}", file=sys.stderr)
+
+
 def _check_dynamic_sampling(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     from .rollout.dynamic_sampling import DynamicSamplingConfig
 
@@ -302,6 +332,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                      f"--rollout-batch-size x --n-samples-per-prompt = {samples}")
     if not Path(args.hf_checkpoint, "config.json").is_file():
         parser.error(f"--hf-checkpoint {args.hf_checkpoint}: no config.json there")
+    _check_data_paths(parser, args)
     # The engine reports log_softmax(logits / T) over the whole vocabulary, before truncation,
     # and the trainer replays only T: truncated sampling would make every importance ratio wrong.
     if args.rollout_top_p < 1.0 or args.rollout_top_k > 0:
@@ -317,6 +348,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--max-staleness must be >= 0")
     if args.partial_rollout and args.max_staleness is None:
         parser.error("--partial-rollout needs --max-staleness (asynchronous rollouts)")
+    if args.partial_rollout and args.max_staleness == 0:
+        _warn("--partial-rollout with --max-staleness 0 interrupts nothing: no rollout is in "
+              "flight at a weight push (use --max-staleness >= 1 for partial rollouts)")
+    _warn_replay_without_compression(args)
     if args.partial_rollout and (args.sparse_recompute or args.train_sparse_policy):
         parser.error("--partial-rollout with --sparse-recompute / --train-sparse-policy is not "
                      "supported: a resumed request starts a new eviction record, so no record "

@@ -16,7 +16,6 @@ line and boxing the result, which makes responses long enough that compression r
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import random
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from checkpoint_tools.hf_io import fix_safetensors_modes
 
 PROMPT = "<|im_start|>user\nadd {a} {b}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -78,6 +79,7 @@ def warm_up(model_dir: Path, steps: int, seed: int, lr: float = 3e-3) -> float:
         loss.backward()
         opt.step()
     model.save_pretrained(model_dir)
+    fix_safetensors_modes(model_dir)  # save_pretrained leaves them 0600
     return float(loss)
 
 
@@ -194,8 +196,27 @@ SETUPS = {"tiny": tiny_setup, "smollm2": smollm2_setup}
 DEFAULT_LR = {"tiny": 3e-4, "smollm2": 2e-6}
 
 
+def check_trainer_flags(extra: list[str]) -> None:
+    """The trainer's flags given to the quickstart, checked before any warm-up (a typo used to
+    take 20-50 s to report). The model and data do not exist yet: stand-ins take their place,
+    so only the flags themselves are judged."""
+    import tempfile
+    import warnings
+
+    from .arguments import parse_args
+
+    # Megatron's import-time notes about missing TE/Apex would bury a one-line error.
+    with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        Path(d, "config.json").write_text("{}")
+        Path(d, "train.jsonl").write_text("")
+        parse_args(["--hf-checkpoint", d, "--prompt-data", str(Path(d, "train.jsonl")), *extra])
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from sglang_kvc.server_args import OneLineParser  # one-line errors, no abbreviations
+
+    p = OneLineParser(prog="python -m trainer.quickstart", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(SETUPS), default="tiny",
                    help="tiny: a small random model warmed up on addition (default); smollm2: the "
                         "real SmolLM2-135M-Instruct on one-digit arithmetic (or --task chain)")
@@ -217,6 +238,9 @@ def main(argv=None) -> int:
     args, extra = p.parse_known_args(argv)  # anything else goes to trainer.train
     if args.model == "tiny" and args.task != "arith":
         p.error("--task is for --model smollm2 (the tiny model learns its own counting task)")
+    if args.model_dir and not Path(args.model_dir).is_dir() and args.model != "smollm2":
+        p.error(f"--model-dir {args.model_dir}: only --model smollm2 reads a model directory")
+    check_trainer_flags(extra)
     work = Path(args.workdir or ("runs/quickstart" if args.model == "tiny" else
                                  "runs/quickstart-smollm2" + ("" if args.task == "arith" else f"-{args.task}")))
     work.mkdir(parents=True, exist_ok=True)

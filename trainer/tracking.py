@@ -278,6 +278,7 @@ def plot_metrics(jsonl_path, out_dir=None) -> list[Path]:
 def _fmt(key: str, value: float | None) -> str:
     if value is None:
         return "-"
+    value += 0.0  # -0.0 (a mean of zeros with a negative sign, e.g. a zero loss) prints as 0
     if "bytes" in key:
         for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
             if abs(value) >= size:
@@ -326,7 +327,7 @@ def format_summary(history: list[dict], window: int = 1) -> str:
         elif "bytes" in key:
             change = ("+" if b >= a else "-") + _fmt(key, abs(b - a))
         else:
-            change = f"{b - a:+.4g}"
+            change = f"{(b - a) + 0.0:+.4g}"
         table.append((key, _fmt(key, a), _fmt(key, b), change))
     widths = [max(len(r[c]) for r in table) for c in range(4)]
     lines = [f"rollouts {min(steps)}..{max(steps)} ({len(rows)} logged)"]

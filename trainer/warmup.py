@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from checkpoint_tools.hf_io import fix_safetensors_modes
+
 
 def example_ids(tok, row: dict) -> tuple[list[int], list[int]]:
     """``(prompt ids, answer ids)`` of one worked example; the answer ends the turn."""
@@ -47,6 +49,7 @@ def save(model, tok, source: Path, out: Path, dtype: torch.dtype) -> None:
     """The checkpoint in ``dtype``, with the tokenizer and the source's chat/generation configs."""
     out.mkdir(parents=True, exist_ok=True)
     model.to(dtype).save_pretrained(out)
+    fix_safetensors_modes(out)  # save_pretrained leaves them 0600
     tok.save_pretrained(out)
     for name in ("chat_template.jinja", "generation_config.json"):
         if (source / name).is_file():
@@ -87,7 +90,7 @@ def warm_up(model_dir: str | Path, rows: list[dict], out: str | Path, steps: int
 def main(argv=None) -> int:
     from dataset.formats import iter_rows
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", required=True)
     p.add_argument("--data", required=True, help="rows with prompt and solution (.jsonl / .parquet)")
     p.add_argument("--out", required=True, help="where the warmed-up HF checkpoint goes")

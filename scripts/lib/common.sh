@@ -7,14 +7,16 @@
 # and then calls `run_trainer "$@"`.
 #
 # Environment overrides (all optional):
-#   NUM_GPUS (8)  MODEL_DIR (../models/$MODEL_NAME, an HF checkpoint)  DATA_DIR (../shared/data/train)
+#   NUM_GPUS (the GPUs nvidia-smi lists; 1 CPU rank without GPUs)  MODEL_DIR (../models/$MODEL_NAME, an HF checkpoint)  DATA_DIR (../shared/data/train)
 #   SAVE_DIR (runs/<script name>)  LOG_DIR ($SAVE_DIR/logs)  TP  PP (1)  REF_LOAD ($MODEL_DIR)
 #   EVAL_DIR (../shared/data/eval)  EVAL_SETS ("aime24 amc23 math500"; empty = no eval)
 #   NUM_ROLLOUT (100)  SAVE_INTERVAL (20)  EVAL_INTERVAL (20)  EVAL_SAMPLES (1)  SEED (1234)
 #   MAX_TOKENS_PER_GPU (8192 R-KV / 9216 dense)  MEM_FRACTION (0.7 R-KV / 0.75 dense)  CUSTOM_RM_PATH
 #   USE_WANDB (0)  WANDB_PROJECT (sparse-rl)  TORCHRUN_ARGS (--standalone; e.g. --nnodes/--rdzv-* for
 #   several nodes)  TORCHRUN (the launcher; default: .venv/bin/python -m torch.distributed.run, else torchrun)
-#   DRY_RUN=1: print the command instead of running it (the eval prompts are still written).
+#   DRY_RUN=1: print the command instead of running it (works with nothing on disk: missing inputs
+#     are noted; the eval prompts are written when the eval sets are there).
+#   PREFLIGHT=0: skip the start-up check (the trainer's flags, every prompt against the context).
 #   ROLLOUT_GPUS (0) > 0: disaggregated rollouts; under torchrun the trainer's rank 0 starts that many
 #     engine processes (one GPU each) on the GPUs after the NUM_GPUS trainer GPUs, weights over NCCL.
 #   RAY=1: launch with Ray (python -m trainer.ray_job) instead of torchrun: NUM_GPUS trainer GPUs on
@@ -35,7 +37,43 @@ die() {
     exit 1
 }
 
-NUM_GPUS="${NUM_GPUS:-8}"
+gpus_present() {
+    # nvidia-smi -L prints one "GPU i: ..." line per GPU; no driver or no GPU: 0
+    local n=0
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        n="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
+    fi
+    echo "${n:-0}"
+}
+
+choose_num_gpus() {
+    local present engines=0
+    present="$(gpus_present)"
+    # torchrun with ROLLOUT_GPUS: the engines take the last GPUs, the trainer the others
+    if [[ "${RAY:-0}" != 1 && "${ROLLOUT_GPUS:-0}" =~ ^[0-9]+$ ]]; then
+        engines="${ROLLOUT_GPUS:-0}"
+    fi
+    if [[ -z "${NUM_GPUS:-}" ]]; then
+        NUM_GPUS="$(( present - engines > 0 ? present - engines : 1 ))"
+        if (( present > 0 )); then
+            echo "NUM_GPUS=$NUM_GPUS: the GPUs nvidia-smi lists, less ROLLOUT_GPUS=$engines (set NUM_GPUS to use fewer)" >&2
+        fi
+    fi
+    if (( present == 0 )); then
+        echo "no GPU found (nvidia-smi): starting $NUM_GPUS CPU rank(s), each with a copy of the model" >&2
+    fi
+}
+
+missing() {
+    # a missing input is fatal, except in a dry run (which only prints the command)
+    if [[ "${DRY_RUN:-0}" == 1 ]]; then
+        echo "note (dry run): $*" >&2
+    else
+        die "$*"
+    fi
+}
+
+choose_num_gpus
 NUM_NODES="${NUM_NODES:-1}"
 ROLLOUT_GPUS="${ROLLOUT_GPUS:-0}"
 MODEL_DIR="${MODEL_DIR:-$PARENT/models/$MODEL_NAME}"
@@ -70,13 +108,16 @@ check_inputs() {
     if [[ "${RAY:-0}" == 1 ]]; then
         [[ "$NUM_NODES" =~ ^[1-9][0-9]*$ ]] || die "NUM_NODES=$NUM_NODES is not a positive integer"
     fi
-    [[ -d "$MODEL_DIR" ]] || die "MODEL_DIR=$MODEL_DIR does not exist; download $MODEL_NAME (Hugging Face format) and set MODEL_DIR to it"
-    [[ -f "$MODEL_DIR/config.json" ]] || die "MODEL_DIR=$MODEL_DIR has no config.json; it must be a Hugging Face checkpoint of $MODEL_NAME"
-    [[ -e "$REF_LOAD" ]] || die "REF_LOAD=$REF_LOAD does not exist (the reference model for the KL loss; default: MODEL_DIR)"
-    [[ -f "$PROMPT_DATA" ]] || die "training data $PROMPT_DATA not found; set DATA_DIR (a folder holding $DATA_NAME/train.jsonl, see dataset/README.md)"
+    if [[ ! -d "$MODEL_DIR" ]]; then
+        missing "MODEL_DIR=$MODEL_DIR does not exist; download $MODEL_NAME (Hugging Face format) and set MODEL_DIR to it"
+    elif [[ ! -f "$MODEL_DIR/config.json" ]]; then
+        missing "MODEL_DIR=$MODEL_DIR has no config.json; it must be a Hugging Face checkpoint of $MODEL_NAME"
+    fi
+    [[ -e "$REF_LOAD" ]] || missing "REF_LOAD=$REF_LOAD does not exist (the reference model for the KL loss; default: MODEL_DIR)"
+    [[ -f "$PROMPT_DATA" ]] || missing "training data $PROMPT_DATA not found; set DATA_DIR (a folder holding $DATA_NAME/train.jsonl, see dataset/README.md)"
     local name
     for name in $EVAL_SETS; do
-        [[ -f "$EVAL_DIR/$name/test.jsonl" ]] || die "eval data $EVAL_DIR/$name/test.jsonl not found; set EVAL_DIR, or EVAL_SETS= to skip eval"
+        [[ -f "$EVAL_DIR/$name/test.jsonl" ]] || missing "eval data $EVAL_DIR/$name/test.jsonl not found; set EVAL_DIR, or EVAL_SETS= to skip eval"
     done
 }
 
@@ -142,7 +183,7 @@ trainer_args() {
     esac
 }
 
-PYTHON=python3
+PYTHON="${PYTHON:-python3}"
 if [[ -x "$ROOT/.venv/bin/python" ]]; then
     PYTHON="$ROOT/.venv/bin/python"
 fi
@@ -154,6 +195,10 @@ prepare_eval_data() {
     # SimpleRL system + user turn with the \boxed{} instruction), as ChatML text for the Qwen
     # scripts or as messages for the chat-template (Llama) scripts, gold answers as labels.
     [[ -n "$EVAL_SETS" ]] || return 0
+    local name
+    for name in $EVAL_SETS; do  # a dry run without the eval sets prints the command only
+        [[ -f "$EVAL_DIR/$name/test.jsonl" ]] || return 0
+    done
     # shellcheck disable=SC2086  # EVAL_SETS is a list of words on purpose
     (cd "$ROOT" && PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$EVAL_DIR" "$EVAL_DATA_OUT" \
         "${CHAT_TEMPLATE:-0}" $EVAL_SETS <<'PY'
@@ -222,6 +267,10 @@ run_trainer() {
     fi
     # stay in the caller's directory (relative paths and --custom-rm-path modules resolve there)
     export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    if [[ "${PREFLIGHT:-1}" == 1 ]]; then
+        # the trainer's flags and every prompt against the context, before any rank starts
+        "$PYTHON" -m trainer.startup.preflight "${ARGS[@]}" "$@" || exit 1
+    fi
     mkdir -p "$SAVE_DIR" "$LOG_DIR"
     export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
     # Megatron and torch.distributed warn about missing TE/Apex and deprecated internals: noise here.

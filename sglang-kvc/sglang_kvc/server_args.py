@@ -14,6 +14,33 @@ from typing import Any
 from .compression import POLICIES
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line (the usage of ~40 flags buried the message), and which
+    never expands an abbreviated flag (`--max-stalenes` must not silently mean another)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+
+def check_model_dir(path: str, flag: str = "--model-path") -> str | None:
+    """Why `path` is not a local HF checkpoint, or None. Checked before transformers sees it: a
+    missing path would otherwise be taken for a hub repo id (a traceback, or minutes of
+    retrying a network this machine may not have)."""
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.exists():
+        return f"{flag} {path}: no such directory (a local checkpoint with config.json; " \
+               f"./scripts/get-smollm2.sh fetches one)"
+    if not (p / "config.json").is_file():
+        return f"{flag} {path}: no config.json there"
+    return None
+
+
 def _arg(default: Any, help: str, **kw) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
@@ -34,6 +61,14 @@ class ServerArgs:
     max_total_tokens: int | None = _arg(
         None, "KV pool size in tokens (caps the --mem-fraction-static size; CPU default 16384)")
     max_running_requests: int = _arg(256, "most requests decoding at once")
+    # Admission control (engine/admission.py). 128 = OpenAI's own cap on n; GRPO groups are 4-64.
+    max_n: int = _arg(128, "most samples one prompt may ask for (n); above: HTTP 400")
+    max_queued_requests: int = _arg(
+        16384, "most samples queued or running at once (a request's n samples count n); beyond: "
+               "HTTP 503, retry later")
+    max_queued_tokens: int | None = _arg(
+        None, "most tokens (prompt + max_new_tokens per sample) queued or running at once; "
+              "beyond: HTTP 503; default 64 x the KV pool")
     max_prefill_tokens: int = _arg(16384, "token budget of one prefill batch")
     context_length: int | None = _arg(
         None, "longest prompt+output per request; default the model's max_position_embeddings")
@@ -95,9 +130,12 @@ class ServerArgs:
             raise ValueError("--page-size: only 1 (token-granular slots) is implemented")
         if not 0.0 < self.mem_fraction_static < 1.0:
             raise ValueError("--mem-fraction-static must be in (0, 1)")
-        for name in ("max_running_requests", "max_prefill_tokens", "cuda_graph_max_bs"):
+        for name in ("max_running_requests", "max_prefill_tokens", "cuda_graph_max_bs", "max_n",
+                     "max_queued_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.max_queued_tokens is not None and self.max_queued_tokens < 1:
+            raise ValueError("--max-queued-tokens must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 2:
             raise ValueError("--max-total-tokens must be >= 2")
         self._validate_compression()

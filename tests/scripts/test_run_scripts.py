@@ -47,8 +47,20 @@ def inputs(tmp_path):
         (evals / name / "test.jsonl").write_text('{"problem": "p", "answer": "1"}\n')
     env = {k: v for k, v in os.environ.items()
            if k not in ("NUM_GPUS", "TP", "PP", "SAVE_DIR", "LOG_DIR", "EVAL_SETS", "REF_LOAD", "DRY_RUN")}
-    env.update(MODEL_DIR=str(model), DATA_DIR=str(data), EVAL_DIR=str(evals), SAVE_DIR=str(tmp_path / "save"))
+    env.update(MODEL_DIR=str(model), DATA_DIR=str(data), EVAL_DIR=str(evals), SAVE_DIR=str(tmp_path / "save"),
+               PREFLIGHT="0", PATH=f"{fake_gpus(tmp_path, 8)}:{os.environ['PATH']}")
     return tmp_path, env
+
+
+def fake_gpus(tmp_path: Path, count: int | None) -> Path:
+    """A folder with an `nvidia-smi` listing `count` GPUs (None: no driver, it fails)."""
+    bin_dir = tmp_path / f"bin-{count}"
+    bin_dir.mkdir(exist_ok=True)
+    body = ("echo 'NVIDIA-SMI has failed' >&2; exit 9" if count is None else
+            "".join(f"echo 'GPU {i}: NVIDIA H100 (UUID: GPU-{i})'\n" for i in range(count)))
+    (bin_dir / "nvidia-smi").write_text(f"#!/usr/bin/env bash\n{body}\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    return bin_dir
 
 
 def run(script: str, env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -185,11 +197,76 @@ def test_launch_keeps_cwd_and_sets_environment(inputs):
 ])
 def test_missing_inputs_fail_clearly(inputs, variable, value, message):
     _, env = inputs
-    for dry in ("0", "1"):  # checked before anything is printed or launched
-        proc = run("run-qwen2.5-3b.sh", {**env, variable: value, "DRY_RUN": dry})
-        assert proc.returncode == 1
-        assert message in proc.stderr, proc.stderr
-        assert proc.stdout == ""
+    proc = run("run-qwen2.5-3b.sh", {**env, variable: value})  # checked before anything launches
+    assert proc.returncode == 1
+    assert message in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+    dry = run("run-qwen2.5-3b.sh", {**env, variable: value, "DRY_RUN": "1"})
+    if variable in ("TP", "NUM_GPUS"):  # a wrong value, not a missing file: a dry run fails too
+        assert dry.returncode == 1 and message in dry.stderr and dry.stdout == ""
+    else:  # a dry run prints the command and notes what is missing
+        assert dry.returncode == 0 and f"note (dry run): {message}" in dry.stderr, dry.stderr
+        assert "-m trainer.train" in dry.stdout
+
+
+def test_dry_run_with_nothing_on_disk(inputs):
+    tmp, env = inputs
+    nothing = {"MODEL_DIR": str(tmp / "none" / "model"), "DATA_DIR": str(tmp / "none" / "data"),
+               "EVAL_DIR": str(tmp / "none" / "eval"), "SAVE_DIR": str(tmp / "none" / "save")}
+    for script in ALL:
+        proc = run(script, {**env, **nothing, "DRY_RUN": "1"})
+        assert proc.returncode == 0, proc.stderr
+        argv = shlex.split(proc.stdout)
+        assert argv[argv.index("--hf-checkpoint") + 1] == nothing["MODEL_DIR"]
+        assert proc.stderr.count("note (dry run):") == 6  # model, ref, data, 3 eval sets
+    assert not (tmp / "none").exists()  # a dry run writes nothing where nothing is
+
+
+@pytest.mark.parametrize("gpus", [2, 8])
+def test_num_gpus_defaults_to_the_gpus_present(inputs, gpus):
+    tmp, env = inputs
+    env = {**env, "PATH": f"{fake_gpus(tmp, gpus)}:{os.environ['PATH']}"}
+    proc = run("run-qwen2.5-3b.sh", {**env, "DRY_RUN": "1", "EVAL_SETS": ""})
+    argv = shlex.split(proc.stdout)
+    assert argv[argv.index("--nproc-per-node") + 1] == str(gpus)
+    assert f"NUM_GPUS={gpus}: the GPUs nvidia-smi lists" in proc.stderr
+
+
+def test_without_gpus_it_says_it_starts_cpu_ranks(inputs):
+    tmp, env = inputs
+    env = {**env, "PATH": f"{fake_gpus(tmp, None)}:{os.environ['PATH']}", "DRY_RUN": "1", "EVAL_SETS": ""}
+    proc = run("run-qwen2.5-3b.sh", env)
+    argv = shlex.split(proc.stdout)
+    assert argv[argv.index("--nproc-per-node") + 1] == "1"
+    assert "no GPU found (nvidia-smi): starting 1 CPU rank(s)" in proc.stderr
+    proc = run("run-qwen2.5-3b.sh", {**env, "NUM_GPUS": "2"})
+    assert "starting 2 CPU rank(s)" in proc.stderr
+
+
+def test_prompts_longer_than_the_context_stop_before_any_rank(inputs, tmp_path_factory):
+    import sys
+
+    from checkpoint_tools.tiny_models import make_tiny_model
+
+    tmp, env = inputs
+    model = make_tiny_model("qwen2.5", tmp_path_factory.mktemp("tiny") / "m")  # 1024-token context
+    data = tmp / "data" / "simplelr_qwen_level3to5" / "train.jsonl"
+    rows = [{"prompt": "1 + 1 =", "label": "2"}] * 3 + [{"prompt": "1 " * 2000, "label": "2"}] * 2
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fake = tmp / "torchrun.sh"
+    fake.write_text("#!/usr/bin/env bash\necho launched\n")
+    fake.chmod(0o755)
+    env = {**env, "MODEL_DIR": str(model), "EVAL_SETS": "", "PREFLIGHT": "1", "TORCHRUN": str(fake),
+           "PYTHON": sys.executable, "NUM_GPUS": "1"}
+    proc = subprocess.run(["bash", str(SCRIPTS / "run-qwen2.5-3b.sh")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1 and "launched" not in proc.stdout
+    assert "error: 2 of 5 prompts in " in proc.stderr and "(1024 tokens;" in proc.stderr, proc.stderr
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    proc = subprocess.run(["bash", str(SCRIPTS / "run-qwen2.5-3b.sh")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "launched" in proc.stdout, proc.stderr
+    assert "preflight: 3 prompts" in proc.stdout
 
 
 def test_bad_eval_rows_fail_clearly(inputs):

@@ -165,3 +165,11 @@ def test_logging_flags(tmp_path):
     with metrics_logger_from_args(args, config={"a": 1}) as logger:
         logger.log(3, {"x": 1.0})
     assert _lines(tmp_path / "l" / "metrics.jsonl") == [{"step": 3, "x": 1.0}]
+
+
+def test_summary_prints_no_negative_zero():
+    from trainer.tracking import format_summary
+
+    text = format_summary([{"step": 0, "reward_mean": -0.0, "train/loss": 0.0},
+                           {"step": 1, "reward_mean": 0.0, "train/loss": -0.0}])
+    assert "reward_mean" in text and "-0" not in text, text

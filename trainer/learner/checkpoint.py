@@ -126,13 +126,16 @@ def save_checkpoint(trainer, save_dir: str | Path, iteration: int, *, args: Name
     if dist.get_rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    (out / "optimizer").mkdir(exist_ok=True)
-    torch.save(_optimizer_state(trainer.optimizer), _optimizer_file(out))
     state = _state_dict(trainer)
     state.update(args=args or Namespace(), checkpoint_version=3.0, iteration=iteration,
                  opt_param_scheduler=trainer.scheduler.state_dict(), step=trainer.step,
                  extra=extra or {})
+    # Megatron's save goes first, into the empty folder: a folder that already holds files makes
+    # it warn "Overwriting old incomplete / corrupted checkpoint" on every save. The tracker is
+    # written last, so a save cut short between the two is never the latest.
     dist_checkpointing.save(state, str(out))
+    (out / "optimizer").mkdir(exist_ok=True)
+    torch.save(_optimizer_state(trainer.optimizer), _optimizer_file(out))
     dist.barrier()
     if dist.get_rank() == 0:
         write_tracker(save_dir, iteration)

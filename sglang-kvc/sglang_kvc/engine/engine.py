@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Iterator
 
 from ..models.config import ModelConfig
-from ..server_args import ServerArgs
+from ..server_args import ServerArgs, check_model_dir
 from ..weights.updates import WeightUpdater
+from .admission import Admission, Demand, QueueFull, check_n, counted, demand_of, limits_from_args
 from .detokenizer import Detokenizer
+from .finish import abort_reason
 from .info import server_info
 from .intake import IntakeLimits, UpdateFn, make_sequences, notifier
 from .io_struct import GenerateItem, parse_generate
@@ -98,6 +100,8 @@ class Engine:
         args = server_args or ServerArgs(model_path=model_path, **kwargs)
         if not args.model_path:
             raise ValueError("model_path is required")
+        if problem := check_model_dir(args.model_path, "model_path"):
+            raise FileNotFoundError(problem)
         self.args = args
         self.model_config = ModelConfig.from_hf(AutoConfig.from_pretrained(args.model_path))
         self.tokenizer = _load_tokenizer(args)
@@ -120,6 +124,8 @@ class Engine:
         mc = self.model_config
         self._limits = IntakeLimits(mc.vocab_size, self.max_seq_len, (mc.num_layers, mc.num_kv_heads))
         self._rng = random.Random(args.random_seed)
+        self.admission = Admission(limits_from_args(args, self.kv.capacity))
+        self.accepting = True
         _freeze_startup_heap()
         self.loop = StepLoop(self.runner, self.scheduler, self.outputs, self.max_seq_len, self.overlap)
         self.weights = WeightUpdater(self.runner, self.loop.call, self._abort_all, self._set_version)
@@ -153,20 +159,39 @@ class Engine:
             yield out
 
     def submit(self, items: list[GenerateItem], on_update: UpdateFn | None = None) -> list:
-        """Validate and enqueue; one future (final output dict) per sample, prompt-major."""
+        """Validate, admit (admission.py: ValueError or QueueFull) and enqueue; one future (final
+        output dict) per sample, prompt-major."""
         if self.loop.stopped:
             raise RuntimeError("engine is shut down")
+        if not self.accepting:
+            raise QueueFull("server shutting down: not accepting requests")
+        check_n(items, self.admission.limits.max_n)  # before n samples are built
+        self.admission.check_alone(Demand(sum(it.params.n for it in items), 0))
         seqs = [s for it in items for s in make_sequences(it, self.tokenizer, self._limits, self._rng)]
+        demand = demand_of(seqs, self.max_seq_len)
+        self.admission.admit(demand)
         futures = []
         for seq in seqs:
             fut: concurrent.futures.Future = concurrent.futures.Future()
-            seq.on_update = notifier(fut, on_update)
+            tokens = demand_of([seq], self.max_seq_len).tokens
+            seq.on_update = counted(notifier(fut, on_update), self.admission, tokens)
             futures.append(fut)
         self.loop.put(seqs)
         return futures
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> int:
         return self.loop.call(self.loop.abort, rid, abort_all, "Aborted by request")
+
+    def abort_requests(self, rids: list[str], message: str = "Aborted: client disconnected") -> int:
+        """Abort several requests (or the n samples of each) in one pass over the queue."""
+        return self.loop.call(self._abort_rids, set(rids), message)
+
+    def begin_shutdown(self) -> None:
+        """Refuse new requests (503) and abort everything queued or running, so HTTP handlers
+        answer at once and the server can exit (SIGTERM)."""
+        self.accepting = False
+        if not self.loop.stopped:
+            self.loop.call(self._abort_all, "Server shutting down")
 
     def pause_generation(self, mode: str = "in_place") -> None:
         if mode not in ("in_place", "abort", "retract"):
@@ -264,6 +289,14 @@ class Engine:
 
     def _abort_all(self, message: str) -> int:
         return self.loop.abort("", True, message)
+
+    def _abort_rids(self, rids: set[str], message: str) -> int:
+        sch = self.scheduler
+        victims = [s for s in list(sch.running) + list(sch.waiting)
+                   if s.rid in rids or s.group_rid in rids]
+        for seq in victims:
+            self.loop.finish(seq, abort_reason(message))
+        return len(victims)
 
     def _set_version(self, version: str) -> None:
         self.outputs.weight_version = version

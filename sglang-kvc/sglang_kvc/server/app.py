@@ -2,7 +2,8 @@
 assembled from the route modules, plus `ServerThread` to serve it in-process.
 
 Bad input is HTTP 400 `{"error": {"message": ...}}` on the native routes and OpenAI's error shape
-on /v1 (the handlers below pick by exception class).
+on /v1 (the handlers below pick by exception class); a full queue is 503 with Retry-After
+(engine/admission.py); a client that left is one log line.
 """
 
 from __future__ import annotations
@@ -10,15 +11,30 @@ from __future__ import annotations
 import threading
 
 from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 
+from ..engine.admission import QueueFull
 from ..engine.engine import Engine
 from . import native_routes, openai_routes, weight_routes
-from .http_io import BadRequest, error_response
+from .http_io import BadRequest, ClientGone, error_response, log_gone
 from .openai_routes import OpenAIError, openai_error_handler
 
 
 async def _client_error(_request: Request, exc: Exception):
     return error_response(str(exc))
+
+
+async def _busy(_request: Request, exc: Exception):
+    resp = error_response(str(exc), status=503)
+    resp.headers["Retry-After"] = "1"
+    return resp
+
+
+async def _client_gone(request: Request, exc: Exception):
+    """One log line, no traceback: nobody reads this response (499: nginx's "client closed")."""
+    log_gone(request, str(exc) if isinstance(exc, ClientGone) else "mid-request")
+    return Response(status_code=499)
 
 
 def create_app(engine: Engine) -> FastAPI:
@@ -30,6 +46,9 @@ def create_app(engine: Engine) -> FastAPI:
     for exc in (BadRequest, ValueError, FileNotFoundError):
         app.add_exception_handler(exc, _client_error)
     app.add_exception_handler(OpenAIError, openai_error_handler)
+    app.add_exception_handler(QueueFull, _busy)
+    for exc in (ClientGone, ClientDisconnect):
+        app.add_exception_handler(exc, _client_gone)
     for module in (native_routes, weight_routes, openai_routes):
         app.include_router(module.router)
     return app

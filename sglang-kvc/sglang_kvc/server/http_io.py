@@ -1,25 +1,36 @@
 """What every route shares: reading request bodies, the native error shape, server-sent events,
-the bridge from engine callbacks to the event loop, and the `get_engine` dependency.
+the bridge from engine callbacks to the event loop, waiting for results while watching for the
+client leaving, and the `get_engine` dependency.
 
 Bad input raises `BadRequest` (a ValueError); app.py turns it into HTTP 400
-`{"error": {"message": ...}}`.
+`{"error": {"message": ...}}`. A client that leaves (before, during or after sending its body)
+raises `ClientGone`: its samples are aborted and app.py logs one line, no traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from ..compression import eviction_record
 from ..engine.engine import Engine
 
 
+log = logging.getLogger("sglang_kvc.server")
+
+
 class BadRequest(ValueError):
     pass
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its response was sent."""
 
 
 def get_engine(request: Request) -> Engine:
@@ -31,8 +42,15 @@ def error_response(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
+async def read_raw(request: Request) -> bytes:
+    try:
+        return await request.body()
+    except ClientDisconnect as e:
+        raise ClientGone("before sending its whole request body") from e
+
+
 async def read_json(request: Request, allow_empty: bool = True) -> Any:
-    raw = await request.body()
+    raw = await read_raw(request)
     if not raw.strip():
         if allow_empty:
             return {}
@@ -86,3 +104,41 @@ def stream_bridge(engine: Engine, items) -> tuple[asyncio.Queue, list]:
 
     futures = engine.submit(items, on_update=on_update)
     return q, futures
+
+
+def abort_soon(engine: Engine, rids: list[str]) -> None:
+    """Abort the rids without blocking the event loop (the engine answers between steps)."""
+    asyncio.get_running_loop().run_in_executor(None, engine.abort_requests, rids)
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def results_or_abort(request: Request, engine: Engine, items, futures) -> list[dict]:
+    """The futures' results; if the client leaves first (uvicorn does not cancel a handler
+    whose client left), its samples are aborted and `ClientGone` is raised."""
+    results = asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({results, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # server shutting down past its grace period
+        abort_soon(engine, [it.rid for it in items])
+        raise
+    finally:
+        watch.cancel()
+    if results in done:
+        return results.result()
+    results.cancel()
+    abort_soon(engine, [it.rid for it in items])
+    raise ClientGone(f"while its {len(futures)} sample(s) were generating: aborted them")
+
+
+def log_gone(request: Request, why: str) -> None:
+    log.info("client %s left %s %s", _peer(request), request.url.path, why)
+
+
+def _peer(request: Request) -> str:
+    c = request.client
+    return f"{c.host}:{c.port}" if c else "?"

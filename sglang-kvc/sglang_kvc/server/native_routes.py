@@ -8,6 +8,7 @@ come back through futures.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -15,9 +16,11 @@ from starlette.concurrency import run_in_threadpool
 
 from ..engine.engine import Engine
 from ..engine.io_struct import parse_generate
-from .http_io import get_engine, jsonable, read_json, read_object, sse, stream_bridge
+from .http_io import (abort_soon, get_engine, jsonable, read_json, read_object, results_or_abort,
+                      sse, stream_bridge)
 
 router = APIRouter()
+log = logging.getLogger("sglang_kvc.server")
 
 # ------------------------------------------------------------ generation
 
@@ -28,7 +31,8 @@ async def generate(request: Request, engine: Engine = Depends(get_engine)):
     items, is_batch = parse_generate(body, engine.sampling_defaults)
     if items[0].stream:
         return _stream_response(engine, items, is_batch)
-    results = [jsonable(r) for r in await _wait_results(engine, items)]
+    futures = engine.submit(items)
+    results = [jsonable(r) for r in await results_or_abort(request, engine, items, futures)]
     return JSONResponse(results if (is_batch or len(results) > 1) else results[0])
 
 
@@ -51,18 +55,9 @@ async def _events(engine: Engine, q: asyncio.Queue, remaining: int, rids: list[s
         yield "data: [DONE]\n\n"
     finally:
         if remaining:  # client went away: stop generating for it
-            for rid in rids:
-                engine.abort_request(rid)
-
-
-async def _wait_results(engine: Engine, items) -> list[dict]:
-    futures = engine.submit(items)
-    try:
-        return [await asyncio.wrap_future(f) for f in futures]
-    except asyncio.CancelledError:  # client went away: stop generating for it
-        for it in items:
-            engine.abort_request(it.rid)
-        raise
+            abort_soon(engine, rids)
+            log.info("streaming client left /generate with %d sample(s) unfinished: aborted",
+                     remaining)
 
 
 @router.get("/health")

@@ -1,7 +1,9 @@
 """OpenAI-compatible /v1/completions, /v1/chat/completions and /v1/models on top of the engine.
 
-Requests are translated into the native GenerateItem form (so validation is shared); errors use
-OpenAI's error shape so the official client raises BadRequestError with the message.
+Requests are translated into the native GenerateItem form, so validation is shared with
+/generate; its messages name the field the user sent (`max_tokens`, not `max_new_tokens`).
+Unknown fields are a 400, as on /generate. Errors use OpenAI's error shape so the official client
+raises BadRequestError with the message (a full queue: 503, which the client retries).
 """
 
 from __future__ import annotations
@@ -10,17 +12,21 @@ import asyncio
 import functools
 import itertools
 import json
+import logging
+import re
 import time
 import uuid
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from ..engine.admission import QueueFull
 from ..engine.engine import Engine
 from ..engine.io_struct import parse_generate
-from .http_io import get_engine, sample_order, sse
+from .http_io import abort_soon, get_engine, read_raw, results_or_abort, sample_order, sse
 
 router = APIRouter()
+log = logging.getLogger("sglang_kvc.server")
 
 # OpenAI field -> native sampling parameter.
 _SAMPLING_MAP = {
@@ -37,17 +43,68 @@ _UNSUPPORTED = {"suffix": None, "tools": None, "functions": None, "response_form
                 "best_of": None}
 
 
+# Fields both routes take besides the sampling ones; the ignored ones only label a request or
+# shape the stream's framing (value: allowed types; None is always allowed).
+_COMMON_KEYS = {"model", "stream", "logprobs", *_SAMPLING_MAP, *_UNSUPPORTED}
+_IGNORED = {"user": (str,), "stream_options": (dict,), "metadata": (dict,), "store": (bool,),
+            "service_tier": (str,), "rid": (str,),
+            # SGLang's reasoning-parser switches (sglang-router sends them): no parser here
+            "separate_reasoning": (bool,), "stream_reasoning": (bool,)}
+# SGLang extras that would change the answer: accepted at their default (what sglang-router
+# forwards), refused otherwise, as on /generate.
+_NEUTRAL = {"continue_final_message": False, "return_hidden_states": False, "lora_path": None,
+            "session_params": None, "ebnf": None}
+_ROUTE_KEYS = {
+    "completions": _COMMON_KEYS | {"prompt", "echo"},
+    "chat": _COMMON_KEYS | {"messages", "top_logprobs", "chat_template_kwargs", "tool_choice",
+                            "parallel_tool_calls"},
+}
+
+
 class OpenAIError(ValueError):
-    pass
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
 
 
 def _error(message: str, status: int = 400) -> JSONResponse:
-    return JSONResponse({"object": "error", "message": message, "type": "BadRequestError",
+    kind = "BadRequestError" if status == 400 else "ServiceUnavailableError"
+    resp = JSONResponse({"object": "error", "message": message, "type": kind,
                          "param": None, "code": status}, status_code=status)
+    if status == 503:
+        resp.headers["Retry-After"] = "1"
+    return resp
 
 
 async def openai_error_handler(_request: Request, exc: OpenAIError) -> JSONResponse:
-    return _error(str(exc))
+    return _error(str(exc), exc.status)
+
+
+def _check_fields(body: dict, route: str) -> None:
+    unknown = sorted(set(body) - _ROUTE_KEYS[route] - set(_IGNORED) - set(_NEUTRAL))
+    if unknown:
+        raise OpenAIError(f"unknown request field(s): {', '.join(unknown)}")
+    for k, neutral in _NEUTRAL.items():
+        if body.get(k) not in (neutral, None):
+            raise OpenAIError(f"{k}={body[k]!r} is not supported by this server")
+    for k, types in _IGNORED.items():
+        v = body.get(k)
+        if v is not None and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types)):
+            raise OpenAIError(f"{k} must be {' or '.join(t.__name__ for t in types)}, "
+                              f"got {type(v).__name__}")
+    if body.get("tool_choice") not in (None, "none", "auto"):
+        raise OpenAIError("tool_choice is not supported by this server (no tools)")
+
+
+def _user_names(message: str, body: dict) -> str:
+    """The shared validation's message with the native names the user did not send replaced by
+    the OpenAI field they did (max_new_tokens -> max_tokens, input_ids -> prompt)."""
+    aliases = [(k, v) for k, v in _SAMPLING_MAP.items() if k != v and k in body]
+    if "prompt" in body:
+        aliases += [("prompt", "input_ids"), ("prompt", "text")]
+    for user, native in aliases:
+        message = re.sub(rf"\b{native}\b", user, message)
+    return message
 
 
 def _model_name(engine: Engine) -> str:
@@ -94,36 +151,40 @@ def _envelope(head: dict, obj: str, choices: list, **rest) -> dict:
 # ------------------------------------------------------------ submitting and streaming
 
 
-async def _body(request: Request) -> dict:
-    raw = await request.body()
+async def _body(request: Request, route: str) -> dict:
+    raw = await read_raw(request)
     try:
         body = json.loads(raw) if raw.strip() else None
     except json.JSONDecodeError as e:
         raise OpenAIError(f"malformed JSON: {e}") from e
     if not isinstance(body, dict):
         raise OpenAIError("request body must be a JSON object")
+    _check_fields(body, route)
     return body
 
 
-def _submit(engine: Engine, native: dict, on_update=None):
+def _submit(engine: Engine, native: dict, body: dict, on_update=None):
     try:
         items, _ = parse_generate(native, engine.sampling_defaults)
         return items, engine.submit(items, on_update=on_update)
+    except QueueFull as e:
+        raise OpenAIError(str(e), status=503) from e
     except ValueError as e:
-        raise OpenAIError(str(e)) from e
+        raise OpenAIError(_user_names(str(e), body)) from e
 
 
-async def _results(engine: Engine, native: dict) -> tuple[list, list[dict]]:
-    items, futures = _submit(engine, native)
-    return items, [await asyncio.wrap_future(f) for f in futures]
+async def _results(request: Request, engine: Engine, native: dict,
+                   body: dict) -> tuple[list, list[dict]]:
+    items, futures = _submit(engine, native, body)
+    return items, await results_or_abort(request, engine, items, futures)
 
 
-async def _stream(engine: Engine, native: dict, make_chunk) -> StreamingResponse:
+async def _stream(engine: Engine, native: dict, body: dict, make_chunk) -> StreamingResponse:
     """Submit `native` (errors are still a 400 here) and stream `make_chunk(index, new_text,
     output, is_first)` for every update."""
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
-    items, futures = _submit(engine, native,
+    items, futures = _submit(engine, native, body,
                              lambda out, fin: loop.call_soon_threadsafe(q.put_nowait, (out, fin)))
     events = _events(engine, q, items, len(futures), make_chunk)
     return StreamingResponse(events, media_type="text/event-stream")
@@ -145,8 +206,8 @@ async def _events(engine: Engine, q: asyncio.Queue, items, remaining: int, make_
         yield "data: [DONE]\n\n"
     finally:
         if remaining:  # client went away: stop generating for it
-            for it in items:
-                engine.abort_request(it.rid)
+            abort_soon(engine, [it.rid for it in items])
+            log.info("streaming client left with %d sample(s) unfinished: aborted", remaining)
 
 # ------------------------------------------------------------ /v1/models
 
@@ -163,13 +224,13 @@ async def models(engine: Engine = Depends(get_engine)):
 
 @router.post("/v1/completions")
 async def completions(request: Request, engine: Engine = Depends(get_engine)):
-    body = await _body(request)
+    body = await _body(request, "completions")
     native, logprobs, echo = _completion_request(body)
     head = _head(engine, "cmpl")
     if body.get("stream"):
         native["stream"] = True
-        return await _stream(engine, native, functools.partial(_completion_chunk, head))
-    items, outs = await _results(engine, native)
+        return await _stream(engine, native, body, functools.partial(_completion_chunk, head))
+    items, outs = await _results(request, engine, native, body)
     n = body.get("n") or 1
     choices = [_completion_choice(engine, i, out, items[i // n], logprobs, echo)
                for i, out in enumerate(outs)]
@@ -254,13 +315,13 @@ def _completion_logprobs(meta: dict, logprobs: int | None, echo: bool) -> dict |
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, engine: Engine = Depends(get_engine)):
-    body = await _body(request)
+    body = await _body(request, "chat")
     native = _chat_request(engine, body)
     head = _head(engine, "chatcmpl")
     if body.get("stream"):
         native["stream"] = True
-        return await _stream(engine, native, functools.partial(_chat_chunk, head))
-    _, outs = await _results(engine, native)
+        return await _stream(engine, native, body, functools.partial(_chat_chunk, head))
+    _, outs = await _results(request, engine, native, body)
     want_lp = bool(body.get("logprobs"))
     choices = [_chat_choice(i, out, want_lp) for i, out in enumerate(outs)]
     return _envelope(head, "chat.completion", choices, usage=_usage(outs, body.get("n") or 1))

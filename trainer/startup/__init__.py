@@ -1,0 +1,1 @@
+"""Start-up checks run before any rank: flags and data against the model (preflight.py)."""

@@ -16,7 +16,8 @@ forward over the whole batch. The fused step (``run_fused_update``) takes them f
 
 The recompute stays where the fused step would not be exact or not be π_old
 (``recompute_reason``): several optimizer steps per rollout (π_old is the weights before the first
-step only), async staleness >= 1 (off-policy by choice of the brief; see trainer/README.md),
+step only), async staleness >= 1 (kept as the off-policy case, as issue #42 asks, though π_old
+is the trainer's current weights there too and the fused step would be exact),
 ``--sparse-recompute`` without ``--train-sparse-policy`` (π_old replays the engine's evictions,
 the update's forward is dense: another function of the weights), batch-normalised weights with a
 KL or entropy term (the normaliser scales only the policy-gradient term and the accumulated

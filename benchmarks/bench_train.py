@@ -14,6 +14,13 @@ sequences. MFU counts the matmul FLOPs of the model (6 x params x tokens, lm hea
 plus causal attention (6 x layers x S x heads x head_dim per token of a length-S sequence),
 a third of that for the forward pass, against the GPU's dense bf16 peak. ``--repeats``
 measures ``--steps`` steps that many times and prints min / median / max.
+
+``--grpo-step`` also times one rollout's whole GRPO update as ``trainer/train.py`` runs it
+(advantages, sparse_rl correction, no KL, one optimizer step) two ways: π_old recomputed by a
+forward pass first, and π_old taken from the update's own forward (``fused_old_logp.py``).
+
+    python benchmarks/bench_train.py --shape tiny --seq-len 64 --seqs-per-step 32 \
+        --max-tokens-per-gpu 512 --grpo-step --repeats 3
 """
 
 from __future__ import annotations
@@ -157,6 +164,39 @@ def nll_loss(samples):
     return loss_fn
 
 
+def grpo_updates(trainer, samples) -> dict:
+    """``{"recompute": step, "fused": step}``: one rollout's update either way (sparse_rl
+    correction against a stand-in π_sparse = π_old + noise, no KL: the fused path applies)."""
+    from trainer.algorithms import AdvantageConfig, PolicyLossConfig, correction_preset
+    from trainer.learner.fused_old_logp import OldLogpPlan
+    from trainer.learner.grpo_update import RolloutBatch, prepare_update, run_updates
+
+    g = torch.Generator().manual_seed(1)
+    current = trainer.compute_logprobs(samples)
+    rollout = [lp + 0.1 * torch.randn(lp.shape, generator=g) for lp in current]
+    batch = RolloutBatch(samples, torch.rand(len(samples), generator=g), rollout,
+                         group_index=[i // 4 for i in range(len(samples))])
+    adv, corr = AdvantageConfig(estimator="grpo"), correction_preset("sparse_rl")
+    loss = PolicyLossConfig(kl_loss_coef=0.0)
+
+    def step(fused: bool):
+        plan = OldLogpPlan(fused, "bench")
+        prep = prepare_update(trainer, batch, adv, corr, None, plan)
+        return run_updates(trainer, batch, prep, loss, len(samples))
+
+    return {"recompute": lambda: step(False), "fused": lambda: step(True)}
+
+
+def time_grpo_updates(trainer, samples, args, flops: float) -> dict:
+    steps = grpo_updates(trainer, samples)
+    for step in steps.values():
+        step()  # warm-up
+    tokens = sum(s.length for s in samples)
+    extra = {"recompute": flops * 4 / 3, "fused": flops}  # the recompute: one forward more
+    return {f"grpo_{k}": Timing(time_repeats(step, args.steps, args.repeats), tokens, extra[k])
+            for k, step in steps.items()}
+
+
 def profile_step(step, elapsed: float) -> None:
     """The top kernels of one step, and how busy the device was."""
     from torch.profiler import ProfilerActivity, profile
@@ -198,15 +238,23 @@ def parse_args(argv=None):
                    help="dense bf16 peak for MFU (default: from the GPU's name; none on a CPU)")
     p.add_argument("--json", default=None, help="write the result here too")
     p.add_argument("--profile", action="store_true", help="print the top CUDA kernels of a step")
+    p.add_argument("--grpo-step", action="store_true",
+                   help="also time a GRPO update with π_old recomputed vs fused into the update")
     return p.parse_args(argv)
 
 
 def print_table(result: dict) -> None:
-    for phase in ("forward", "train"):
+    for phase in ("forward", "train", "grpo_recompute", "grpo_fused"):
+        if phase not in result:
+            continue
         r = result[phase]
         cols = [f"{k} {v['min']:g} / {v['median']:g} / {v['max']:g}" for k, v in r.items()]
-        print(f"{phase:8s} (min / median / max over {result['repeats']} repeat(s)): "
+        print(f"{phase:14s} (min / median / max over {result['repeats']} repeat(s)): "
               + "; ".join(cols))
+    if "grpo_fused" in result:
+        old, new = (result[k]["step_s"]["median"] for k in ("grpo_recompute", "grpo_fused"))
+        print(f"GRPO update per rollout (median): recompute then update {old:g} s, fused "
+              f"{new:g} s ({old / new:.2f}x)")
 
 
 def run(args) -> dict:
@@ -231,6 +279,8 @@ def run(args) -> dict:
     timings = {"forward": Timing(time_repeats(forward, args.steps, args.repeats), sum(lengths),
                                  flops / 3),
                "train": Timing(time_repeats(train, args.steps, args.repeats), sum(lengths), flops)}
+    if args.grpo_step:
+        timings.update(time_grpo_updates(trainer, samples, args, flops))
     if args.profile:
         profile_step(train, statistics.median(timings["train"].seconds))
     peak = peak_flops(args.peak_tflops)

@@ -195,6 +195,10 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-probs-chunk-size", type=int, default=1024,
                    help="tokens per fp32 chunk of the log-prob pass off CUDA (on CUDA one Triton "
                         "pass covers the micro-batch)")
+    g.add_argument("--fused-old-logprobs", action=argparse.BooleanOptionalAction, default=True,
+                   help="on-policy rollouts (one optimizer step, no staleness) take pi_old from the "
+                        "update's own forward instead of a recompute pass (default: on; "
+                        "trainer/README.md lists where the recompute stays)")
 
 
 def _add_eval_args(p: argparse.ArgumentParser) -> None:

@@ -36,6 +36,7 @@ from .arguments import parse_args
 from .launch import RendezvousError, init_parallel, parallel_config_from_args, phase
 from .learner.checkpoint import load_checkpoint, save_checkpoint
 from .learner.config import LearnerConfig, learner_config_from_args
+from .learner.fused_old_logp import plan_old_logp
 from .learner.grpo_update import RolloutBatch, gather_dp, prepare_update, run_updates
 from .learner.model_provider import rounds_checkpoint
 from .learner.packing import Sample
@@ -253,7 +254,10 @@ class Run:
             sparse = self.trainer.train_cfg.train_sparse_policy  # KL between like policies
             ref = gather_dp(self.reference.compute_logprobs(batch.samples, sparse=sparse),
                             self.trainer)
-        return prepare_update(self.trainer, batch, self.algo.advantage, self.algo.correction, ref)
+        plan = plan_old_logp(self.trainer.train_cfg, batch, self.algo,  # fused when on-policy
+                             self.cfg.learner.global_batch_size, self.gate and self.gate.max_staleness)
+        return prepare_update(self.trainer, batch, self.algo.advantage, self.algo.correction, ref,
+                              plan)
 
     def _write_debug_rows(self, rollout_id: int, result, prompts) -> None:
         if self.plan.debug_path and _rank() == 0:

@@ -60,13 +60,13 @@ def test_bench_rl_step_tiny_on_cpu(tmp_path):
 def test_bench_train_tiny_on_cpu(tmp_path):
     result, stdout = _run("bench_train.py", "--shape", "tiny", "--seq-len", "48", "--vary-lengths",
                           "--seqs-per-step", "6", "--max-tokens-per-gpu", "128", "--steps", "1",
-                          "--warmup", "1", "--repeats", "2", "--peak-tflops", "1")
+                          "--warmup", "1", "--repeats", "2", "--peak-tflops", "1", "--grpo-step")
     assert result["micro_batches"] > 1 and result["repeats"] == 2
-    for phase in ("forward", "train"):
+    for phase in ("forward", "train", "grpo_recompute", "grpo_fused"):
         for key in ("step_s", "tokens_per_s", "mfu"):
             assert _spread_ok(result[phase][key]), (phase, key)
     assert result["tokens_per_s"] > 0 and math.isfinite(result["loss"])
-    assert "min / median / max" in stdout
+    assert "min / median / max" in stdout and "recompute then update" in stdout
 
 
 def test_vary_lengths_are_seeded_and_in_range():

@@ -104,6 +104,29 @@ def test_first_update_starts_on_policy(setup, tmp_path):
     assert abs(row["train/ppo_kl"]) < 1e-6, row["train/ppo_kl"]
     assert row["train/clipfrac"] == 0.0
     assert row["train_rollout_logprob_abs_diff"] < 1e-5, row["train_rollout_logprob_abs_diff"]
+    assert row["old_logp_fused"] == 1.0 and "π_old from the update's forward (fused)" in log
+
+
+def test_fused_old_logprobs_equal_the_recompute_in_the_loop(setup, tmp_path):
+    """One on-policy step with R-KV rollouts and the reference's correction (batch-normalised,
+    rejecting): π_old from the update's forward gives the recompute's step and metrics."""
+    hf, data, _ = setup
+    rows = {}
+    for fused in ("--fused-old-logprobs", "--no-fused-old-logprobs"):
+        out = tmp_path / fused
+        flags = _flags(hf, data, out, fused, "--sglang-compress-algorithm", "rkv",
+                       "--sglang-compress-max-prompt", "4", "--sglang-compress-divide-length", "2",
+                       "--sglang-compress-max-window", "2", "--mis-upper-bound", "1.02", rollouts=1)
+        flags[flags.index("--global-batch-size") + 1] = "16"
+        rc, log = _run(flags)
+        assert rc == 0, log[-3000:]
+        rows[fused] = _metrics(out)[0]
+    fused, recompute = rows["--fused-old-logprobs"], rows["--no-fused-old-logprobs"]
+    assert fused.pop("old_logp_fused") == 1.0 and recompute.pop("old_logp_fused") == 0.0
+    assert recompute["rejected_fraction"] > 0 and recompute["batch_norm_factor"] != 1.0
+    for key, value in recompute.items():
+        if not key.startswith(("time", "rollout", "sync", "eval")) and isinstance(value, float):
+            assert fused[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
 
 
 def test_resume_equals_uninterrupted(setup, tmp_path):

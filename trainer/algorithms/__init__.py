@@ -15,6 +15,7 @@ from trainer.algorithms.correction import (
     compute_mis_weights,
     correction_preset,
     mismatch_metrics,
+    row_correction,
     select_old_logp,
 )
 from trainer.algorithms.kl import KL_TYPES, kl_estimate
@@ -24,5 +25,5 @@ __all__ = [
     "AGG_MODES", "ESTIMATORS", "KL_TYPES", "PRESETS",
     "AdvantageConfig", "CorrectionConfig", "LossScale", "MISResult", "PolicyLossConfig",
     "aggregate", "compute_advantages", "compute_mis_weights", "correction_preset", "kl_estimate",
-    "mismatch_metrics", "policy_loss", "select_old_logp",
+    "mismatch_metrics", "policy_loss", "row_correction", "select_old_logp",
 ]

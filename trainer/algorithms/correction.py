@@ -96,6 +96,12 @@ class CorrectionConfig:
         """Whether π_old must be recomputed by the trainer (False in bypass mode)."""
         return not self.bypass
 
+    @property
+    def needs_batch_normalizer(self) -> bool:
+        """Whether the weights are divided by a batch-wide mean (the one step that is not
+        per row: a micro-batch alone cannot compute it)."""
+        return self.use_mis and self.batch_normalize and not self.bypass
+
 
 # Named presets. "sparse_rl" is the reference (mis.yaml); the "decoupled_*"/"bypass_*" ones are
 # verl's rollout_correction presets (peers.md §6) with verl's default thresholds: IS truncation
@@ -202,6 +208,80 @@ def mismatch_metrics(old_logp: torch.Tensor, rollout_logp: torch.Tensor,
     }
 
 
+def row_correction(old_logp: torch.Tensor, rollout_logp: torch.Tensor, response_mask: torch.Tensor,
+                   cfg: CorrectionConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """IS weights *before* batch normalisation and the corrected loss mask, for any rows of a
+    batch: everything here is per token or per sequence, so a micro-batch of whole sequences
+    gets exactly the values the whole batch would (the normaliser is ``compute_mis_weights``')."""
+    return _per_row_correction(old_logp, rollout_logp, response_mask.bool(), cfg, {})
+
+
+def _per_row_correction(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                        cfg: CorrectionConfig, stats: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 2-4 of the module docstring (IS weights, rejection, veto); fills ``stats``."""
+    maskf = mask.float()
+    zero = torch.zeros((), dtype=torch.float32, device=mask.device)
+    lr = torch.where(mask, old_logp.detach().float() - rollout_logp.detach().float(), zero)
+    n_tok = maskf.sum().clamp_min(1)
+
+    def tok_frac(flags):
+        return (flags & mask).float().sum() / n_tok
+
+    weights = maskf.clone()
+    loss_mask = mask.clone()
+    stats.update(is_weight_mean_raw=zero + 1.0, truncated_fraction=zero, clipped_low_fraction=zero,
+                 is_masked_fraction=zero, rs_rejected_fraction=zero, catastrophic_token_fraction=zero,
+                 vetoed_seq_fraction=zero, batch_norm_factor=zero + 1.0)
+    if cfg.bypass:
+        return weights, loss_mask
+
+    if cfg.use_mis:
+        rho = _ratio(_level_log_ratio(lr, maskf, cfg.level))
+        stats["is_weight_mean_raw"] = (rho * maskf).sum() / n_tok
+        L, U = cfg.is_lower_bound, cfg.upper_bound
+        if cfg.mode == "truncate":
+            stats["truncated_fraction"] = tok_frac(rho > U)
+            weights = rho.clamp(max=U)
+        elif cfg.mode == "clip":
+            stats["truncated_fraction"] = tok_frac(rho > U)
+            stats["clipped_low_fraction"] = tok_frac(rho < L)
+            weights = rho.clamp(L, U)
+        else:  # mask: keep the weight, drop the token
+            outside = (rho < L) | (rho > U)
+            stats["is_masked_fraction"] = tok_frac(outside)
+            loss_mask &= ~outside
+            weights = rho
+        weights = torch.where(mask, weights, zero)
+
+    if cfg.use_rs:
+        rho_rs = _ratio(_level_log_ratio(lr, maskf, cfg.rs_level))
+        rejected = (rho_rs < cfg.rs_lower) | (rho_rs > cfg.rs_upper)
+        stats["rs_rejected_fraction"] = tok_frac(rejected)
+        loss_mask &= ~rejected
+
+    if cfg.veto_threshold is not None:
+        # Compared on the raw per-token log ratio, whatever the IS/RS level.
+        catastrophic = mask & (lr < math.log(cfg.veto_threshold))
+        vetoed = catastrophic.any(dim=-1)
+        has_tokens = mask.any(dim=-1)
+        stats["catastrophic_token_fraction"] = catastrophic.float().sum() / n_tok
+        stats["vetoed_seq_fraction"] = vetoed.float().sum() / has_tokens.float().sum().clamp_min(1)
+        loss_mask &= ~vetoed[:, None]
+    return weights, loss_mask
+
+
+def _batch_norm_factor(weights: torch.Tensor, maskf: torch.Tensor, level: str) -> torch.Tensor:
+    """Step 5: the batch's mean weight (1 when it is too small to divide by)."""
+    if level == "token":
+        norm = (weights * maskf).sum() / maskf.sum().clamp_min(1)
+    else:  # one weight per sequence: average the sequences' weights, not their tokens
+        seq_len = maskf.sum(dim=-1)
+        seq_w = (weights * maskf).sum(dim=-1) / seq_len.clamp_min(1)
+        has_tokens = (seq_len > 0).float()
+        norm = (seq_w * has_tokens).sum() / has_tokens.sum().clamp_min(1)
+    return torch.where(norm > _MIN_NORM_MEAN, norm, torch.ones_like(norm))
+
+
 def compute_mis_weights(old_logp: torch.Tensor | None, rollout_logp: torch.Tensor,
                         response_mask: torch.Tensor, cfg: CorrectionConfig) -> MISResult:
     """IS weights, the corrected loss mask and metrics (plain floats) for one batch [B, T].
@@ -224,64 +304,13 @@ def compute_mis_weights(old_logp: torch.Tensor | None, rollout_logp: torch.Tenso
             raise ValueError("old_logp (dense recompute) is required unless bypass is on")
         old_logp = rollout_logp  # bypass: π_old is π_sparse
     diag = mismatch_metrics(old_logp, rollout_logp, mask)
-
-    lr = torch.where(mask, old_logp.detach().float() - rollout_logp.detach().float(), zero)
     n_tok = maskf.sum().clamp_min(1)
-
-    def tok_frac(flags):
-        return (flags & mask).float().sum() / n_tok
-
-    weights = maskf.clone()
-    loss_mask = mask.clone()
-    stats = dict(is_weight_mean_raw=zero + 1.0, truncated_fraction=zero, clipped_low_fraction=zero,
-                 is_masked_fraction=zero, rs_rejected_fraction=zero, catastrophic_token_fraction=zero,
-                 vetoed_seq_fraction=zero, batch_norm_factor=zero + 1.0)
-
-    if not cfg.bypass:
-        if cfg.use_mis:
-            rho = _ratio(_level_log_ratio(lr, maskf, cfg.level))
-            stats["is_weight_mean_raw"] = (rho * maskf).sum() / n_tok
-            L, U = cfg.is_lower_bound, cfg.upper_bound
-            if cfg.mode == "truncate":
-                stats["truncated_fraction"] = tok_frac(rho > U)
-                weights = rho.clamp(max=U)
-            elif cfg.mode == "clip":
-                stats["truncated_fraction"] = tok_frac(rho > U)
-                stats["clipped_low_fraction"] = tok_frac(rho < L)
-                weights = rho.clamp(L, U)
-            else:  # mask: keep the weight, drop the token
-                outside = (rho < L) | (rho > U)
-                stats["is_masked_fraction"] = tok_frac(outside)
-                loss_mask &= ~outside
-                weights = rho
-            weights = torch.where(mask, weights, zero)
-
-        if cfg.use_rs:
-            rho_rs = _ratio(_level_log_ratio(lr, maskf, cfg.rs_level))
-            rejected = (rho_rs < cfg.rs_lower) | (rho_rs > cfg.rs_upper)
-            stats["rs_rejected_fraction"] = tok_frac(rejected)
-            loss_mask &= ~rejected
-
-        if cfg.veto_threshold is not None:
-            # Compared on the raw per-token log ratio, whatever the IS/RS level.
-            catastrophic = mask & (lr < math.log(cfg.veto_threshold))
-            vetoed = catastrophic.any(dim=-1)
-            has_tokens = mask.any(dim=-1)
-            stats["catastrophic_token_fraction"] = catastrophic.float().sum() / n_tok
-            stats["vetoed_seq_fraction"] = vetoed.float().sum() / has_tokens.float().sum().clamp_min(1)
-            loss_mask &= ~vetoed[:, None]
-
-        if cfg.use_mis and cfg.batch_normalize:
-            if cfg.level == "token":
-                norm = (weights * maskf).sum() / n_tok
-            else:  # one weight per sequence: average the sequences' weights, not their tokens
-                seq_len = maskf.sum(dim=-1)
-                seq_w = (weights * maskf).sum(dim=-1) / seq_len.clamp_min(1)
-                has_tokens = (seq_len > 0).float()
-                norm = (seq_w * has_tokens).sum() / has_tokens.sum().clamp_min(1)
-            norm = torch.where(norm > _MIN_NORM_MEAN, norm, torch.ones_like(norm))
-            weights = weights / norm
-            stats["batch_norm_factor"] = norm
+    stats: dict[str, torch.Tensor] = {}
+    weights, loss_mask = _per_row_correction(old_logp, rollout_logp, mask, cfg, stats)
+    if cfg.needs_batch_normalizer:
+        norm = _batch_norm_factor(weights, maskf, cfg.level)
+        weights = weights / norm
+        stats["batch_norm_factor"] = norm
 
     final_w = torch.where(loss_mask, weights, zero)
     sq_sum = final_w.square().sum()

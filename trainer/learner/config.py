@@ -56,7 +56,8 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
                        temperature=args.rollout_temperature, seed=args.seed,
                        # training the sparse policy needs its π_old: the sparse recompute
                        sparse_recompute=getattr(args, "sparse_recompute", False) or train_sparse,
-                       train_sparse_policy=train_sparse)
+                       train_sparse_policy=train_sparse,
+                       fused_old_logprobs=getattr(args, "fused_old_logprobs", True))
 
 
 def _replays(args: argparse.Namespace) -> bool:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from checkpoint_tools import cpu_megatron
 
 from ..algorithms import (AdvantageConfig, CorrectionConfig, LossScale, PolicyLossConfig,
-                         compute_mis_weights, policy_loss, select_old_logp)
+                         compute_mis_weights, policy_loss, row_correction, select_old_logp)
 from .packing import Sample
 
 
@@ -82,16 +82,35 @@ def gather_dp(values: list[torch.Tensor | None], trainer) -> list[torch.Tensor]:
 
 @dataclasses.dataclass
 class PreparedUpdate:
-    """Per-token tensors ``[B, T]`` of the whole rollout, shared by all its optimizer steps."""
+    """Per-token tensors ``[B, T]`` of the whole rollout, shared by all its optimizer steps.
+
+    Fused (``fused_old_logp.py``): ``old_logp`` and ``weights`` are None and ``loss_mask`` lacks
+    the correction's rejections until the update's forward gives π_old; each micro-batch then
+    corrects its own rows from ``rollout_logp`` and ``response_mask``, and the step fills the
+    three fields and the correction's ``metrics`` in place."""
 
     advantages: torch.Tensor
-    old_logp: torch.Tensor
+    old_logp: torch.Tensor | None
     weights: torch.Tensor | None
     loss_mask: torch.Tensor
     ref_logp: torch.Tensor | None
     metrics: dict
     row_weights: torch.Tensor | None = None  # [B] (plug-in loss weights)
     kl_coefs: torch.Tensor | None = None  # [B]
+    fused: bool = False
+    rollout_logp: torch.Tensor | None = None  # fused only: π_sparse
+    response_mask: torch.Tensor | None = None  # fused only: before rejection and over-long drops
+    correction: CorrectionConfig | None = None  # fused only
+
+
+@dataclasses.dataclass
+class Corrected:
+    """π_old and what the sparse-rollout correction makes of it, for the whole batch."""
+
+    old_logp: torch.Tensor
+    weights: torch.Tensor | None
+    loss_mask: torch.Tensor
+    metrics: dict
 
 
 def trace_advantages(batch: RolloutBatch, adv_cfg: AdvantageConfig, mask: torch.Tensor
@@ -121,17 +140,36 @@ def _optional_rows(values: list[float] | None) -> torch.Tensor | None:
 
 
 def prepare_update(trainer, batch: RolloutBatch, adv_cfg: AdvantageConfig,
-                   corr_cfg: CorrectionConfig | None, ref_logp: list[torch.Tensor] | None = None
-                   ) -> PreparedUpdate:
+                   corr_cfg: CorrectionConfig | None, ref_logp: list[torch.Tensor] | None = None,
+                   plan=None) -> PreparedUpdate:
+    """Advantages, π_old and the correction; ``plan`` (``fused_old_logp.plan_old_logp``): when
+    it fuses, π_old and the correction are left to the update's own forward."""
     width = max(len(s.response_ids) for s in batch.samples)
     mask = response_mask(batch.samples, width)
     rollout = pad_rows(batch.rollout_logp, width)
     advantages = trace_advantages(batch, adv_cfg, mask)
+    ref = pad_rows(ref_logp, width) if ref_logp is not None else None
+    rows = dict(row_weights=_optional_rows(batch.loss_weights),
+                kl_coefs=_optional_rows(batch.kl_coefs))
+    metrics = dict(plan.metrics) if plan is not None else {}
+    if plan is not None and plan.fused:
+        return PreparedUpdate(advantages, None, None, _kept(mask, batch.keep), ref, metrics, **rows,
+                              fused=True, rollout_logp=rollout, response_mask=mask,
+                              correction=corr_cfg)
     old = None
     if corr_cfg is None or corr_cfg.needs_dense_recompute:
         sparse = trainer.train_cfg.sparse_recompute  # the sampler's own attention, replayed
         old = pad_rows(gather_dp(trainer.compute_logprobs(batch.samples, sparse=sparse), trainer),
                        width)
+    done = apply_correction(old, rollout, mask, batch.keep, corr_cfg)
+    return PreparedUpdate(advantages, done.old_logp, done.weights, done.loss_mask, ref,
+                          {**metrics, **done.metrics}, **rows)
+
+
+def apply_correction(old: torch.Tensor | None, rollout: torch.Tensor, mask: torch.Tensor,
+                     keep: torch.Tensor | None, corr_cfg: CorrectionConfig | None) -> Corrected:
+    """The correction over the whole batch once π_old is known (before the update, or, fused,
+    after its forward: the same function, so the same metrics and mask)."""
     metrics = {}
     if corr_cfg is not None:
         old = select_old_logp(old, rollout, corr_cfg)
@@ -139,14 +177,15 @@ def prepare_update(trainer, batch: RolloutBatch, adv_cfg: AdvantageConfig,
         weights, loss_mask, metrics = mis.weights, mis.loss_mask, dict(mis.metrics)
     else:
         weights, loss_mask = None, mask
-    if batch.keep is not None:  # dropped rows still count as sequences, like rejected ones
-        loss_mask = loss_mask & batch.keep.bool()[:, None]
     with torch.no_grad():  # how far the sparse sampler is from the dense policy, always logged
         diff = (old - rollout)[mask]
         metrics["train_rollout_logprob_abs_diff"] = float(diff.abs().mean()) if diff.numel() else 0.0
-    ref = pad_rows(ref_logp, width) if ref_logp is not None else None
-    return PreparedUpdate(advantages, old, weights, loss_mask, ref, metrics,
-                          _optional_rows(batch.loss_weights), _optional_rows(batch.kl_coefs))
+    return Corrected(old, weights, _kept(loss_mask, keep), metrics)
+
+
+def _kept(loss_mask: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Dropped rows (over-long filtering) still count as sequences, like rejected ones."""
+    return loss_mask if keep is None else loss_mask & keep.bool()[:, None]
 
 
 def make_loss_fn(prep: PreparedUpdate, loss_cfg: PolicyLossConfig, scale: LossScale):
@@ -160,12 +199,28 @@ def make_loss_fn(prep: PreparedUpdate, loss_cfg: PolicyLossConfig, scale: LossSc
         logp = _scatter_rows(logp, logp_list)
         entropy = _scatter_rows(torch.zeros_like(logp), entropy_list) if entropy_list else None
         pick = lambda t: None if t is None else t[rows].to(device)  # noqa: E731  (no-op on the GPU)
-        return policy_loss(logp, pick(prep.old_logp), pick(prep.advantages),
-                           pick(prep.loss_mask), loss_cfg, mis_weights=pick(prep.weights),
-                           ref_logp=pick(prep.ref_logp), entropy=entropy, loss_scale=scale,
-                           row_weights=pick(prep.row_weights), kl_coefs=pick(prep.kl_coefs))
+        old, weights, loss_mask = _anchor(prep, logp, pick)
+        return policy_loss(logp, old, pick(prep.advantages), loss_mask, loss_cfg,
+                           mis_weights=weights, ref_logp=pick(prep.ref_logp), entropy=entropy,
+                           loss_scale=scale, row_weights=pick(prep.row_weights),
+                           kl_coefs=pick(prep.kl_coefs))
 
     return loss_fn
+
+
+def _anchor(prep: PreparedUpdate, logp: torch.Tensor, pick):
+    """π_old, correction weights and loss mask of a micro-batch's rows. Fused, π_old is this very
+    forward (detached) and the rows correct themselves: IS weights, rejection and veto are per
+    token or per sequence, so they equal the whole batch's; only the normaliser is left out
+    (the step scales the gradient by it, ``fused_old_logp.AfterForward``)."""
+    if not prep.fused:
+        return pick(prep.old_logp), pick(prep.weights), pick(prep.loss_mask)
+    old = logp.detach()
+    if prep.correction is None:
+        return old, None, pick(prep.loss_mask)
+    weights, loss_mask = row_correction(old, pick(prep.rollout_logp), pick(prep.response_mask),
+                                        prep.correction)
+    return old, weights, loss_mask & pick(prep.loss_mask)
 
 
 def _scatter_rows(base: torch.Tensor, rows: list[torch.Tensor]) -> torch.Tensor:
@@ -200,6 +255,10 @@ def _first_sample_of_traces(batch: RolloutBatch) -> list[int]:
 def run_updates(trainer, batch: RolloutBatch, prep: PreparedUpdate, loss_cfg: PolicyLossConfig,
                 global_batch_size: int) -> list[dict]:
     """Optimizer steps over consecutive global batches of the rollout; one metrics dict each."""
+    if prep.fused:  # π_old from this step's own forward
+        from .fused_old_logp import run_fused_update
+
+        return [run_fused_update(trainer, batch, prep, loss_cfg)]
     history = []
     for start, stop in step_bounds(batch, global_batch_size):
         sub = batch.samples[start:stop]

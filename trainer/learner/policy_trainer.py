@@ -52,12 +52,15 @@ class TrainConfig:
     seed: int = 1234
     sparse_recompute: bool = False  # π_old (and π_ref) attend as the sampler did (its records)
     train_sparse_policy: bool = False  # the update's forward too: GRPO on the compressed policy
+    fused_old_logprobs: bool = True  # on-policy: π_old from the update's forward (fused_old_logp.py)
 
 
 # loss_fn(logp, entropy, sample_ids) -> (loss, metrics): logp/entropy are per-sample response
 # tensors (pack order), sample_ids index the global batch; loss is globally normalised.
 LossFn = Callable[[list[torch.Tensor], list[torch.Tensor] | None, list[int]],
                   tuple[torch.Tensor, dict]]
+# before_step(logp per sample, None where not this rank's) -> factor for the accumulated grads
+BeforeStep = Callable[[list[torch.Tensor | None]], float]
 
 
 def _no_rescale_finalize(model, num_tokens=None, pg_collection=None, force_all_reduce=False):
@@ -201,26 +204,30 @@ class PolicyTrainer:
         """
         ids = self.local_sample_ids(len(samples))
         self.model.eval()
-        out: list[torch.Tensor | None] = [None] * len(samples)
         zero = lambda logp, ent, idx: (logp[0].sum() * 0.0, {})  # noqa: E731
         results = self._run(self._micro_batches(samples, ids, sparse), zero, forward_only=True,
                             with_entropy=False)
-        order = [i for sample_ids, _, _ in results for i in sample_ids]
-        for i, lp in zip(order, _to_host([lp for _, logps, _ in results for lp in logps])):
-            out[i] = lp
         self.model.train()
-        return out
+        return _per_sample_logps(results, len(samples))
 
     def train_step(self, samples: list[Sample], loss_fn: LossFn, *, with_entropy: bool = False,
-                   sparse: bool = False) -> dict:
+                   sparse: bool = False, before_step: BeforeStep | None = None) -> dict:
         """One optimizer step on this rank's share of a global batch (``sparse``: the policy's
-        forward attends under the samples' eviction records, --train-sparse-policy)."""
+        forward attends under the samples' eviction records, --train-sparse-policy).
+
+        ``before_step``, after every micro-batch's backward and before the optimizer: given the
+        forward's log-probs (as ``compute_logprobs`` returns them), it returns a factor for the
+        accumulated gradients (a batch-wide scalar the loss could not know per micro-batch)."""
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         ids = self.local_sample_ids(len(samples))
         results = self._run(self._micro_batches(samples, ids, sparse), loss_fn,
                             forward_only=False, with_entropy=with_entropy)
+        if before_step is not None:
+            factor = before_step(_per_sample_logps(results, len(samples)))
+            if factor != 1.0:  # linear: the same as scaling every micro-batch's loss
+                self.model.scale_gradients(factor)
         update_ok, grad_norm, _ = self.optimizer.step()
         if update_ok:
             self.scheduler.step(increment=1)
@@ -230,6 +237,16 @@ class PolicyTrainer:
                        lr=float(self.optimizer.param_groups[0]["lr"]),
                        update_skipped=float(not update_ok))
         return dict(metrics)
+
+
+def _per_sample_logps(results, n: int) -> list[torch.Tensor | None]:
+    """``_run``'s results as a list over the ``n`` samples: host fp32 rows for this rank's
+    samples (on the last pipeline stage), None elsewhere."""
+    out: list[torch.Tensor | None] = [None] * n
+    order = [i for sample_ids, _, _ in results for i in sample_ids]
+    for i, lp in zip(order, _to_host([lp for _, logps, _ in results for lp in logps])):
+        out[i] = lp
+    return out
 
 
 def _to_host(rows: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -178,7 +178,8 @@ class Run:
         lens = [len(p.input_ids) for p in self.prompts.prompts[:1000]] or [0]
         return capacity_line(pool_tokens, round(sum(lens) / len(lens)),
                              self.plan.sampling.max_response_len, algo,
-                             flags.get("compress_max_prompt"), flags.get("compress_divide_length"))
+                             flags.get("compress_max_prompt"), flags.get("compress_divide_length"),
+                             bool(flags.get("compress_keep_prompt")))
 
     def _weight_sync(self) -> WeightSync:
         ws, engines = self.cfg.rollout.weight_sync, self.cfg.rollout.engines

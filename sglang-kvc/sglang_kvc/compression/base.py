@@ -45,6 +45,17 @@ class CompressionConfig:
         with keep_prompt, see trigger.py)."""
         return self.budget + self.divide_length
 
+    def check_budget(self, budget: int) -> None:
+        """A request's own budget must leave room for the window (and StreamingLLM's sinks),
+        as --compress-max-prompt must."""
+        if budget <= self.window:
+            raise ValueError(f"compress_budget ({budget}) must be larger than the window "
+                             f"--compress-max-window ({self.window})")
+        sinks = self.policy_config().num_sink
+        if self.algorithm == "streamingllm" and sinks > budget - self.window:
+            raise ValueError(f"compress_budget ({budget}) must be >= --compress-num-sink "
+                             f"({sinks}) + --compress-max-window ({self.window})")
+
     def policy_config(self) -> "CompressionConfig":
         """What the policy scores with. With keep_prompt it only sees the response part, and
         the kept prompt holds the sequence's first tokens, StreamingLLM's sinks: no response

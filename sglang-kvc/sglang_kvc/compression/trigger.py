@@ -41,8 +41,9 @@ class Trigger:
         return len(seq.prompt_ids) if self.cfg.keep_prompt else 0
 
     def budget(self, seq) -> int:
-        """B for this request: evictable slots kept by a compaction."""
-        return self.cfg.budget
+        """B for this request (its `compress_budget`, else the server's): evictable slots kept
+        by a compaction."""
+        return seq.compress_budget or self.cfg.budget
 
     def floor(self, seq) -> int:
         """Slots a compaction leaves (pinned + B): at or below it there is nothing to do."""

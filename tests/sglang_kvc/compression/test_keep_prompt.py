@@ -163,7 +163,8 @@ def test_streamingllm_record_and_logprobs_keep_the_prompt(tiny_models, hf_refere
     model = hf_reference.model(tiny_models[family])
     am = torch.where(mask, 0.0, float("-inf"))[None, None]
     with torch.no_grad():
-        lp = torch.log_softmax(model(torch.tensor([full[:-1]]), attention_mask=am).logits[0].float() / T, -1)
+        logits = model(torch.tensor([full[:-1]]), attention_mask=am).logits[0].float()
+    lp = torch.log_softmax(logits / T, -1)
     ref = [lp[P - 1 + k, t].item() for k, t in enumerate(out["output_ids"])]
     assert [x[0] for x in meta["output_token_logprobs"]] == pytest.approx(ref, abs=2e-4)
 

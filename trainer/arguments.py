@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_optional(p, "trainer.rollout.rewards", "add_reward_args")
     _add_optional(p, "trainer.tracking", "add_logging_args")
     _add_optional(p, "trainer.learner.config", "add_sparse_replay_args")
+    _add_optional(p, "trainer.rollout.fidelity", "add_fidelity_args")
     return p
 
 
@@ -312,8 +313,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Inconsistent combinations fail now, not after the first rollout."""
     from .learner.config import check_sparse_replay_args
+    from .rollout.fidelity import check_fidelity_args
 
     check_sparse_replay_args(parser, args)
+    check_fidelity_args(parser, args)
     if args.save_debug_rollout_data:
         try:
             args.save_debug_rollout_data.format(rollout_id=0)

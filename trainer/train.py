@@ -31,13 +31,15 @@ from checkpoint_tools import cpu_megatron
 from checkpoint_tools.model_config import CheckpointError
 from checkpoint_tools.torch_dist import read_common, read_tracker, resolve_checkpoint_dir
 
+from .algorithms.adaptive_budget import BudgetController
 from .algorithms.argparse_flags import AlgorithmConfig, config_from_args
 from .arguments import parse_args
 from .launch import RendezvousError, init_parallel, parallel_config_from_args, phase
 from .learner.checkpoint import load_checkpoint, save_checkpoint
 from .learner.config import LearnerConfig, learner_config_from_args
 from .learner.fused_old_logp import plan_old_logp
-from .learner.grpo_update import RolloutBatch, gather_dp, prepare_update, run_updates
+from .learner.grpo_update import (RolloutBatch, gather_dp, mismatch_inputs, prepare_update,
+                                  run_updates)
 from .learner.model_provider import rounds_checkpoint
 from .learner.packing import Sample
 from .learner.policy_trainer import OptimConfig, PolicyTrainer
@@ -48,6 +50,7 @@ from .rollout.config import RolloutSetup, rollout_setup_from_args
 from .rollout.data import DataError
 from .rollout.dynamic_sampling import DynamicSampler
 from .rollout.engine_process import EngineProcessError
+from .rollout.fidelity import apply_budget, dense_rows, fidelity_step
 from .rollout.failover import RestartHook
 from .rollout.generate import needs_reference
 from .rollout.manager import RolloutManager
@@ -112,6 +115,7 @@ class Run:
         self.tokenizer, self.prompts, self.eval_sets = self._load_data()
         self.plugin = self.plan.load_plugin()
         self.sampler = DynamicSampler(self.plan.dynamic) if self.plan.dynamic.enabled else None
+        self.budget = BudgetController(self.plan.adaptive)  # the sampler's budget (adaptive)
         self.save_dir, self.log_dir = cfg.loop.save_dir, cfg.tracking.log_dir
         resume = _is_trainer_checkpoint(cfg.learner.model.load)  # reads common.pt: once
         self.trainer, self.reference = self._build_models(resume)
@@ -155,6 +159,7 @@ class Run:
             extra = load_checkpoint(self.trainer, path)
         start = int(extra.get("rollout_id", 0))
         self.prompts.load_state(extra.get("data", {"epoch": 0, "offset": 0}))
+        self.budget.load(extra.get("compress_budget"))
         return start
 
     def _start_rollouts(self) -> RolloutManager:
@@ -181,7 +186,8 @@ class Run:
         lens = [len(p.input_ids) for p in self.prompts.prompts[:1000]] or [0]
         return capacity_line(pool_tokens, round(sum(lens) / len(lens)),
                              self.plan.sampling.max_response_len, algo,
-                             flags.get("compress_max_prompt"), flags.get("compress_divide_length"))
+                             flags.get("compress_max_prompt"), flags.get("compress_divide_length"),
+                             bool(flags.get("compress_keep_prompt")))
 
     def _weight_sync(self) -> WeightSync:
         ws, engines = self.cfg.rollout.weight_sync, self.cfg.rollout.engines
@@ -214,6 +220,8 @@ class Run:
             prep, t["time_recompute"] = _timed(self._prepare, batch)
             steps, t["time_update"] = _timed(run_updates, self.trainer, batch, prep, self.algo.loss,
                                              self.cfg.learner.global_batch_size)
+        stats.update(fidelity_step(self.budget, batch.dense, mismatch_inputs(batch, prep),
+                                   result.gens))
         sync = self.push_weights(f"rollout-{rollout_id + 1}")
         t["time_sync"] = sync.pop("time_sync")
         train = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
@@ -240,7 +248,8 @@ class Run:
     def _generate(self, rollout_id: int):
         """The rollout's prompts and result (and dynamic sampling's counts, when it is on)."""
         self._data_states[rollout_id] = self.prompts.state()  # where a resume must start it
-        n, sampling = self.plan.n_samples, self.plan.sampling_for(rollout_id)
+        n = self.plan.n_samples
+        sampling = apply_budget(self.budget, self.plan.sampling_for(rollout_id))
         if self.sampler is not None:
             return self.sampler.collect(self.rollouts, self.prompts, self.plan.batch_size, n,
                                         sampling)
@@ -275,7 +284,8 @@ class Run:
             group_index=[t.group_label for t in traces],
             trace_index=None if plain else [i for i, t in enumerate(traces) for _ in t.calls],
             loss_weights=None if plain else [c.loss_weight for c in calls],
-            kl_coefs=_kl_coefs(calls, self.algo.loss.kl_loss_coef), keep=shaped.keep)
+            kl_coefs=_kl_coefs(calls, self.algo.loss.kl_loss_coef), keep=shaped.keep,
+            dense=dense_rows([c.gen for c in calls]))
 
     def push_weights(self, version: str) -> dict:
         """The trainer's weights to every engine; their next samples must report ``version``."""
@@ -307,6 +317,7 @@ class Run:
         out = {}
         for name, prompts in self.eval_sets.items():
             for suffix, sampling, n in self.plan.eval_configs():
+                sampling = apply_budget(self.budget, sampling)  # compressed: the training budget
                 result = self.rollouts.run(prompts, n, sampling, mode="eval")
                 out.update(eval_metrics(f"eval/{name}{suffix}", result))
                 if _rank() == 0:  # what each engine answered, for people and tests to read
@@ -321,7 +332,7 @@ class Run:
                  if isinstance(v, (int, float, str, bool, list, type(None)))}
         with self.device_work():
             save_checkpoint(self.trainer, self.save_dir, rollout_id, args=argparse.Namespace(**plain),
-                            extra={"rollout_id": rollout_id,
+                            extra={"rollout_id": rollout_id, "compress_budget": self.budget.budget,
                                    "data": self._data_states.get(rollout_id, self.prompts.state())})
 
     def close(self) -> None:

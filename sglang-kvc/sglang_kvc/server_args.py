@@ -115,6 +115,10 @@ class ServerArgs:
     compress_prompt: bool = _arg(
         False, "also compress right after prefill when the prompt exceeds B (the reference "
                "never compresses prefill)", negatable=True)
+    compress_keep_prompt: bool = _arg(
+        False, "never evict the prompt's KV: only response tokens are scored and evicted, the "
+               "budget B and buffer N count response tokens, so a request holds at most its "
+               "prompt + B + N slots (incompatible with --compress-prompt)", negatable=True)
     compress_stop_after_think: bool = _arg(
         True, "stop compressing a request once it generated </think> (when the tokenizer has it)",
         negatable=True)
@@ -183,6 +187,9 @@ class ServerArgs:
         if self.compress_selection not in ("head", "layer"):
             raise ValueError(f"--compress-selection must be head or layer "
                              f"(got {self.compress_selection!r})")
+        if self.compress_keep_prompt and self.compress_prompt:
+            raise ValueError("--compress-keep-prompt never evicts the prompt and "
+                             "--compress-prompt compresses it: pick one")
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:

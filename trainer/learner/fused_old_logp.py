@@ -75,6 +75,9 @@ def recompute_reason(train_cfg, batch: RolloutBatch, loss_cfg: PolicyLossConfig,
         return "bypass: π_old is π_sparse, no forward to save"
     if max_staleness:
         return f"--max-staleness {max_staleness}: off-policy"
+    if getattr(batch, "dense", None) is not None and bool(batch.dense.any()):
+        return ("--n-dense-samples-per-prompt: a micro-batch's per-row correction does not tell "
+                "the dense rows apart")
     if len(step_bounds(batch, global_batch_size)) > 1:
         return "several optimizer steps per rollout: π_old is the weights before the first only"
     if train_cfg.sparse_recompute != train_cfg.train_sparse_policy:

@@ -18,7 +18,8 @@ import torch.distributed as dist
 from checkpoint_tools import cpu_megatron
 
 from ..algorithms import (AdvantageConfig, CorrectionConfig, LossScale, PolicyLossConfig,
-                         compute_mis_weights, policy_loss, row_correction, select_old_logp)
+                         policy_loss, row_correction, select_old_logp)
+from ..algorithms.dense_share import correct_with_dense_rows, sparse_rows_mask
 from .packing import Sample
 
 
@@ -40,6 +41,8 @@ class RolloutBatch:
     loss_weights: list[float] | None = None  # [B] row weight in the loss (None = all 1)
     kl_coefs: list[float] | None = None  # [B] per-row KL coefficient (None = --kl-loss-coef)
     keep: torch.Tensor | None = None  # [B] bool rows that stay in the loss (over-long filtering)
+    # [B] bool rows sampled with the whole KV (dense share): IS weight 1, outside the correction
+    dense: torch.Tensor | None = None
 
     @property
     def num_traces(self) -> int:
@@ -161,31 +164,55 @@ def prepare_update(trainer, batch: RolloutBatch, adv_cfg: AdvantageConfig,
         sparse = trainer.train_cfg.sparse_recompute  # the sampler's own attention, replayed
         old = pad_rows(gather_dp(trainer.compute_logprobs(batch.samples, sparse=sparse), trainer),
                        width)
-    done = apply_correction(old, rollout, mask, batch.keep, corr_cfg)
+    done = apply_correction(old, rollout, mask, batch.keep, corr_cfg, batch.dense)
     return PreparedUpdate(advantages, done.old_logp, done.weights, done.loss_mask, ref,
                           {**metrics, **done.metrics}, **rows)
 
 
 def apply_correction(old: torch.Tensor | None, rollout: torch.Tensor, mask: torch.Tensor,
-                     keep: torch.Tensor | None, corr_cfg: CorrectionConfig | None) -> Corrected:
+                     keep: torch.Tensor | None, corr_cfg: CorrectionConfig | None,
+                     dense: torch.Tensor | None = None) -> Corrected:
     """The correction over the whole batch once π_old is known (before the update, or, fused,
     after its forward: the same function, so the same metrics and mask)."""
     metrics = {}
     if corr_cfg is not None:
         old = select_old_logp(old, rollout, corr_cfg)
-        mis = compute_mis_weights(old, rollout, mask, corr_cfg)
+        mis = correct_with_dense_rows(old, rollout, mask, dense, corr_cfg)
         weights, loss_mask, metrics = mis.weights, mis.loss_mask, dict(mis.metrics)
     else:
         weights, loss_mask = None, mask
-    with torch.no_grad():  # how far the sparse sampler is from the dense policy, always logged
-        diff = (old - rollout)[mask]
-        metrics["train_rollout_logprob_abs_diff"] = float(diff.abs().mean()) if diff.numel() else 0.0
+    metrics.update(_logprob_diffs(old, rollout, mask, dense))
     return Corrected(old, weights, _kept(loss_mask, keep), metrics)
 
 
 def _kept(loss_mask: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     """Dropped rows (over-long filtering) still count as sequences, like rejected ones."""
     return loss_mask if keep is None else loss_mask & keep.bool()[:, None]
+
+
+def _logprob_diffs(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
+                   dense: torch.Tensor | None) -> dict:
+    """How far the sparse sampler is from the dense policy (always logged), over the sparse
+    samples' tokens; with dense share also over the dense ones (numerics only: ~0)."""
+    diff = old - rollout
+    out = {"train_rollout_logprob_abs_diff": _mean_abs(diff, sparse_rows_mask(mask, dense))}
+    if dense is not None:
+        out["train_rollout_logprob_abs_diff_dense"] = _mean_abs(diff, mask & dense.bool()[:, None])
+    return out
+
+
+def _mean_abs(x: torch.Tensor, mask: torch.Tensor) -> float:
+    with torch.no_grad():
+        picked = x[mask]
+        return float(picked.abs().mean()) if picked.numel() else 0.0
+
+
+def mismatch_inputs(batch: RolloutBatch, prep: PreparedUpdate):
+    """(π_dense, π_sampler, mask of the sparse samples' response tokens), each [B, T]: what
+    the adaptive budget measures after the recompute."""
+    width = prep.old_logp.shape[1]
+    mask = sparse_rows_mask(response_mask(batch.samples, width), batch.dense)
+    return prep.old_logp, pad_rows(batch.rollout_logp, width), mask
 
 
 def make_loss_fn(prep: PreparedUpdate, loss_cfg: PolicyLossConfig, scale: LossScale):

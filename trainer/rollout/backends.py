@@ -41,6 +41,8 @@ class RolloutConfig:
     retries: int = 3
     compress: bool = True  # False: dense KV on a compressing sglang-kvc engine (dense evaluation)
     eviction_record: bool = False  # ask sglang-kvc for each sample's eviction record (replay)
+    compress_budget: int | None = None  # sglang-kvc's per-request budget B (adaptive budget)
+    dense_per_group: int = 0  # the first m samples of each prompt's n run dense (dense share)
 
 
 @dataclasses.dataclass
@@ -62,6 +64,8 @@ def _kv_fields(cfg: RolloutConfig) -> dict:
     """sglang-kvc's per-request ``compress`` field, sent only when it asks for dense KV (a stock
     SGLang server never sees it in a default run)."""
     fields = {} if cfg.compress else {"compress": False}
+    if cfg.compress_budget is not None:
+        fields["compress_budget"] = cfg.compress_budget
     if cfg.eviction_record:
         fields["return_eviction_record"] = True
     return fields
@@ -86,6 +90,7 @@ class SampleRequest:
     ``sampling_seed`` goes with it, so it is the same sample on whichever engine runs it."""
     input_ids: list[int]
     sampling_params: dict
+    compress: bool = True  # False: this sample keeps its whole KV (dense share)
 
     @classmethod
     def of(cls, input_ids: list[int], cfg: RolloutConfig, seed: int | None, **overrides
@@ -101,6 +106,7 @@ def sample_requests(prompts: list[list[int]], n: int, cfg: RolloutConfig, **over
         for j in range(n):
             seed = None if cfg.seed is None else cfg.seed + i * n + j
             out.append(SampleRequest.of(ids, cfg, seed, **overrides))
+            out[-1].compress = j >= cfg.dense_per_group
     return out
 
 
@@ -109,7 +115,14 @@ def batch_body(requests: list[SampleRequest], cfg: RolloutConfig) -> dict:
     ``sampling_params``)."""
     return {"input_ids": [r.input_ids for r in requests],
             "sampling_params": [r.sampling_params for r in requests],
-            "return_logprob": True, **_kv_fields(cfg)}
+            "return_logprob": True, **_kv_fields(cfg), **_per_sample_compress(requests, cfg)}
+
+
+def _per_sample_compress(requests: list[SampleRequest], cfg: RolloutConfig) -> dict:
+    """A mixed batch (dense share) says per sample which ones compress."""
+    if all(r.compress for r in requests):
+        return {}
+    return {"compress": [cfg.compress and r.compress for r in requests]}
 
 
 class Backend:

@@ -17,11 +17,13 @@ import dataclasses
 
 import torch
 
+from ..algorithms.adaptive_budget import AdaptiveBudgetConfig
 from ..algorithms.overlong import OverlongConfig
 from .async_rollout import AsyncConfig
 from .backends import HTTPRollout, RolloutConfig
 from .data import PromptStream, load_prompts
 from .dynamic_sampling import DynamicSamplingConfig
+from .fidelity import adaptive_config_from_args
 from .generate import load_generate_plugin, parse_options
 from .rewards import RewardConfig, reward_config_from_args
 
@@ -80,6 +82,7 @@ class RolloutPlan:
     debug_path: str | None = None  # each rollout's samples as JSONL; '{rollout_id}' substituted
     overlong: OverlongConfig = dataclasses.field(default_factory=OverlongConfig)  # training only
     dynamic: DynamicSamplingConfig = dataclasses.field(default_factory=DynamicSamplingConfig)
+    adaptive: AdaptiveBudgetConfig | None = None  # --adaptive-budget-*: None = the engines' B
 
     def sampling_for(self, rollout_id: int) -> RolloutConfig:
         # per-sample seeds derived from (seed, rollout id): a resumed run samples exactly what
@@ -192,7 +195,8 @@ def rollout_plan_from_args(args: argparse.Namespace) -> RolloutPlan:
         overlong=OverlongConfig(args.overlong_buffer_len, args.overlong_penalty_factor,
                                 args.overlong_filtering),
         dynamic=DynamicSamplingConfig(args.dynamic_sampling_filter_path,
-                                      args.over_sampling_batch_size))
+                                      args.over_sampling_batch_size),
+        adaptive=adaptive_config_from_args(args))
 
 
 def sampling_config_from_args(args: argparse.Namespace) -> RolloutConfig:
@@ -202,6 +206,7 @@ def sampling_config_from_args(args: argparse.Namespace) -> RolloutConfig:
         stop_token_ids=args.rollout_stop_token_ids, seed=None,
         concurrency=args.rollout_concurrency,
         samples_per_request=args.rollout_samples_per_request,
+        dense_per_group=getattr(args, "n_dense_samples_per_prompt", 0),
         # the learner replays the sampler's evictions (learner/config.py's replay flags)
         eviction_record=getattr(args, "sparse_recompute", False)
         or getattr(args, "train_sparse_policy", False))

@@ -18,6 +18,8 @@ sample's later tokens see that cache, not the one it had before the interruption
 
 from __future__ import annotations
 
+import dataclasses
+
 from .backends import Backend, Generation, RolloutConfig, SampleRequest
 from .staleness import head_version, token_versions, version_number
 
@@ -60,7 +62,8 @@ def continuation(request: SampleRequest, head: Generation, segment: int) -> Samp
     params["max_new_tokens"] -= len(head.response_ids)
     if params.get("sampling_seed") is not None:
         params["sampling_seed"] = (params["sampling_seed"] + segment * _SEED_STRIDE) % 2**31
-    return SampleRequest(request.input_ids + head.response_ids, params)
+    return dataclasses.replace(request, input_ids=request.input_ids + head.response_ids,
+                               sampling_params=params)
 
 
 def join(head: Generation, tail: Generation, default_version: int) -> Generation:

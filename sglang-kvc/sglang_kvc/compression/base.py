@@ -15,6 +15,7 @@ Query head h belongs to KV head h // (Hq // Hkv) (the HF `repeat_kv` convention)
 from __future__ import annotations
 
 import abc
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -33,14 +34,33 @@ class CompressionConfig:
     sim_threshold: float = 0.5
     num_sink: int = 4
     compress_prompt: bool = False
+    keep_prompt: bool = False  # the prompt's KV is never evicted; B budgets the response
     stop_after_think: bool = True
     selection: str = "head"  # head | layer
     shared_selection: bool = False
 
     @property
     def capacity(self) -> int:
-        """Most tokens a compressing request holds at the end of a step: B + N."""
+        """Most tokens a compressing request holds at the end of a step: B + N (plus its prompt
+        with keep_prompt, see trigger.py)."""
         return self.budget + self.divide_length
+
+    def check_budget(self, budget: int) -> None:
+        """A request's own budget must leave room for the window (and StreamingLLM's sinks),
+        as --compress-max-prompt must."""
+        if budget <= self.window:
+            raise ValueError(f"compress_budget ({budget}) must be larger than the window "
+                             f"--compress-max-window ({self.window})")
+        sinks = self.policy_config().num_sink
+        if self.algorithm == "streamingllm" and sinks > budget - self.window:
+            raise ValueError(f"compress_budget ({budget}) must be >= --compress-num-sink "
+                             f"({sinks}) + --compress-max-window ({self.window})")
+
+    def policy_config(self) -> "CompressionConfig":
+        """What the policy scores with. With keep_prompt it only sees the response part, and
+        the kept prompt holds the sequence's first tokens, StreamingLLM's sinks: no response
+        token is pinned as a sink."""
+        return dataclasses.replace(self, num_sink=0) if self.keep_prompt else self
 
     @property
     def mode(self) -> str:
@@ -57,7 +77,8 @@ class CompressionConfig:
             divide_length=args.compress_divide_length, mix_lambda=float(args.compress_mix_lambda),
             kernel_size=args.compress_kernel_size, pooling=args.compress_pooling,
             sim_threshold=float(args.compress_sim_threshold), num_sink=args.compress_num_sink,
-            compress_prompt=args.compress_prompt, stop_after_think=args.compress_stop_after_think,
+            compress_prompt=args.compress_prompt, keep_prompt=args.compress_keep_prompt,
+            stop_after_think=args.compress_stop_after_think,
             selection=args.compress_selection, shared_selection=args.compress_shared_selection)
 
 

@@ -1,10 +1,12 @@
 """Engine side of compression: after a step, compress the requests whose trigger fired.
 
-Requests compressing in the same step with the same held length n are scored together:
-keys are gathered from the pool through their slot-table rows, queries from the ring, the policy
-returns kept positions per layer and KV head, and `KVCache.compact` moves the kept K/V into the
-requests' first B slots and frees the rest. Work is split into chunks so the n x n similarity
-matrices of R-KV stay within `chunk_elems` floats. Runs eagerly between decode steps (never
+Requests compressing in the same step with the same held length n (and the same pinned prompt
+P and budget B) are scored together: keys are gathered from the pool through their slot-table
+rows, queries from the ring, the policy returns kept positions per layer and KV head, and
+`KVCache.compact` moves the kept K/V into the requests' first B slots and frees the rest. With
+keep_prompt the prompt's slots are left out: only row[P:n] is scored (the prompt is neither a
+candidate nor in the importance softmax) and compacted into row[P:P + B]. Work is split into
+chunks so the n x n similarity matrices of R-KV stay within `chunk_elems` floats. Runs eagerly between decode steps (never
 inside a captured CUDA graph).
 """
 
@@ -24,7 +26,7 @@ class Compressor:
     def __init__(self, cfg: CompressionConfig, kv, ring: QueryRing | None, trigger: Trigger,
                  chunk_elems: int = 1 << 28):
         self.cfg, self.kv, self.ring, self.trigger = cfg, kv, ring, trigger
-        self.policy = make_policy(cfg)
+        self.policy = make_policy(cfg.policy_config())
         self.chunk_elems = chunk_elems
         self.num_compressions = 0  # compaction events over all requests
         self.tokens_evicted = 0
@@ -33,16 +35,16 @@ class Compressor:
         return self.trigger.bound(seq, held)
 
     def after_step(self, seqs: list, is_prefill: bool) -> None:
-        groups: dict[int, list] = defaultdict(list)
-        trigger, budget = self.trigger, self.cfg.budget
+        groups: dict[tuple[int, int, int], list] = defaultdict(list)
+        trigger = self.trigger
         watch_think = trigger.think_end_id is not None
         for s in seqs:  # runs every step for every request: keep it lean
             if watch_think:
                 trigger.observe(s)
-            if s.kv_len > budget and trigger.should_compress(s, is_prefill):
-                groups[s.kv_len].append(s)
-        for n, group in groups.items():
-            per_req = self._elems_per_request(n)
+            if s.kv_len > trigger.floor(s) and trigger.should_compress(s, is_prefill):
+                groups[s.kv_len, trigger.pinned(s), trigger.budget(s)].append(s)
+        for (n, pinned, _), group in groups.items():
+            per_req = self._elems_per_request(n - pinned)
             step = max(1, self.chunk_elems // per_req)
             for i in range(0, len(group), step):
                 self.compress(group[i:i + step])
@@ -55,24 +57,35 @@ class Compressor:
 
     @torch.inference_mode()
     def compress(self, seqs: list) -> torch.Tensor:
-        """Compress requests that all hold the same n slots down to B; returns kept positions."""
-        n, keep = seqs[0].kv_len, self.cfg.budget
-        kv = self.kv
+        """Compress requests that all hold the same n slots, pin the same P and keep the same
+        B: the evictable part row[P:n] goes down to B. Returns the kept positions of row[:n]
+        [R, L, Hkv, P + B] (the pinned prompt first)."""
+        first, kv = seqs[0], self.kv
+        n, pinned, keep = first.kv_len, self.trigger.pinned(first), self.trigger.budget(first)
         rows = torch.tensor([s.row for s in seqs], device=kv.pool.device)
-        slots = kv.req_to_token.table[rows, :n].long()  # [R, n]
-        keys = kv.pool.k[:, slots].permute(1, 0, 3, 2, 4)  # [R, L, Hkv, n, D]
+        slots = kv.req_to_token.table[rows, pinned:n].long()  # [R, n - P]: the evictable slots
+        keys = kv.pool.k[:, slots].permute(1, 0, 3, 2, 4)  # [R, L, Hkv, n - P, D]
         queries = self.ring.gather(rows) if self.policy.needs_queries else None
         idx = self.policy.select(keys, queries, keep)
         del keys, queries
-        kv.compact(seqs, slots, idx)
-        for s in seqs:
+        kv.compact(seqs, slots, idx, offset=pinned)
+        idx = _after_pinned(idx, pinned)
+        evicted = n - pinned - keep
+        for i, s in enumerate(seqs):
             # kv_len only grows between compactions, so its peak is seen here or at release.
             s.peak_kv = max(s.peak_kv, n)
             s.num_compressions += 1
-            s.tokens_evicted += n - keep
-        for i, s in enumerate(seqs):
+            s.tokens_evicted += evicted
             if s.eviction is not None:  # after the step that fed num_computed - 1
                 s.eviction.on_compact(idx[i], n, s.num_computed)
         self.num_compressions += len(seqs)
-        self.tokens_evicted += len(seqs) * (n - keep)
+        self.tokens_evicted += len(seqs) * evicted
         return idx
+
+
+def _after_pinned(idx: torch.Tensor, pinned: int) -> torch.Tensor:
+    """Kept positions of the evictable part [..., B] -> of the whole row: 0..P-1, then P + idx."""
+    if not pinned:
+        return idx
+    head = torch.arange(pinned, device=idx.device).expand(*idx.shape[:-1], pinned)
+    return torch.cat([head, idx + pinned], dim=-1)

@@ -8,6 +8,12 @@ requests joined). It runs after a step, when the step's new KV is in the cache:
   newline -> when the token just fed is newline-like and more than B are held, and also at
   B + N so the footprint stays bounded whatever the text looks like;
 - never after the request fed `</think>` when stop_after_think is set (it then grows densely).
+
+With keep_prompt the request's first P slots (its prompt) are *pinned*: never scored nor
+evicted. Every rule above then counts response slots only (held - P): the response part is
+compressed back to B once it holds B + N (or after a newline with more than B), so the request
+holds at most P + B + N slots, and after a compaction exactly P + B. The divide length N is
+unchanged (every N decode steps); prompt compression at prefill cannot be combined with it.
 """
 
 from __future__ import annotations
@@ -30,22 +36,38 @@ class Trigger:
             if seq.token_at(seq.num_computed - 1) == self.think_end_id:
                 seq.compress_stopped = True
 
+    def pinned(self, seq) -> int:
+        """Slots at the head of the request's row that are never evicted (its prompt)."""
+        return len(seq.prompt_ids) if self.cfg.keep_prompt else 0
+
+    def budget(self, seq) -> int:
+        """B for this request (its `compress_budget`, else the server's): evictable slots kept
+        by a compaction."""
+        return seq.compress_budget or self.cfg.budget
+
+    def floor(self, seq) -> int:
+        """Slots a compaction leaves (pinned + B): at or below it there is nothing to do."""
+        return self.pinned(seq) + self.budget(seq)
+
     def should_compress(self, seq, is_prefill: bool) -> bool:
         c = self.cfg
-        if seq.compress_stopped or seq.kv_len <= c.budget:
+        floor = self.floor(seq)
+        if seq.compress_stopped or seq.kv_len <= floor:
             return False
         if is_prefill:
             return c.compress_prompt or bool(seq.output_ids)
-        if seq.kv_len >= c.capacity:
+        if seq.kv_len >= floor + c.divide_length:
             return True
         return c.divide_method == "newline" and seq.token_at(seq.num_computed - 1) in self.newline_ids
 
     def bound(self, seq, held: int) -> int:
         """Most slots the request will hold at any step end from now on, given it holds (or,
         waiting, will hold after its prefill) `held` slots. A decode step adds one slot and
-        compression runs once B + N are held, so the peak is max(held + 1, B + N), never more
-        than growing densely to the end (held + tokens still to generate)."""
+        compression runs once pinned + B + N are held, so the peak is max(held + 1, pinned + B +
+        N), never more than growing densely to the end (held + tokens still to generate). The
+        pinned prompt is part of the bound: admission reserves it, so a kept prompt never forces
+        a preemption."""
         dense = held + max(seq.params.max_new_tokens - len(seq.output_ids), 0)
         if seq.compress_stopped:
             return dense
-        return min(dense, max(held + 1, self.cfg.capacity))
+        return min(dense, max(held + 1, self.floor(seq) + self.cfg.divide_length))

@@ -122,7 +122,8 @@ class Engine:
         self.overlap = not args.disable_overlap_schedule
         self.outputs = OutputBuilder(self.tokenizer, self.detok, self.compressor, args.weight_version)
         mc = self.model_config
-        self._limits = IntakeLimits(mc.vocab_size, self.max_seq_len, (mc.num_layers, mc.num_kv_heads))
+        self._limits = IntakeLimits(mc.vocab_size, self.max_seq_len,
+                                    (mc.num_layers, mc.num_kv_heads), self.runner.compression)
         self._rng = random.Random(args.random_seed)
         self.admission = Admission(limits_from_args(args, self.kv.capacity))
         self.accepting = True
@@ -134,13 +135,15 @@ class Engine:
 
     def generate(self, prompt=None, input_ids=None, sampling_params=None, return_logprob=False,
                  logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=False,
-                 rid=None, stream=False, compress=None, return_eviction_record=None):
+                 rid=None, stream=False, compress=None, return_eviction_record=None,
+                 compress_budget=None):
         """SGLang's Engine.generate: single or batched prompts; returns a dict, or a list for a
         batch or n > 1; with stream=True an iterator of cumulative output dicts (one prompt)."""
         body = {"text": prompt, "input_ids": input_ids, "sampling_params": sampling_params,
                 "return_logprob": return_logprob, "return_text_in_logprobs": return_text_in_logprobs,
                 "rid": rid, "stream": stream, "logprob_start_len": logprob_start_len,
                 "top_logprobs_num": top_logprobs_num, "compress": compress,
+                "compress_budget": compress_budget,
                 "return_eviction_record": return_eviction_record}
         items, is_batch = parse_generate({k: v for k, v in body.items() if v is not None},
                                          self.sampling_defaults)

@@ -21,6 +21,7 @@ class IntakeLimits:
     vocab_size: int
     max_seq_len: int
     kv_shape: tuple[int, int] = (0, 0)  # (layers, KV heads): the eviction record's leading dims
+    compression: Any = None  # the server's CompressionConfig (None: dense), for request budgets
 
 
 def prompt_ids(item: GenerateItem, tokenizer) -> list[int]:
@@ -42,6 +43,8 @@ def check_prompt(ids: list[int], item: GenerateItem, limits: IntakeLimits) -> No
     if len(ids) >= limits.max_seq_len:
         raise ValueError(f"the input ({len(ids)} tokens) is longer than the model's context "
                          f"length ({limits.max_seq_len} tokens)")
+    if item.compress_budget is not None and limits.compression is not None:
+        limits.compression.check_budget(item.compress_budget)
     if item.logprob_start_len >= len(ids):
         raise ValueError(f"logprob_start_len ({item.logprob_start_len}) must be < the prompt "
                          f"length ({len(ids)})")
@@ -66,7 +69,8 @@ def make_sequences(item: GenerateItem, tokenizer, limits: IntakeLimits,
             logprob_start_len=item.logprob_start_len, stream=item.stream,
             return_text_in_logprobs=item.return_text_in_logprobs,
             # the trigger never fires for a stopped request: it keeps its whole KV
-            compress_stopped=not item.compress,
+            compress_stopped=not item.compress, compress=item.compress,
+            compress_budget=item.compress_budget,
             eviction=EvictionTracker(*limits.kv_shape) if item.return_eviction_record else None))
     return seqs
 

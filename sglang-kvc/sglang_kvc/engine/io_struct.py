@@ -19,6 +19,7 @@ GENERATE_KEYS = {
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
     "top_logprobs_num", "return_text_in_logprobs", "stream", "token_ids_logprob",
     "compress",  # ours: false = this request keeps its whole KV on a compressing server
+    "compress_budget",  # ours: this request's budget B instead of --compress-max-prompt
     "return_eviction_record",  # ours: per layer/KV head, the first query that lost each key
 }
 # SGLang fields that would change the result, accepted at their default (what every stock client
@@ -89,6 +90,7 @@ class GenerateItem:
     return_text_in_logprobs: bool = False
     stream: bool = False
     compress: bool = True  # False: dense KV for this request (e.g. a dense evaluation)
+    compress_budget: int | None = None  # B for this request (None: the server's); checked at intake
     return_eviction_record: bool = False  # meta_info.eviction_record when the request finishes
 
 
@@ -150,6 +152,7 @@ def parse_generate(body: Any, sampling_defaults: dict | None = None) -> tuple[li
             return_text_in_logprobs=get("return_text_in_logprobs", False),
             stream=bool(body.get("stream", False)),
             compress=get("compress", True),
+            compress_budget=get("compress_budget"),
             return_eviction_record=get("return_eviction_record", False),
         )
         for name in ("return_logprob", "compress", "return_eviction_record"):
@@ -159,6 +162,9 @@ def parse_generate(body: Any, sampling_defaults: dict | None = None) -> tuple[li
             v = getattr(item, name)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ValueError(f"{name} must be an integer")
+        b = item.compress_budget
+        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
+            raise ValueError("compress_budget must be a positive integer")
         if item.top_logprobs_num < 0:
             raise ValueError("top_logprobs_num must be >= 0")
         if not item.return_logprob:

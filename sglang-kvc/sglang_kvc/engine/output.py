@@ -53,7 +53,10 @@ class OutputBuilder:
             meta["compression"] = {
                 "num_compressions": seq.num_compressions, "tokens_evicted": seq.tokens_evicted,
                 "peak_kv_slots": max(seq.peak_kv, seq.kv_len),
-                "stopped_after_think": seq.compress_stopped}
+                "stopped_after_think": seq.compress_stopped,
+                # what this request ran with: dense (`compress: false`), else its budget B
+                "dense": not seq.compress,
+                "budget": self.compressor.trigger.budget(seq) if seq.compress else None}
         return meta
 
     def _token_text(self, seq: Sequence, tid: int):

@@ -52,6 +52,8 @@ class Sequence:
     tokens_evicted: int = 0
     peak_kv: int = 0
     compress_stopped: bool = False
+    compress: bool = True  # the request's `compress` field (False: dense KV throughout)
+    compress_budget: int | None = None  # its budget B (None: the server's --compress-max-prompt)
     # return_eviction_record: which keys each query saw (compression/eviction_record.py)
     eviction: Any = None
 

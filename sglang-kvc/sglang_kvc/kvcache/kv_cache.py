@@ -171,13 +171,16 @@ class KVCache:
             s.kv_len += 1
         return slots
 
-    def compact(self, seqs: list, slots: torch.Tensor, keep_idx: torch.Tensor) -> None:
+    def compact(self, seqs: list, slots: torch.Tensor, keep_idx: torch.Tensor,
+                offset: int = 0) -> None:
         """Keep, per layer and KV head, the entries at positions `keep_idx` [R, L, Hkv, k] of
         each request's row[:n] (`slots` [R, n], the rows' current slots), moved into the
         request's first k slots; free the other n - k slots.
 
         Layers and heads may keep different tokens: slot row[j] then holds, for each (layer,
         head), that head's j-th kept entry. Keys carry their RoPE, so moving them is exact.
+        `slots` may be a row's tail row[offset:n] (a pinned head is left as it is): the request
+        then holds offset + k slots.
         """
         k = keep_idx.shape[-1]
         src = slots.gather(1, keep_idx.flatten(1)).view_as(keep_idx)  # [R, L, Hkv, k]
@@ -189,7 +192,7 @@ class KVCache:
             flat.index_copy_(0, dst, flat.index_select(0, src))
         self.allocator.free(slots[:, k:].flatten())
         for s in seqs:
-            s.kv_len = k
+            s.kv_len = offset + k
 
     def _entry_index(self, slots: torch.Tensor) -> torch.Tensor:
         """Flat row of pool entry (layer l, slot, head h) for `slots` [R, L, Hkv, k]: one

@@ -19,3 +19,25 @@ def test_line():
     assert capacity_line(135168, 60, 4096, "rkv", 512, 128) == (
         "holds 32 samples of 60 + 4096 tokens at once dense, 211 with rkv 512+128")
     assert capacity_line(1000, 10, 90, None, None, None) == "holds 10 samples of 10 + 90 tokens at once dense"
+
+
+def test_kept_prompt_counts_whole():
+    assert slots_per_sample(700, 4096, 512, 128, keep_prompt=True) == 1340  # P + B + N
+    assert slots_per_sample(60, 100, 512, 128, keep_prompt=True) == 160  # never more than dense
+    assert capacity_line(134000, 700, 4096, "rkv", 512, 128, keep_prompt=True) == (
+        "holds 27 samples of 700 + 4096 tokens at once dense, 100 with rkv prompt+512+128")
+
+
+def test_trainer_flag_reaches_the_engine():
+    import argparse
+
+    from trainer.rollout.config import add_engine_args, engine_config_from_args
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    p.add_argument("--hf-checkpoint", default="m")
+    for flag in ("--rollout-server-urls", "--rollout-engine-urls", "--offload-rollout"):
+        p.add_argument(flag, default=None)
+    args = p.parse_args(["--sglang-compress-algorithm", "rkv", "--sglang-compress-keep-prompt"])
+    server = engine_config_from_args(args).server_args()
+    assert server.compress_keep_prompt and not server.compress_prompt

@@ -229,6 +229,15 @@ def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
+def dense_kv_slots(rows: list[dict]) -> tuple[list[int], list[float]]:
+    """Per rollout, the KV slots a sample would hold at its end without compression: its mean
+    prompt plus response tokens (the reference line of ``kv_peak_slots_per_sample``)."""
+    xs, prompts = _series(rows, "prompt_len_mean")
+    responses = dict(zip(*_series(rows, "response_len_mean")))
+    return ([x for x in xs if x in responses],
+            [p + responses[x] for x, p in zip(xs, prompts) if x in responses])
+
+
 def plot_metrics(jsonl_path, out_dir=None) -> list[Path]:
     """Write PNGs of the logged metrics (``out_dir`` defaults to the JSONL's folder); plots
     whose keys never appear are skipped. Returns the written paths."""
@@ -257,6 +266,10 @@ def plot_metrics(jsonl_path, out_dir=None) -> list[Path]:
             if "bytes" in key:  # KV sizes read better in GiB than as 1e10
                 ys, label = [y / 2**30 for y in ys], f"{key} (GiB)"
             ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
+            if key == "kv_peak_slots_per_sample":  # what the same samples would hold dense
+                ax.plot(*dense_kv_slots(rows), linestyle="--", color="gray",
+                        label="dense: prompt + response tokens")
+                ax.legend(fontsize=7)
             if separate:
                 ax.set_ylabel(label, fontsize=8)
         for (ax,) in axes:

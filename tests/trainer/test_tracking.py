@@ -173,3 +173,26 @@ def test_summary_prints_no_negative_zero():
     text = format_summary([{"step": 0, "reward_mean": -0.0, "train/loss": 0.0},
                            {"step": 1, "reward_mean": 0.0, "train/loss": -0.0}])
     assert "reward_mean" in text and "-0" not in text, text
+
+
+def test_kv_plot_has_the_dense_reference_line(tmp_path, monkeypatch):
+    """kv_memory.png draws, beside the compressed peak per sample, what the same samples would
+    hold dense: prompt + response tokens per rollout (hand-computed here)."""
+    import matplotlib.axes
+
+    rows = [{"step": 1, "kv_peak_slots_per_sample": 40.0, "prompt_len_mean": 30.0,
+             "response_len_mean": 100.0},
+            {"step": 2, "kv_peak_slots_per_sample": 44.0, "prompt_len_mean": 31.0,
+             "response_len_mean": 150.5}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    drawn, plot = [], matplotlib.axes.Axes.plot
+
+    def record(ax, *args, **kw):
+        drawn.append((kw.get("label"), [list(a) for a in args]))
+        return plot(ax, *args, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", record)
+    plot_metrics(path, tmp_path)
+    dense = [d for label, d in drawn if label == "dense: prompt + response tokens"]
+    assert dense == [[[1, 2], [130.0, 181.5]]]

@@ -132,9 +132,9 @@ def _eviction_record(meta: dict):
     if "eviction_record" not in meta:
         raise RuntimeError("the rollout engine returned no eviction_record: --sparse-recompute / "
                            "--train-sparse-policy need sglang-kvc engines (return_eviction_record)")
-    from sglang_kvc.compression.eviction_record import decode
+    from sglang_kvc import decode_eviction_record
 
-    return decode(meta["eviction_record"])
+    return decode_eviction_record(meta["eviction_record"])
 
 
 class EngineRollout(Backend):
@@ -145,10 +145,7 @@ class EngineRollout(Backend):
         self.progress = progress  # a bar of finished samples (one rank shows it)
 
     def run(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
-        from sglang_kvc.engine.io_struct import parse_generate
-
-        items, _ = parse_generate(batch_body(requests, cfg), self.engine.sampling_defaults)
-        futures = self.engine.submit(items)
+        futures = self.engine.submit_generate(batch_body(requests, cfg))
         with tqdm(total=len(requests), desc="generate", unit="sample", leave=False,
                   disable=not self.progress, mininterval=1.0) as bar:
             for _ in concurrent.futures.as_completed(futures):

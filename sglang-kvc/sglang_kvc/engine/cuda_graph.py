@@ -56,6 +56,12 @@ class CaptureGate:
 CAPTURE_GATE = CaptureGate()  # one per process: the GPU and its allocator are shared
 
 
+def device_work():
+    """The public capture-gate context (``sglang_kvc.device_work``): hold it around another
+    thread's GPU work in a process that runs an engine (see CaptureGate)."""
+    return CAPTURE_GATE.device_work()
+
+
 class DecodeGraphs:
     def __init__(self, runner, max_bs: int):
         self.runner = runner

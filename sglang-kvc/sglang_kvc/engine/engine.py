@@ -165,6 +165,12 @@ class Engine:
         self.loop.put(seqs)
         return futures
 
+    def submit_generate(self, body: dict, on_update: UpdateFn | None = None) -> list:
+        """A `/generate` request body (SGLang's JSON, batched lists included), parsed as the
+        HTTP server parses it; one future per sample, prompt-major (as `submit`)."""
+        items, _ = parse_generate(body, self.sampling_defaults)
+        return self.submit(items, on_update)
+
     def abort_request(self, rid: str = "", abort_all: bool = False) -> int:
         return self.loop.call(self.loop.abort, rid, abort_all, "Aborted by request")
 

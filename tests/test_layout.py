@@ -205,3 +205,14 @@ def test_importing_sglang_kvc_is_cheap():
     code = "import sys, sglang_kvc; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT,
                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+
+def test_decode_graphs_get_their_parts_not_the_runner():
+    """``DecodeGraphs`` is handed a ``GraphParts`` (model_runner builds it): nothing in
+    cuda_graph.py names the runner, so what a captured step touches is listed in one place."""
+    tree = ast.parse((PACKAGES["sglang_kvc"] / "engine" / "cuda_graph.py").read_text())
+    names = set()
+    for n in ast.walk(tree):
+        names.update([n.attr] if isinstance(n, ast.Attribute) else [n.id] if isinstance(n, ast.Name)
+                     else [n.arg] if isinstance(n, ast.arg) else [])
+    assert "runner" not in names

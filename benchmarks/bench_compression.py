@@ -33,7 +33,7 @@ from bench_engine import build_checkpoint  # noqa: E402  (same model, same weigh
 
 def run_config(path: str, prompts: list[list[int]], out_len: int, pool_tokens: int,
                algo: str | None, args) -> dict:
-    from sglang_kvc.engine.engine import Engine
+    from sglang_kvc import Engine
 
     B, P = len(prompts), len(prompts[0])
     kw = {}

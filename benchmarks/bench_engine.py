@@ -96,7 +96,7 @@ def bench_hf(path: str, prompts: torch.Tensor, out_len: int, args) -> dict:
 
 
 def make_engine(path: str, B: int, P: int, O: int, overlap: bool, args):
-    from sglang_kvc.engine.engine import Engine
+    from sglang_kvc import Engine
 
     return Engine(model_path=path, skip_tokenizer_init=True, dtype="bfloat16",
                   max_total_tokens=args.pool_tokens or B * (P + O) + 1024,

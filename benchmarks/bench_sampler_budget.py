@@ -56,7 +56,7 @@ def prompt_ids(model_dir: str, rows: list[dict]) -> tuple[list[list[int]], list[
 
 
 def engine_args(a, budget: int, tokens: int):
-    from sglang_kvc.server_args import ServerArgs
+    from sglang_kvc import ServerArgs
 
     kw = dict(model_path=a.model_dir, max_total_tokens=tokens, max_running_requests=a.prompts * a.samples,
               dtype="bfloat16" if torch.cuda.is_available() else "float32")
@@ -68,7 +68,7 @@ def engine_args(a, budget: int, tokens: int):
 
 
 def measure(a, budget: int, ids: list[list[int]], labels: list[str], score) -> dict:
-    from sglang_kvc.engine.engine import Engine
+    from sglang_kvc import Engine
     from trainer.rollout.backends import EngineRollout, RolloutConfig
 
     n = a.samples

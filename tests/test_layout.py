@@ -4,6 +4,9 @@ trainer's sides do not reach back into the loop, and answer extraction has one h
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -154,3 +157,62 @@ def test_train_imports_nothing_from_ray():
 def test_no_import_cycles(package):
     cycle = _find_cycle(_import_graph(package))
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# --------------------------------------------------------------------------- the engine's public API
+
+def _engine_submodule_imports(path: Path) -> list[str]:
+    """``sglang_kvc.<submodule>`` imports anywhere in ``path`` (function-local ones too):
+    ``import sglang_kvc.x``, ``from sglang_kvc.x import y`` and ``from sglang_kvc import x``
+    where x is a submodule rather than a public name."""
+    submodules = {p.stem if p.suffix else p.name for p in PACKAGES["sglang_kvc"].iterdir()
+                  if p.suffix == ".py" or (p / "__init__.py").exists()} - {"__init__"}
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            hits += [a.name for a in node.names if a.name.startswith("sglang_kvc.")]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if node.module.startswith("sglang_kvc."):
+                hits.append(node.module)
+            elif node.module == "sglang_kvc":
+                hits += [f"sglang_kvc.{a.name}" for a in node.names if a.name in submodules]
+    return hits
+
+
+def test_trainer_uses_only_the_engines_public_api():
+    """The trainer imports ``sglang_kvc`` through its top level (``sglang_kvc/__init__.py``)."""
+    for path in _modules("trainer"):
+        hits = _engine_submodule_imports(path)
+        assert not hits, f"{path.relative_to(ROOT)} imports {hits}: use sglang_kvc's public API"
+
+
+def test_public_api_check_sees_local_imports(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("import sglang_kvc\nfrom sglang_kvc import Engine\n"
+                   "def f():\n    from sglang_kvc.engine import engine\n    from sglang_kvc import weights\n")
+    assert _engine_submodule_imports(src) == ["sglang_kvc.engine", "sglang_kvc.weights"]
+
+
+def test_public_api_names_resolve():
+    import sglang_kvc
+
+    for name in sglang_kvc.__all__:
+        assert getattr(sglang_kvc, name) is not None, name
+
+
+def test_importing_sglang_kvc_is_cheap():
+    """The CPU-only trainer paths import it for flags: names load on first use, torch with them."""
+    code = "import sys, sglang_kvc; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+
+def test_decode_graphs_get_their_parts_not_the_runner():
+    """``DecodeGraphs`` is handed a ``GraphParts`` (model_runner builds it): nothing in
+    cuda_graph.py names the runner, so what a captured step touches is listed in one place."""
+    tree = ast.parse((PACKAGES["sglang_kvc"] / "engine" / "cuda_graph.py").read_text())
+    names = set()
+    for n in ast.walk(tree):
+        names.update([n.attr] if isinstance(n, ast.Attribute) else [n.id] if isinstance(n, ast.Name)
+                     else [n.arg] if isinstance(n, ast.arg) else [])
+    assert "runner" not in names

@@ -298,12 +298,12 @@ class Run:
 
     def device_work(self):
         """Async with an engine in this process: the training thread's GPU work must not overlap
-        the engine thread's CUDA-graph captures (``sglang_kvc.engine.cuda_graph.CaptureGate``)."""
+        the engine thread's CUDA-graph captures (``sglang_kvc.device_work``)."""
         if self.gate is None or self.rollouts.engine is None:
             return contextlib.nullcontext()
-        from sglang_kvc.engine.cuda_graph import CAPTURE_GATE
+        from sglang_kvc import device_work
 
-        return CAPTURE_GATE.device_work()
+        return device_work()
 
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id or 0

@@ -12,9 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.launch
 def test_sweep_on_a_tiny_model(tiny_model_factory, tmp_path):
     out = tmp_path / "sweep.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_sampler_budget.py"),

@@ -3,11 +3,13 @@ its synthetic records hold the kept-set sizes R-KV would."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from .test_benchmarks import _load, _run
 
 
+@pytest.mark.launch
 def test_bench_sparse_recompute_tiny_on_cpu():
     result, stdout = _run("bench_sparse_recompute.py", "--shape", "tiny", "--response-len", "200",
                           "--budget", "32", "--divide-length", "8", "--seqs-per-step", "3",

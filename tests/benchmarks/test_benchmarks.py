@@ -38,6 +38,7 @@ def _spread_ok(s: dict) -> bool:
     return 0 < s["min"] <= s["median"] <= s["max"]
 
 
+@pytest.mark.launch
 def test_bench_rl_step_tiny_on_cpu(tmp_path):
     out = tmp_path / "rl.json"
     result, stdout = _run("bench_rl_step.py", "--shape", "tiny", "--prompts", "4", "--samples", "2",
@@ -57,6 +58,7 @@ def test_bench_rl_step_tiny_on_cpu(tmp_path):
     assert "rollout_hbm_roofline_fraction" in stdout and "update_mfu" in stdout
 
 
+@pytest.mark.launch
 def test_bench_train_tiny_on_cpu(tmp_path):
     result, stdout = _run("bench_train.py", "--shape", "tiny", "--seq-len", "48", "--vary-lengths",
                           "--seqs-per-step", "6", "--max-tokens-per-gpu", "128", "--steps", "1",

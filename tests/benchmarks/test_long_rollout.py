@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -49,6 +51,7 @@ def test_levels_and_rounding():
     assert [round_down(x, levels) for x in (5, 10, 99, 100, 999, 1000)] == [10, 10, 10, 100, 100, 1000]
 
 
+@pytest.mark.launch
 def test_bench_long_rollout_tiny_on_cpu(tmp_path):
     out = tmp_path / "long.json"
     proc = subprocess.run(

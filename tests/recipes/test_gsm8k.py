@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from evaluation.grader import score_gsm8k
 from recipes.gsm8k import HELDOUT, prepare
 
@@ -30,6 +32,7 @@ def test_prepare_holds_the_eval_slice_apart(tmp_path):
     assert score_gsm8k(f"so #### {2 * i + 1}", train[3]["label"]) == 1.0
 
 
+@pytest.mark.launch
 def test_run_gsm8k_through_torchrun(run_recipe, tmp_path):
     flags = ["--rollout-batch-size", "3", "--global-batch-size", "12", "--rollout-max-response-len", "10",
              "--eval-max-response-len", "6", "--max-tokens-per-gpu", "2048", "--lr", "1e-3",

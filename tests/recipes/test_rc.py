@@ -103,6 +103,7 @@ def test_per_row_kl_coefficients_weight_the_kl_term():
     assert m["kl_loss"].item() == pytest.approx((k1_row0 / 3 + k1_row1) / (4 / 3), abs=1e-6)
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("compress", ["", "rkv"])
 def test_run_rc_through_torchrun(run_recipe, tmp_path, compress):
     data = tmp_path / "data" / "simplelr_qwen_level3to5" / "train.jsonl"

@@ -16,6 +16,8 @@ import torch
 
 from checkpoint_tools import cpu_megatron
 
+pytestmark = pytest.mark.launch  # the documented launch, end to end: run by .ci/run
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {"dense": ROOT / "scripts" / "run-qwen2.5-1.5b.sh",
            "rkv": ROOT / "scripts" / "run-qwen2.5-1.5b-rkv.sh"}

@@ -186,6 +186,7 @@ def _refuses(url: str) -> bool:
 
 # --------------------------------------------------------------------------- jobs on Ray
 
+@pytest.mark.launch
 def test_run_script_with_ray_two_colocated_ranks(inputs, tmp_path, jobs):
     """RAY=1 NUM_GPUS=2: two trainer actors, each hosting its engine, finish 2 rollouts."""
     model, tmp = inputs
@@ -210,6 +211,7 @@ def test_run_script_with_ray_two_colocated_ranks(inputs, tmp_path, jobs):
     assert left == [], left
 
 
+@pytest.mark.launch
 def test_disaggregated_engines_behind_the_router(disaggregated):
     """One trainer actor, two engine actors (sglang-router in front, for other clients): the
     trainer spread the samples over both engines and each took every weight update (the trainer
@@ -247,6 +249,7 @@ def _drill_job(jobs, argv: list[str], drill: str, tmp_path: Path):
     return log, left, metrics, faults
 
 
+@pytest.mark.launch
 def test_engine_killed_mid_rollout_is_replaced_and_no_sample_is_lost(inputs, tmp_path, jobs,
                                                                    disaggregated):
     """The drill: engine 0 SIGKILLs itself at its 5th /generate request (batches of 2 samples:
@@ -282,6 +285,7 @@ def test_engine_killed_mid_rollout_is_replaced_and_no_sample_is_lost(inputs, tmp
     assert left == [], left
 
 
+@pytest.mark.launch
 def test_engine_killed_during_a_weight_push_is_restarted_resynced_and_used(inputs, tmp_path, jobs,
                                                                           disaggregated):
     """The drill: engine 0 SIGKILLs itself when the second weight push (after rollout 2) reaches
@@ -324,6 +328,7 @@ def reward(sample):
 """
 
 
+@pytest.mark.launch
 def test_failing_rank_ends_the_job_naming_it_and_resubmitting_resumes(inputs, tmp_path, jobs):
     """Rank 1's reward function raises in rollout 2 while rank 0 waits in a collective: the job
     ends (not after the 10-minute collective timeout) naming the rank and its error, checkpoint 1
@@ -351,6 +356,7 @@ def test_failing_rank_ends_the_job_naming_it_and_resubmitting_resumes(inputs, tm
     assert _metrics(save)[-1]["step"] == 2
 
 
+@pytest.mark.launch
 def test_ctrl_c_stops_engines_router_and_ranks(inputs, tmp_path, jobs):
     """SIGINT once the engines and the router serve: exit 130, nothing of the job survives."""
     pytest.importorskip("sglang_router")
@@ -364,6 +370,7 @@ def test_ctrl_c_stops_engines_router_and_ranks(inputs, tmp_path, jobs):
     assert _refuses(engine) and left == [], left
 
 
+@pytest.mark.launch
 def test_too_few_gpus_is_an_error_naming_the_flags(inputs, tmp_path, jobs):
     argv = _ray_job(inputs, tmp_path / "save", "--actor-num-gpus-per-node", "2",
                     "--rollout-num-gpus", "1", "--local-num-gpus", "2")
@@ -374,6 +381,7 @@ def test_too_few_gpus_is_an_error_naming_the_flags(inputs, tmp_path, jobs):
     assert "Traceback" not in log and left == [], left
 
 
+@pytest.mark.launch
 def test_unreachable_cluster_fails_within_the_connect_timeout(inputs, tmp_path, jobs):
     """Ray retries a head that does not answer for ever; the job gives up after
     --ray-connect-timeout naming the address (a loopback port nobody serves)."""
@@ -406,6 +414,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.launch
 def test_placement_that_cannot_be_met_fails_with_what_is_free(tmp_path, jobs):
     job = jobs([sys.executable, "-c", PLACEMENT_TIMEOUT], _env(), tmp_path / "job.log")
     rc, log, left = job.finish(timeout=90)
@@ -558,6 +567,7 @@ def test_supervisor_replaces_each_death_once_and_gives_up_after_max_restarts(mon
     assert sup.restarts == [supervisor.MAX_RESTARTS, 0]
 
 
+@pytest.mark.launch
 def test_async_partial_rollouts_on_disaggregated_engines(inputs, tmp_path, jobs):
     """slime's async on Ray: two engine actors generate the next rollout while the trainer actor
     trains (--max-staleness 1, --partial-rollout): every rollout complete, one version behind at

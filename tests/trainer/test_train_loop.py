@@ -78,6 +78,7 @@ def test_in_process_run_with_rkv_and_correction(setup, tmp_path):
     assert "time split" in log
 
 
+@pytest.mark.launch
 def test_dense_weight_sync_keeps_engine_and_trainer_identical(setup, tmp_path):
     """Dense rollouts: the trainer's recomputed π_old equals the engine's logprobs, at the first
     rollout (same checkpoint) and after every sync (same updated weights)."""
@@ -91,6 +92,7 @@ def test_dense_weight_sync_keeps_engine_and_trainer_identical(setup, tmp_path):
     assert rows[0]["sync_bytes"] > 0
 
 
+@pytest.mark.launch
 def test_first_update_starts_on_policy(setup, tmp_path):
     """slime's first-step check: dense rollouts, one optimizer step per rollout, π_old recomputed
     from the same weights: the first step's PPO KL is 0 (π_θ = π_old) and the engine-vs-trainer
@@ -129,6 +131,7 @@ def test_fused_old_logprobs_equal_the_recompute_in_the_loop(setup, tmp_path):
             assert fused[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
 
 
+@pytest.mark.launch
 def test_resume_equals_uninterrupted(setup, tmp_path):
     hf, data, _ = setup
     full, half = tmp_path / "full", tmp_path / "half"
@@ -144,6 +147,7 @@ def test_resume_equals_uninterrupted(setup, tmp_path):
         assert b[2][key] == pytest.approx(a[2][key], abs=1e-6), key
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("sync", ["tensor", "ipc", "disk", "distributed"])
 def test_http_server_backend(setup, tmp_path, sync):
     """Rollouts from a separate sglang-kvc server; every weight-sync transport must leave the
@@ -207,6 +211,7 @@ def test_bad_flags_fail_at_once(setup, tmp_path, extra, message):
     assert rc == 2 and message in log, log[-2000:]
 
 
+@pytest.mark.launch
 def test_rkv_run_evaluates_as_trained_and_dense(setup, tmp_path):
     """--eval-compression both: every evaluation runs twice on the rollout engine, with its R-KV
     and with dense KV (per-request compress: false); pass@n with several samples; the startup
@@ -237,6 +242,7 @@ def test_rkv_run_evaluates_as_trained_and_dense(setup, tmp_path):
 PARITY_REWARD = "def reward(item):\n    return float(len(item.response) % 2)\n"
 
 
+@pytest.mark.launch
 def test_dynamic_sampling_and_overlong_shaping(setup, tmp_path):
     """DAPO's batch shaping through the whole loop: every trained group has reward variance
     (the filter's rounds fill the batch), over-long responses are penalised and filtered."""
@@ -273,6 +279,7 @@ def _rows(out, rollouts):
             for r in range(rollouts)]
 
 
+@pytest.mark.launch
 def test_async_with_staleness_zero_is_the_synchronous_run(setup, tmp_path):
     """--max-staleness 0: the generation thread generates each rollout under the weights it
     trains, so samples, log-probs, rewards, losses and the trained weights are the synchronous
@@ -313,6 +320,7 @@ def _checkpoint_tensors(ckpt_dir, scratch):
     return flat
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("layout", [[], ["--rollout-engine-process"]],
                          ids=["in-process", "engine-process"])
 def test_async_partial_rollouts_stay_within_the_bound(setup, tmp_path, layout):
@@ -348,6 +356,7 @@ def test_async_partial_rollouts_stay_within_the_bound(setup, tmp_path, layout):
                 assert r - 1 <= versions[0] < versions[-1] <= r
 
 
+@pytest.mark.launch
 def test_engine_process_generates_while_training_and_gets_every_push(setup, tmp_path):
     """--rollout-engine-process --max-staleness 1: the engine runs as a child process of the
     trainer, generates the next rollout while the current one trains, and serves exactly the

@@ -77,8 +77,7 @@ class EngineServer:
     def start(self) -> str:
         """Load the model, serve it on this node, return the URL (once uvicorn listens)."""
         import uvicorn
-        from sglang_kvc.engine.engine import Engine
-        from sglang_kvc.server.app import create_app
+        from sglang_kvc import Engine, create_app
 
         host = node_ip()
         self.engine = Engine(server_args=dataclasses.replace(self.server_args, host=host))

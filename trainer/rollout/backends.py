@@ -186,9 +186,9 @@ def _eviction_record(meta: dict):
     if "eviction_record" not in meta:
         raise RuntimeError("the rollout engine returned no eviction_record: --sparse-recompute / "
                            "--train-sparse-policy need sglang-kvc engines (return_eviction_record)")
-    from sglang_kvc.compression.eviction_record import decode
+    from sglang_kvc import decode_eviction_record
 
-    return decode(meta["eviction_record"])
+    return decode_eviction_record(meta["eviction_record"])
 
 
 class EngineRollout(Backend):
@@ -200,17 +200,14 @@ class EngineRollout(Backend):
 
     @property
     def name(self) -> str:
-        return f"rollout engine on {self.engine.runner.device}"
+        return f"rollout engine on {self.engine.device}"
 
     def run(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
         return reissue_failed(lambda reqs: self._run_once(reqs, cfg), requests, self.name)
 
     def _run_once(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
-        from sglang_kvc.engine.io_struct import parse_generate
-
-        items, _ = parse_generate(batch_body(requests, cfg), self.engine.sampling_defaults)
         try:
-            futures = self.engine.submit(items)
+            futures = self.engine.submit_generate(batch_body(requests, cfg))
         except RuntimeError as e:  # its thread died: nothing here can run them
             raise RolloutError(f"{self.name}: {e}") from e
         with tqdm(total=len(requests), desc="generate", unit="sample", leave=False,

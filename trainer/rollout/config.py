@@ -138,7 +138,7 @@ class EngineConfig:
 
     def server_args(self, device: str | None = None):
         """The colocated engine's ServerArgs; ``device`` (this rank's GPU) replaces ``auto``."""
-        from sglang_kvc.server_args import ServerArgs
+        from sglang_kvc import ServerArgs
 
         values = dict(self.engine_flags)
         if device is not None and values.get("device", "auto") == "auto":
@@ -243,7 +243,7 @@ def server_args_from(args: argparse.Namespace, device: str | None = None):
 
 def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Register ``--sglang-<field>`` for every ServerArgs field a colocated engine takes."""
-    from sglang_kvc.server_args import ServerArgs
+    from sglang_kvc import ServerArgs
 
     group = parser.add_argument_group("rollout engine (--sglang-*, as sglang-kvc's flags)")
     for f in dataclasses.fields(ServerArgs):

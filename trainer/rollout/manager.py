@@ -334,7 +334,7 @@ def _check_complete(gens: list[Generation]) -> None:
 def _start_backend(server_args, server_urls, progress: bool):
     if server_urls:
         return None, HTTPRollout(server_urls)
-    from sglang_kvc.engine.engine import Engine
+    from sglang_kvc import Engine
 
     engine = Engine(server_args=server_args)
     return engine, EngineRollout(engine, progress=progress)

@@ -146,14 +146,14 @@ class WeightSync:
         self.engine.update_weights_from_tensor(named_tensors=bucket, weight_version=version)
 
     def _push_tensor(self, bucket, version, urls):
-        from sglang_kvc.weights.transport import serialize_named_tensors
+        from sglang_kvc import serialize_named_tensors
 
         payload = {"serialized_named_tensors": [serialize_named_tensors(bucket)],
                    "weight_version": version, "flush_cache": True}
         self._control("/update_weights_from_tensor", payload, urls)
 
     def _push_ipc(self, bucket, version, urls):
-        from sglang_kvc.weights.transport import serialize_ipc_bucket
+        from sglang_kvc import serialize_ipc_bucket
 
         payload, keep_alive = serialize_ipc_bucket(bucket)
         self._control("/update_weights_from_tensor",
@@ -162,11 +162,11 @@ class WeightSync:
         del keep_alive  # every engine answered: none maps the buffer any more
 
     def _push_distributed(self, bucket, version, urls):
-        from sglang_kvc.weights.transport import flatten, specs
+        from sglang_kvc import bucket_specs, flatten_bucket
 
-        flat = flatten(bucket)
+        flat = flatten_bucket(bucket)
         group, name = self.group.ensure(urls, "nccl" if flat.is_cuda else "gloo")
-        names, dtypes, shapes = specs(bucket)
+        names, dtypes, shapes = bucket_specs(bucket)
         meta = {"names": names, "dtypes": dtypes, "shapes": shapes, "weight_version": version,
                 "group_name": name, "flush_cache": True, "load_format": "flattened_bucket"}
         self.group.send(flat, "/update_weights_from_distributed", meta, urls)
@@ -213,7 +213,7 @@ class _Group:
             return self.pg, self.name
         self._drop(urls)
         self.generation += 1
-        from sglang_kvc.weights.transport import create_weight_update_group
+        from sglang_kvc import create_weight_update_group
 
         port, world = self.port or _free_port(), 1 + len(urls)
         body = {"master_address": self.address, "master_port": port, "world_size": world,

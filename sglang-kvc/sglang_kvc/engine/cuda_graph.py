@@ -17,11 +17,15 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 
-from ..layers.attention import AttentionMetadata
-from .sampler import SamplingBatch
+from ..kvcache.kv_cache import KVCache
+from ..layers.attention import AttentionMetadata, TorchAttention
+from ..models.causal_lm import CausalLM
+from .row_state import RowState
+from .sampler import Sampler, SamplingBatch
 from .step_io import pack_outputs, sampling_columns
 
 _PAD_STEP = (0, 1, 0, 0)  # position, kv length, draw index, row of a padding entry
@@ -56,12 +60,33 @@ class CaptureGate:
 CAPTURE_GATE = CaptureGate()  # one per process: the GPU and its allocator are shared
 
 
+def device_work():
+    """The public capture-gate context (``sglang_kvc.device_work``): hold it around another
+    thread's GPU work in a process that runs an engine (see CaptureGate)."""
+    return CAPTURE_GATE.device_work()
+
+
+@dataclass(frozen=True)
+class GraphParts:
+    """What a captured decode step reads and writes (model_runner.py builds it). The objects,
+    not their tensors: the KV pool and the weights move on memory release/resume, the objects
+    that hold them stay."""
+
+    device: torch.device
+    vocab_size: int  # padding entries' top_k: no filter
+    kv: KVCache  # the slot table, new slots, the pool's addresses
+    attn: TorchAttention  # its per-step metadata is set inside the graph
+    model: CausalLM
+    sampler: Sampler
+    rows: RowState  # last tokens in, samples recorded
+
+
 class DecodeGraphs:
-    def __init__(self, runner, max_bs: int):
-        self.runner = runner
+    def __init__(self, parts: GraphParts, max_bs: int):
+        self.parts = parts
         self.sizes = [s for s in [1, 2, 4, 8] + list(range(16, max_bs + 1, 16)) if s <= max_bs]
         self.max_bs = self.sizes[-1]
-        dev = runner.device
+        dev = parts.device
         self.step_ints = torch.zeros(4, self.max_bs, dtype=torch.int64, device=dev)
         self.out_slots = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
         # temperature, top_p, min_p, divisor (0 -> 1), sampled; top_k, seed, filtered
@@ -82,7 +107,7 @@ class DecodeGraphs:
     def pool_moved(self) -> bool:
         """Whether the KV pool now lives elsewhere than when the graphs were captured (their
         kernels read and write it through baked-in addresses)."""
-        pool = self.runner.kv.pool
+        pool = self.parts.kv.pool
         return self.kv_ptrs is not None and self.kv_ptrs != (pool.k.data_ptr(), pool.v.data_ptr())
 
     def stats(self) -> dict:
@@ -133,7 +158,7 @@ class DecodeGraphs:
                             dtype=torch.int64)
         self.step_ints[:, :gbs].copy_(host, non_blocking=True)
         bs = len(seqs)
-        self.out_slots[:bs].copy_(self.runner.kv.alloc_one(seqs))
+        self.out_slots[:bs].copy_(self.parts.kv.alloc_one(seqs))
         if bs < gbs and self._slots_bs.get(gbs) != bs:
             self.out_slots[bs:gbs].zero_()
         self._slots_bs[gbs] = bs
@@ -141,7 +166,7 @@ class DecodeGraphs:
             s.num_computed += 1
 
     def _load_params(self, seqs: list, gbs: int) -> None:
-        V, pad = self.runner.cfg.vocab_size, gbs - len(seqs)
+        V, pad = self.parts.vocab_size, gbs - len(seqs)
         floats, ints = sampling_columns(seqs, V)
         # padding entries: greedy, no filter (top_k = vocabulary)
         fl = [col + [v] * pad for col, v in zip(floats, (0.0, 1.0, 0.0, 1.0, 0.0))]
@@ -159,21 +184,21 @@ class DecodeGraphs:
             divisors=f[3], sampled=f[4] > 0)
 
     def _body(self, gbs: int, mode: tuple) -> torch.Tensor:
-        r = self.runner
+        p = self.parts
         positions, kv_lens, _, rows = self.step_ints[:, :gbs]
         slots = self.out_slots[:gbs]
-        r.kv.req_to_token.table[rows, kv_lens - 1] = slots.to(torch.int32)
-        r.attn.meta = AttentionMetadata(False, slots, rows=rows, kv_lens=kv_lens.to(torch.int32),
-                                        max_kv_len=r.kv.req_to_token.max_len,  # (a bound; Triton ignores it)
+        p.kv.req_to_token.table[rows, kv_lens - 1] = slots.to(torch.int32)
+        p.attn.meta = AttentionMetadata(False, slots, rows=rows, kv_lens=kv_lens.to(torch.int32),
+                                        max_kv_len=p.kv.req_to_token.max_len,  # (a bound; Triton ignores it)
                                         rec_rows=rows, rec_pos=positions)
-        hidden = r.model(r.rows.last_token[rows], positions, r.attn)
-        out = r.sampler(r.model.logits(hidden, upcast=False), self._sampling(gbs, mode))
-        return pack_outputs(out, r.rows.record(rows, out.ids))
+        hidden = p.model(p.rows.last_token[rows], positions, p.attn)
+        out = p.sampler(p.model.logits(hidden, upcast=False), self._sampling(gbs, mode))
+        return pack_outputs(out, p.rows.record(rows, out.ids))
 
     def _capture(self, gbs: int, mode: tuple) -> None:
         t0 = time.perf_counter()
         self._capture_graph(gbs, mode)
-        pool = self.runner.kv.pool
+        pool = self.parts.kv.pool
         self.kv_ptrs = (pool.k.data_ptr(), pool.v.data_ptr())
         self.num_captures += 1
         self.capture_s += time.perf_counter() - t0
@@ -191,7 +216,7 @@ class DecodeGraphs:
         # The warm-up runs the step for real (Triton compiles and autotunes outside capture);
         # the replay that follows recomputes the same values into the same places, once the
         # rows' input tokens, which the warm-up overwrote with its samples, are put back.
-        last = self.runner.rows.last_token
+        last = self.parts.rows.last_token
         saved = last.clone()
         stream = self._stream()
         stream.wait_stream(torch.cuda.current_stream())

@@ -182,6 +182,12 @@ class Engine:
         self.loop.put(seqs)
         return futures
 
+    def submit_generate(self, body: dict, on_update: UpdateFn | None = None) -> list:
+        """A `/generate` request body (SGLang's JSON, batched lists included), parsed as the
+        HTTP server parses it; one future per sample, prompt-major (as `submit`)."""
+        items, _ = parse_generate(body, self.sampling_defaults)
+        return self.submit(items, on_update)
+
     def abort_request(self, rid: str = "", abort_all: bool = False) -> int:
         return self.loop.call(self.loop.abort, rid, abort_all, "Aborted by request")
 
@@ -256,6 +262,11 @@ class Engine:
 
     def resume_memory(self, tags: list[str] | None = None) -> None:
         self.loop.call(self._resume, set(tags or _MEMORY_TAGS))
+
+    @property
+    def device(self):
+        """The torch device the engine's model and KV pool live on (``cuda:1``, ``cpu``)."""
+        return self.runner.device
 
     @property
     def step_stats(self):

@@ -27,7 +27,7 @@ from ..kvcache.kv_cache import KVCache, KVPool
 from ..models.causal_lm import CausalLM
 from ..models.config import ModelConfig
 from .row_state import RowState
-from .cuda_graph import DecodeGraphs
+from .cuda_graph import DecodeGraphs, GraphParts
 from .sampler import Sampler, SamplingBatch
 from .scheduler import Batch
 from .sequence import Sequence
@@ -113,9 +113,14 @@ class ModelRunner:
         self._batch_cache: BatchTensors | None = None
         self.graphs = None
         if self.device.type == "cuda" and backend == "triton" and args.cuda_graph:
-            self.graphs = DecodeGraphs(self, args.cuda_graph_max_bs)
+            self.graphs = DecodeGraphs(self.graph_parts(), args.cuda_graph_max_bs)
         log.info("KV pool: %d slots (%.2f GB, %s), device %s, dtype %s, attention %s",
                  pool.num_slots - 1, pool.bytes / 1e9, kv_dtype, self.device, self.dtype, backend)
+
+    def graph_parts(self) -> GraphParts:
+        """What the decode graphs use of this runner (they get these, not the runner)."""
+        return GraphParts(self.device, self.cfg.vocab_size, self.kv, self.attn, self.model,
+                          self.sampler, self.rows)
 
     # ------------------------------------------------------------------ forward
 

@@ -23,7 +23,7 @@ class _Replay:
 
 class EmulatedGraphs(DecodeGraphs):
     def _capture(self, gbs, mode):
-        last = self.runner.rows.last_token
+        last = self.parts.rows.last_token
         saved = last.clone()
         warm = self._body(gbs, mode)  # as the real warm-up: runs the step, then restores inputs
         last.copy_(saved)
@@ -39,7 +39,7 @@ def test_graph_step_logic_matches_eager(tiny_models, extra):
         mix = request_mix(eng)
         want = run_mix(eng, mix)
     with make(tiny_models, overlap=True, cuda_graph_max_bs=16, **extra) as eng:
-        eng.runner.graphs = EmulatedGraphs(eng.runner, 16)
+        eng.runner.graphs = EmulatedGraphs(eng.runner.graph_parts(), 16)
         got = run_mix(eng, mix)
         sizes = {gbs for gbs, _ in eng.runner.graphs.graphs}
         modes = {mode for _, mode in eng.runner.graphs.graphs}
@@ -61,7 +61,7 @@ def test_steps_needing_a_capture_run_eagerly_while_the_gate_is_held(tiny_models)
         mix = request_mix(eng)
         want = run_mix(eng, mix)
     with make(tiny_models, overlap=True, cuda_graph_max_bs=16) as eng:
-        graphs = eng.runner.graphs = EmulatedGraphs(eng.runner, 16)
+        graphs = eng.runner.graphs = EmulatedGraphs(eng.runner.graph_parts(), 16)
         held = threading.Event()
 
         def trainer():  # holds the gate until the engine has deferred five steps

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[3]
 # kernels on), still checked against HF on the CPU.
 SERVER_DEVICE = os.environ.get("KVC_TEST_SERVER_DEVICE", "cpu")
 pytest.importorskip("sglang_router")
+pytestmark = pytest.mark.launch  # servers and clients as users start them: run by .ci/run
 openai = pytest.importorskip("openai")
 
 

@@ -19,7 +19,7 @@ from .rollout.weight_sync import MODES as WEIGHT_SYNC_MODES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sglang_kvc.server_args import OneLineParser  # one-line errors, no abbreviations
+    from sglang_kvc import OneLineParser  # one-line errors, no abbreviations
 
     p = OneLineParser(prog="python -m trainer.train",
                       description="GRPO with sparse (KV-compressed) rollouts.")

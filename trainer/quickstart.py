@@ -214,7 +214,7 @@ def check_trainer_flags(extra: list[str]) -> None:
 
 
 def main(argv=None) -> int:
-    from sglang_kvc.server_args import OneLineParser  # one-line errors, no abbreviations
+    from sglang_kvc import OneLineParser  # one-line errors, no abbreviations
 
     p = OneLineParser(prog="python -m trainer.quickstart", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(SETUPS), default="tiny",

@@ -24,6 +24,8 @@ _EXPORTS = {
     "Engine": ("sglang_kvc.engine.engine", "Engine"),
     "ServerArgs": ("sglang_kvc.server_args", "ServerArgs"),
     "create_app": ("sglang_kvc.server.app", "create_app"),  # the HTTP server around an Engine
+    # argparse with one-line errors and no abbreviated flags: launch_server's, and the trainer's
+    "OneLineParser": ("sglang_kvc.server_args", "OneLineParser"),
     # KV compression: the policy registry and the per-sample eviction record
     "POLICIES": ("sglang_kvc.compression", "POLICIES"),
     "CompressionConfig": ("sglang_kvc.compression", "CompressionConfig"),

@@ -54,6 +54,12 @@ class OldLogpPlan:
     def metrics(self) -> dict:
         return {"old_logp_fused": float(self.fused)}
 
+    @property
+    def step(self):
+        """The fused update, handed to ``grpo_update.run_updates`` through the prepared update
+        (grpo_update does not import this module: that would be a cycle)."""
+        return run_fused_update
+
 
 def plan_old_logp(train_cfg, batch: RolloutBatch, algo, global_batch_size: int,
                   max_staleness: int | None = None) -> OldLogpPlan:

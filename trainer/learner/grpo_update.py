@@ -104,6 +104,7 @@ class PreparedUpdate:
     rollout_logp: torch.Tensor | None = None  # fused only: π_sparse
     response_mask: torch.Tensor | None = None  # fused only: before rejection and over-long drops
     correction: CorrectionConfig | None = None  # fused only
+    fused_step: object = None  # fused only: fused_old_logp.run_fused_update
 
 
 @dataclasses.dataclass
@@ -158,7 +159,7 @@ def prepare_update(trainer, batch: RolloutBatch, adv_cfg: AdvantageConfig,
     if plan is not None and plan.fused:
         return PreparedUpdate(advantages, None, None, _kept(mask, batch.keep), ref, metrics, **rows,
                               fused=True, rollout_logp=rollout, response_mask=mask,
-                              correction=corr_cfg)
+                              correction=corr_cfg, fused_step=plan.step)
     old = None
     if corr_cfg is None or corr_cfg.needs_dense_recompute:
         sparse = trainer.train_cfg.sparse_recompute  # the sampler's own attention, replayed
@@ -283,9 +284,7 @@ def run_updates(trainer, batch: RolloutBatch, prep: PreparedUpdate, loss_cfg: Po
                 global_batch_size: int) -> list[dict]:
     """Optimizer steps over consecutive global batches of the rollout; one metrics dict each."""
     if prep.fused:  # π_old from this step's own forward
-        from .fused_old_logp import run_fused_update
-
-        return [run_fused_update(trainer, batch, prep, loss_cfg)]
+        return [prep.fused_step(trainer, batch, prep, loss_cfg)]
     history = []
     for start, stop in step_bounds(batch, global_batch_size):
         sub = batch.samples[start:stop]

@@ -209,7 +209,7 @@ class DecodeGraphs:
         a second engine on another GPU then captured on the first one's device (Triton: "Pointer
         argument cannot be accessed")."""
         if self.capture_stream is None:
-            self.capture_stream = torch.cuda.Stream(device=self.runner.device)
+            self.capture_stream = torch.cuda.Stream(device=self.parts.device)
         return self.capture_stream
 
     def _capture_graph(self, gbs: int, mode: tuple) -> None:

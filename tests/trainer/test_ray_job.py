@@ -476,7 +476,8 @@ def test_engine_urls_need_the_router_url(inputs, capsys):
     from trainer.arguments import parse_args
 
     model, tmp = inputs
-    base = ["--hf-checkpoint", str(model), "--prompt-data", "unused.jsonl"]
+    (tmp / "unused.jsonl").write_text('{"prompt": "p", "label": "1"}\n')  # checked at parsing
+    base = ["--hf-checkpoint", str(model), "--prompt-data", str(tmp / "unused.jsonl")]
     args = parse_args([*base, "--rollout-server-urls", "http://router", "--rollout-engine-urls",
                        "http://e0", "http://e1"])
     assert args.rollout_engine_urls == ["http://e0", "http://e1"] and args.weight_sync == "tensor"

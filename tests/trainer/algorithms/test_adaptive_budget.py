@@ -50,7 +50,7 @@ def test_config_is_validated():
 @pytest.fixture
 def flags(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    return ["--hf-checkpoint", str(tmp_path), "--prompt-data", "p.jsonl"]
+    return ["--hf-checkpoint", str(tmp_path), "--prompt-data", _prompt_file(tmp_path)]
 
 
 def test_flags_reach_the_plan_and_bad_combinations_fail(flags):
@@ -68,3 +68,10 @@ def test_flags_reach_the_plan_and_bad_combinations_fail(flags):
                   [*rkv, "--adaptive-budget-max", "320", "--sparse-recompute"]):
         with pytest.raises(SystemExit):
             parse_args([*flags, *extra])
+
+
+def _prompt_file(tmp_path) -> str:
+    """--prompt-data must name a file that exists (checked when the flags are parsed)."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "p", "label": "1"}\n')
+    return str(path)

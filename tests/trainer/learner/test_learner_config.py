@@ -9,7 +9,7 @@ from trainer.learner.config import learner_config_from_args
 def test_resume_and_reference_models(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     cfg = learner_config_from_args(parse_args(
-        ["--hf-checkpoint", str(tmp_path), "--prompt-data", "p.jsonl", "--load", "ck",
+        ["--hf-checkpoint", str(tmp_path), "--prompt-data", _prompt_file(tmp_path), "--load", "ck",
          "--ref-load", "ref", "--rollout-temperature", "0.7", "--lr", "3e-4"]))
     assert cfg.policy_model(resume=False).load == "ck"
     assert cfg.policy_model(resume=True).load is None  # the trainer checkpoint brings the weights
@@ -24,7 +24,7 @@ def test_eviction_replay_flags(tmp_path, capsys):
     from trainer.rollout.config import sampling_config_from_args
 
     (tmp_path / "config.json").write_text("{}")
-    base = ["--hf-checkpoint", str(tmp_path), "--prompt-data", "p.jsonl"]
+    base = ["--hf-checkpoint", str(tmp_path), "--prompt-data", _prompt_file(tmp_path)]
     plain = parse_args(base)
     cfg = learner_config_from_args(plain)
     assert not cfg.train.sparse_recompute and not cfg.train.train_sparse_policy
@@ -38,3 +38,10 @@ def test_eviction_replay_flags(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_args(base + ["--sparse-recompute", "--attention-backend", "te"])
     assert "--attention-backend sdpa" in capsys.readouterr().err
+
+
+def _prompt_file(tmp_path) -> str:
+    """--prompt-data must name a file that exists (checked when the flags are parsed)."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "p", "label": "1"}\n')
+    return str(path)

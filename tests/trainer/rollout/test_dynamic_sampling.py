@@ -83,7 +83,7 @@ def test_a_filter_that_never_passes_fails_loudly():
 @pytest.fixture
 def flags(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    return ["--hf-checkpoint", str(tmp_path), "--prompt-data", "p.jsonl"]
+    return ["--hf-checkpoint", str(tmp_path), "--prompt-data", _prompt_file(tmp_path)]
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -95,3 +95,10 @@ def test_bad_flags_name_themselves(flags, extra, message, capsys):
     with pytest.raises(SystemExit):
         parse_args([*flags, *extra])
     assert message in capsys.readouterr().err
+
+
+def _prompt_file(tmp_path) -> str:
+    """--prompt-data must name a file that exists (checked when the flags are parsed)."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "p", "label": "1"}\n')
+    return str(path)

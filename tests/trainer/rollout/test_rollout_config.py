@@ -12,7 +12,7 @@ from trainer.rollout.weight_sync import MODES
 @pytest.fixture
 def flags(tmp_path):
     (tmp_path / "config.json").write_text("{}")  # all check_args asks of --hf-checkpoint
-    return ["--hf-checkpoint", str(tmp_path), "--prompt-data", "p.jsonl"]
+    return ["--hf-checkpoint", str(tmp_path), "--prompt-data", _prompt_file(tmp_path)]
 
 
 def test_weight_sync_choices_are_the_transports():
@@ -27,11 +27,14 @@ def test_rollout_seeds_depend_on_seed_and_rollout_only(flags):
     assert plan.sampling.seed is None  # the flag's config stays unseeded
 
 
-def test_eval_sets_and_keys(flags):
+def test_eval_sets_and_keys(flags, tmp_path):
+    a, b = (tmp_path / "a.jsonl", tmp_path / "b.jsonl")
+    for path in (a, b):
+        path.write_text('{"prompt": "p", "label": "1"}\n')  # checked when the flags are parsed
     data = rollout_setup_from_args(parse_args(
-        [*flags, "--input-key", "q", "--eval-prompt-data", "a", "a.jsonl", "b", "b.jsonl",
+        [*flags, "--input-key", "q", "--eval-prompt-data", "a", str(a), "b", str(b),
          "--eval-label-key", "gold"])).data
-    assert data.eval_data == [("a", "a.jsonl"), ("b", "b.jsonl")]
+    assert data.eval_data == [("a", str(a)), ("b", str(b))]
     assert (data.eval_input_key, data.eval_label_key) == ("q", "gold")
 
 
@@ -68,3 +71,10 @@ def test_one_eval_temperature_keeps_its_names(flags):
     plan = rollout_setup_from_args(parse_args(
         [*flags, "--eval-temperature", "0.6", "--n-samples-per-eval-prompt", "3"])).plan
     assert [(suffix, s.temperature, n) for suffix, s, n in plan.eval_configs()] == [("", 0.6, 3)]
+
+
+def _prompt_file(tmp_path) -> str:
+    """--prompt-data must name a file that exists (checked when the flags are parsed)."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "p", "label": "1"}\n')
+    return str(path)

@@ -14,7 +14,7 @@ from trainer.rollout.traces import Call, Trace
 @pytest.fixture
 def flags(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    return ["--hf-checkpoint", str(tmp_path), "--prompt-data", "p.jsonl",
+    return ["--hf-checkpoint", str(tmp_path), "--prompt-data", _prompt_file(tmp_path),
             "--rollout-max-response-len", "10"]
 
 
@@ -52,3 +52,10 @@ def test_bad_flags_name_themselves(flags, extra, flag, capsys):
     with pytest.raises(SystemExit):
         parse_args([*flags, *extra])
     assert flag in capsys.readouterr().err
+
+
+def _prompt_file(tmp_path) -> str:
+    """--prompt-data must name a file that exists (checked when the flags are parsed)."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "p", "label": "1"}\n')
+    return str(path)

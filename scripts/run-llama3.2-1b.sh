@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GRPO on Llama-3.2-1B-Instruct with dense rollouts (chat-message data), with the Sparse-RL reference hyper-parameters
-# (docs: ../shared/docs/reference/sparse_rl.md section 2.2; shared settings in scripts/lib/common.sh).
+# (docs/training.md, "The reference recipe"; shared settings in scripts/lib/common.sh).
 #   MODEL_DIR=/models/Llama-3.2-1B-Instruct NUM_GPUS=8 ./scripts/run-llama3.2-1b.sh [extra trainer flags]
 # DRY_RUN=1 prints the command; see scripts/lib/common.sh for every variable.
 MODEL_NAME=Llama-3.2-1B-Instruct

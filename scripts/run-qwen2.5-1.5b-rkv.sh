@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GRPO on Qwen2.5-1.5B with R-KV sparse rollouts (budget 512), with the Sparse-RL reference hyper-parameters
-# (docs: ../shared/docs/reference/sparse_rl.md section 2.2; shared settings in scripts/lib/common.sh).
+# (docs/training.md, "The reference recipe"; shared settings in scripts/lib/common.sh).
 #   MODEL_DIR=/models/Qwen2.5-1.5B NUM_GPUS=8 ./scripts/run-qwen2.5-1.5b-rkv.sh [extra trainer flags]
 # DRY_RUN=1 prints the command; see scripts/lib/common.sh for every variable.
 MODEL_NAME=Qwen2.5-1.5B

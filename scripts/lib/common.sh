@@ -4,7 +4,8 @@
 #   CHAT_TEMPLATE  1 when the data holds chat messages (adds --apply-chat-template)
 #   DEFAULT_TP     tensor parallel size when $TP is not set (default 1)
 #   COMPRESS       rkv for sparse (R-KV) rollouts, empty for dense
-# and then calls `run_trainer "$@"`.
+# and then calls `run_trainer "$@"`. The hyper-parameters and where the data and models come from:
+# docs/training.md ("The reference recipe") and README.md ("Train on your model and data").
 #
 # Environment overrides (all optional):
 #   NUM_GPUS (the GPUs nvidia-smi lists; 1 CPU rank without GPUs)  MODEL_DIR (../models/$MODEL_NAME, an HF checkpoint)  DATA_DIR (../shared/data/train)

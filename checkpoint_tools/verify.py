@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from . import cpu_megatron
+from .model_config import ConverterParser
 
 DEFAULT_PROMPTS = (
     "What is 3 + 4?",

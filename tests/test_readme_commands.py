@@ -168,6 +168,10 @@ def test_command(doc, number, command, tmp_path):
         check_run_script(command, tmp_path)
     elif program in ("python", "python3") and args[:1] == ["-m"]:
         check_module(args[1], args[2:], command)
+    elif program in ("python", "python3") and args[0].startswith("benchmarks/"):
+        assert (ROOT / args[0]).is_file(), args[0]
+        known = set(FLAG.findall(help_text(sys.executable, str(ROOT / args[0]))))
+        assert_flags(args[1:], known, args[0])
     elif program == "torchrun":
         i = args.index("-m")
         assert_flags(args[:i], module_flags("torch.distributed.run"), "torchrun")
@@ -222,4 +226,6 @@ def test_front_page_shape():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 125, "README.md is the newcomer's page: keep it short"
     training = (ROOT / "docs/training.md").read_text()
-    assert "## Two GPUs: which layout\n" in training and "<!-- two-gpu-table -->" in training
+    layouts = training.split("## Two GPUs: which layout\n")[1].split("\n## ")[0]
+    for layout in ("colocated DP = 2", "disaggregated", "TP = 2"):  # each measured, and why
+        assert layout in layouts

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from .algorithms.argparse_flags import add_algorithm_args
-from .rollout.config import add_engine_args, server_args_from
+from .learner.config import global_batch_size
+from .rollout.config import add_engine_args, server_args_from, weight_sync_mode
 from .rollout.weight_sync import MODES as WEIGHT_SYNC_MODES
 
 
@@ -332,10 +333,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     samples = args.rollout_batch_size * args.n_samples_per_prompt
-    if args.global_batch_size is None:
-        args.global_batch_size = samples
-    if args.global_batch_size < 1 or samples % args.global_batch_size:
-        parser.error(f"--global-batch-size {args.global_batch_size} must divide "
+    step = global_batch_size(args)
+    if step < 1 or samples % step:
+        parser.error(f"--global-batch-size {step} must divide "
                      f"--rollout-batch-size x --n-samples-per-prompt = {samples}")
     if not Path(args.hf_checkpoint, "config.json").is_file():
         parser.error(f"--hf-checkpoint {args.hf_checkpoint}: no config.json there")
@@ -375,17 +375,16 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         _check_rollout_gpus(parser, args)
     elif args.rollout_engine_process:
         _check_engine_process(parser, args)
-    elif args.weight_sync == "auto":
-        args.weight_sync = "tensor" if args.rollout_server_urls else "inprocess"
-    if args.weight_sync == "inprocess" and args.rollout_server_urls:
+    mode = weight_sync_mode(args)
+    if mode == "inprocess" and args.rollout_server_urls:
         parser.error("--weight-sync inprocess needs the in-process engine; drop "
                      "--rollout-server-urls or pick tensor/disk/distributed")
     if args.rollout_engine_urls and not args.rollout_server_urls:
         parser.error("--rollout-engine-urls names the engines behind --rollout-server-urls; "
                      "give --rollout-server-urls too")
-    if args.weight_sync != "inprocess" and not (args.rollout_server_urls or args.rollout_num_gpus
-                                                or args.rollout_engine_process):
-        parser.error(f"--weight-sync {args.weight_sync} needs --rollout-server-urls")
+    if mode != "inprocess" and not (args.rollout_server_urls or args.rollout_num_gpus
+                                    or args.rollout_engine_process):
+        parser.error(f"--weight-sync {mode} needs --rollout-server-urls")
     if not args.rollout_server_urls:
         try:
             server_args_from(args)
@@ -403,21 +402,13 @@ def _check_rollout_gpus(parser: argparse.ArgumentParser, args: argparse.Namespac
     if args.weight_sync == "inprocess":
         parser.error("--weight-sync inprocess needs the in-process engine; with "
                      "--rollout-num-gpus use distributed (GPU), tensor or disk")
-    if args.weight_sync == "auto":
-        import torch
-
-        args.weight_sync = "distributed" if torch.cuda.is_available() else "tensor"
 
 
 def _check_engine_process(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--rollout-engine-process starts its own servers: no others, no in-process weight path."""
-    from .rollout.engine_process import weight_transport
-
     if args.rollout_server_urls or args.rollout_engine_urls:
         parser.error("--rollout-engine-process starts the engines itself; drop "
                      "--rollout-server-urls / --rollout-engine-urls")
     if args.weight_sync == "inprocess":
         parser.error("--weight-sync inprocess needs the in-process engine; with "
                      "--rollout-engine-process use ipc (GPU), tensor or disk")
-    if args.weight_sync == "auto":
-        args.weight_sync = weight_transport()

@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 
 from .model_provider import ModelConfig
-from .policy_trainer import OptimConfig, TrainConfig
+from .policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
 
 
 @dataclasses.dataclass
@@ -30,6 +30,17 @@ class LearnerConfig:
         return dataclasses.replace(self.model, load=self.ref_load, role="reference")
 
 
+def build_models(cfg: LearnerConfig, resume: bool, with_reference: bool, cache_dir):
+    """The policy trainer (its weights from ``--load``/``--hf-checkpoint``, or left for a resume
+    to load) and, when the loss or a plug-in needs one, the frozen reference (else None)."""
+    trainer = PolicyTrainer(cfg.policy_model(resume), cfg.optim, cfg.train, cache_dir=cache_dir,
+                            load_weights=not resume)
+    if not with_reference:
+        return trainer, None
+    return trainer, PolicyTrainer(cfg.reference_model(), OptimConfig(), trainer.train_cfg,
+                                  cache_dir=cache_dir, trainable=False)
+
+
 def learner_config_from_args(args: argparse.Namespace) -> LearnerConfig:
     backend = args.attention_backend
     if backend == "auto" and _replays(args):  # the eviction masks live in our SDPA attention
@@ -37,7 +48,14 @@ def learner_config_from_args(args: argparse.Namespace) -> LearnerConfig:
     model = ModelConfig(hf_checkpoint=args.hf_checkpoint, load=args.load,
                         attention_backend=backend)
     return LearnerConfig(model, optim_config_from_args(args), train_config_from_args(args),
-                         global_batch_size=args.global_batch_size, ref_load=args.ref_load)
+                         global_batch_size=global_batch_size(args), ref_load=args.ref_load)
+
+
+def global_batch_size(args: argparse.Namespace) -> int:
+    """Samples per optimizer step: ``--global-batch-size``, by default the whole rollout."""
+    if args.global_batch_size is None:
+        return args.rollout_batch_size * args.n_samples_per_prompt
+    return args.global_batch_size
 
 
 def optim_config_from_args(args: argparse.Namespace) -> OptimConfig:

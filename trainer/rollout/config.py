@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import torch
 
@@ -55,6 +56,18 @@ class DataConfig:
                                apply_chat_template=self.apply_chat_template,
                                max_prompt_len=self.max_prompt_len)
         return PromptStream(prompts, seed=self.seed, shuffle=self.shuffle)
+
+    def load(self):
+        """The tokenizer, the training prompt stream and the eval sets, as a startup phase."""
+        from transformers import AutoTokenizer
+
+        from ..launch import phase
+
+        with phase("tokenizer and prompt data") as info:
+            tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+            prompts, eval_sets = self.prompt_stream(tokenizer), self.eval_sets(tokenizer)
+            info["detail"] = f"{len(prompts.prompts)} prompts, {len(eval_sets)} eval set(s)"
+        return tokenizer, prompts, eval_sets
 
     def eval_sets(self, tokenizer) -> dict:
         return {name: load_prompts(path, tokenizer, input_key=self.eval_input_key,
@@ -121,6 +134,8 @@ class EngineConfig:
     offload: bool | None = None  # release the KV pool while training; None: with a GPU
     per_gpu: bool = True  # colocated: an engine on every GPU (False: one per data-parallel replica)
     num_gpus: int = 0  # --rollout-num-gpus: engine processes on GPUs of their own (rank 0 starts them)
+    engine_process: bool = False  # --rollout-engine-process: each colocated engine a child process
+    log_dir: Path = Path(".")  # engine processes log under engines/ here (--log-dir, else --save)
 
     @property
     def remote(self) -> bool:
@@ -228,12 +243,30 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         server_urls=args.rollout_server_urls,
                         engine_urls=args.rollout_engine_urls, offload=args.offload_rollout,
                         per_gpu=args.rollout_engine_placement == "per-gpu",
-                        num_gpus=args.rollout_num_gpus)
+                        num_gpus=args.rollout_num_gpus,
+                        engine_process=args.rollout_engine_process,
+                        log_dir=Path(args.log_dir or args.save or "."))
 
 
 def weight_sync_config_from_args(args: argparse.Namespace) -> WeightSyncConfig:
-    return WeightSyncConfig(mode=args.weight_sync, bucket_bytes=args.weight_sync_bucket_mb << 20,
+    return WeightSyncConfig(mode=weight_sync_mode(args),
+                            bucket_bytes=args.weight_sync_bucket_mb << 20,
                             master_address=args.weight_sync_master_address)
+
+
+def weight_sync_mode(args: argparse.Namespace) -> str:
+    """``--weight-sync``, with ``auto`` resolved by where the engines run: NCCL (GPU) or tensors
+    for ``--rollout-num-gpus``, CUDA IPC (GPU) or tensors for ``--rollout-engine-process``,
+    tensors over HTTP for servers, else the in-process engine's own path."""
+    if args.weight_sync != "auto":
+        return args.weight_sync
+    if args.rollout_num_gpus:
+        return "distributed" if torch.cuda.is_available() else "tensor"
+    if args.rollout_engine_process:
+        from .engine_process import weight_transport
+
+        return weight_transport()
+    return "tensor" if args.rollout_server_urls else "inprocess"
 
 
 def server_args_from(args: argparse.Namespace, device: str | None = None):

@@ -372,7 +372,7 @@ def print_summary(history: list[dict], log_dir: Path) -> None:
 
 def add_logging_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Register ``--log-dir``, ``--use-tensorboard``, ``--use-wandb``, ``--wandb-project``, ``--wandb-mode``."""
-    g = parser.add_argument_group("logging")
+    g = parser.add_argument_group("tracking: logging")
     g.add_argument("--log-dir", default=None,
                    help="folder for metrics.jsonl, plots, config.json and TensorBoard files "
                         "(default: runs/<date-time>)")

@@ -251,7 +251,7 @@ def start_run(args, extra: list[str], work: Path):
     from trainer.arguments import parse_args as trainer_args
     from trainer.learner.attention import set_packed_attention
     from trainer.launch import init_parallel, parallel_config_from_args
-    from trainer.train import Run, engine_processes, run_config_from_args
+    from trainer.train import Run, run_config_from_args, with_engine_processes
 
     set_packed_attention(args.packed_attention)
     hf = Path(args.hf_checkpoint) if args.hf_checkpoint else build_checkpoint(args.shape, work / "hf")
@@ -259,8 +259,9 @@ def start_run(args, extra: list[str], work: Path):
     rollouts = 1 + args.steps + bool(args.profile)
     targs = trainer_args(trainer_argv(args, hf, data, work, rollouts) + extra)
     init_parallel(parallel_config_from_args(targs))
-    fleet = engine_processes(targs)  # --rollout-engine-process: the engine as a child process
-    return targs, Run(run_config_from_args(targs)), fleet
+    # --rollout-engine-process: the engine as a child process
+    fleet, cfg = with_engine_processes(run_config_from_args(targs))
+    return targs, Run(cfg), fleet
 
 
 def measure(args, targs, run) -> tuple[list[dict], Path | None]:

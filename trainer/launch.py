@@ -14,6 +14,7 @@ try to join this job's rendezvous (the hang that hf2megatron under torchrun had)
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -204,3 +205,12 @@ def init_parallel(cfg: ParallelConfig) -> None:
         cpu_megatron.init_model_parallel(tp=cfg.tensor, pp=cfg.pipeline, seed=cfg.seed)
         info["detail"] = (f"{dist.get_backend()} on {device.type}, TP {cfg.tensor} x PP "
                           f"{cfg.pipeline} x DP {launch.world_size // model_parallel}")
+
+
+def add_launch_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("launch (process groups come from torchrun / the launcher's env)")
+    g.add_argument("--rendezvous-timeout", type=float, default=300.0,
+                   help="seconds for all ranks to meet at MASTER_ADDR:MASTER_PORT before failing "
+                        "with the missing ranks named")
+    g.add_argument("--distributed-timeout-minutes", type=float, default=30.0,
+                   help="timeout of each collective once the job runs (Megatron's flag)")

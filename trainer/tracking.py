@@ -363,9 +363,16 @@ def format_summary(history: list[dict], window: int = 1) -> str:
 
 # --------------------------------------------------------------------------- flags
 
+def print_summary(history: list[dict], log_dir: Path) -> None:
+    """Plots of ``log_dir``'s metrics.jsonl and the first-vs-last table of ``history``."""
+    plots = plot_metrics(log_dir / "metrics.jsonl", log_dir)
+    print(format_summary(history, window=max(1, min(5, len(history) // 2))))
+    print(f"metrics: {log_dir / 'metrics.jsonl'}; plots: {', '.join(p.name for p in plots)}")
+
+
 def add_logging_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Register ``--log-dir``, ``--use-tensorboard``, ``--use-wandb``, ``--wandb-project``, ``--wandb-mode``."""
-    g = parser.add_argument_group("logging")
+    g = parser.add_argument_group("tracking: logging")
     g.add_argument("--log-dir", default=None,
                    help="folder for metrics.jsonl, plots, config.json and TensorBoard files "
                         "(default: runs/<date-time>)")

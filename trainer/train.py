@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -29,36 +27,29 @@ from tqdm import tqdm
 
 from checkpoint_tools import cpu_megatron
 from checkpoint_tools.model_config import CheckpointError
-from checkpoint_tools.torch_dist import read_common, read_tracker, resolve_checkpoint_dir
 
 from .algorithms.adaptive_budget import BudgetController
 from .algorithms.argparse_flags import AlgorithmConfig, config_from_args
 from .arguments import parse_args
 from .launch import RendezvousError, init_parallel, parallel_config_from_args, phase
-from .learner.checkpoint import load_checkpoint, save_checkpoint
-from .learner.config import LearnerConfig, learner_config_from_args
+from .learner.checkpoint import is_trainer_checkpoint, load_checkpoint, save_checkpoint
+from .learner.config import LearnerConfig, build_models, learner_config_from_args
 from .learner.fused_old_logp import plan_old_logp
-from .learner.grpo_update import (RolloutBatch, gather_dp, mismatch_inputs, prepare_update,
-                                  run_updates)
+from .learner.grpo_update import RolloutBatch, gather_dp, mismatch_inputs, prepare_update, run_updates
 from .learner.model_provider import rounds_checkpoint
-from .learner.packing import Sample
-from .learner.policy_trainer import OptimConfig, PolicyTrainer
-from .rollout.async_rollout import AsyncRollouts, gate_for
-from .rollout.backends import HTTPRollout, RolloutError
-from .rollout.capacity import capacity_line
+from .rollout.backends import RolloutError
 from .rollout.config import RolloutSetup, rollout_setup_from_args
 from .rollout.data import DataError
-from .rollout.dynamic_sampling import DynamicSampler
-from .rollout.engine_process import EngineProcessError
-from .rollout.fidelity import apply_budget, dense_rows, fidelity_step
+from .rollout.engine_process import EngineProcessError, engine_processes
+from .rollout.evaluation import EvalSetup, evaluate, write_rows
 from .rollout.failover import RestartHook
+from .rollout.fidelity import fidelity_step
 from .rollout.generate import needs_reference
-from .rollout.manager import RolloutManager
+from .rollout.learner_batch import learner_batch
 from .rollout.shaping import training_rewards
-from .rollout.sharding import placement
-from .rollout.staleness import rollout_staleness, version_number
-from .rollout.weight_sync import WeightSync
-from .tracking import (TrackingConfig, format_summary, open_metrics_logger, plot_metrics,
+from .rollout.source import (RolloutGenerator, replace_dead_engines, rollout_source,
+                             start_manager, tokens_per_s, weight_sync_for)
+from .tracking import (TrackingConfig, open_metrics_logger, print_summary,
                        tracking_config_from_args)
 
 # Given ``WeightSync.resync``, the hook that replaces a dead engine, or None (it stays down).
@@ -84,7 +75,7 @@ class RunConfig:
     learner: LearnerConfig
     algo: AlgorithmConfig
     tracking: TrackingConfig
-    flags: dict  # every flag as parsed: recorded in checkpoints and the metrics' config
+    flags: dict  # every flag as resolved: recorded in checkpoints and the metrics' config
 
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -92,65 +83,58 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
                       Path(args.save) if args.save else None, args.save_interval,
                       args.eval_before_train)
     logs = loop.save_dir / "logs" if loop.save_dir else Path("runs/train")
-    return RunConfig(loop, rollout_setup_from_args(args), learner_config_from_args(args),
-                     config_from_args(args), tracking_config_from_args(args, default_dir=logs),
-                     flags=dict(vars(args)))
+    rollout, learner = rollout_setup_from_args(args), learner_config_from_args(args)
+    # what the flags' defaults resolved to, as they were recorded before the configs did it
+    flags = {**vars(args), "weight_sync": rollout.weight_sync.mode,
+             "global_batch_size": learner.global_batch_size}
+    return RunConfig(loop, rollout, learner, config_from_args(args),
+                     tracking_config_from_args(args, default_dir=logs), flags=flags)
+
+
+def with_engine_processes(cfg: RunConfig):
+    """The engine processes this rank starts (``rollout/engine_process.py``; None without
+    them) and ``cfg`` with the rollouts pointed at every engine's URL."""
+    fleet, engines = engine_processes(cfg.rollout.engines, _engine_device())
+    return fleet, dataclasses.replace(
+        cfg, rollout=dataclasses.replace(cfg.rollout, engines=engines),
+        flags={**cfg.flags, "rollout_server_urls": engines.server_urls})
 
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _is_trainer_checkpoint(path: str | None) -> bool:
-    if not path or not Path(path).exists() or read_tracker(path) in (None, "release"):
-        return False
-    return "extra" in read_common(resolve_checkpoint_dir(path))
-
-
 class Run:
-    """Everything one training run holds: trainer, reference, rollout manager, data, logs."""
+    """What one training run holds: trainer, reference, rollout source, data, logs."""
 
     def __init__(self, cfg: RunConfig, restart_hook: RestartHookFactory | None = None):
         self.cfg, self.algo, self.plan = cfg, cfg.algo, cfg.rollout.plan
-        self.tokenizer, self.prompts, self.eval_sets = self._load_data()
+        self.tokenizer, self.prompts, self.eval_sets = cfg.rollout.data.load()
         self.plugin = self.plan.load_plugin()
-        self.sampler = DynamicSampler(self.plan.dynamic) if self.plan.dynamic.enabled else None
         self.budget = BudgetController(self.plan.adaptive)  # the sampler's budget (adaptive)
         self.save_dir, self.log_dir = cfg.loop.save_dir, cfg.tracking.log_dir
-        resume = _is_trainer_checkpoint(cfg.learner.model.load)  # reads common.pt: once
-        self.trainer, self.reference = self._build_models(resume)
+        resume = is_trainer_checkpoint(cfg.learner.model.load)  # reads common.pt: once
+        self.trainer, self.reference = build_models(
+            cfg.learner, resume, self.algo.loss.needs_ref_logp or needs_reference(self.plugin),
+            cache_dir=self.work_dir / "hf_import")
         self.start_rollout = self._resume() if resume else 0
-        self.rollouts = self._start_rollouts()
-        self.sync = self._weight_sync()
-        self._restart_engines_with(restart_hook(self.sync.resync) if restart_hook else None)
-        self.gate = gate_for(self.rollouts, cfg.rollout.asynchrony, self.start_rollout)
-        self.producer, self._data_states = None, {}  # async: the generation thread
+        self.rollouts = start_manager(cfg.rollout, self.tokenizer, self.plugin,
+                                      self.prompts.prompts, _engine_device())
+        self.sync = weight_sync_for(cfg.rollout, self.rollouts, self.work_dir)
+        replace_dead_engines(self.rollouts, restart_hook(self.sync.resync) if restart_hook else None)
+        self.generate = RolloutGenerator(self.rollouts, self.prompts, self.plan, self.budget)
+        self.eval = EvalSetup(self.rollouts, self.eval_sets, self.plan, self.budget, self.log_dir,
+                              write=_rank() == 0)
+        self.source = rollout_source(self.rollouts, self.sync, self.generate,
+                                     cfg.rollout.asynchrony, self.start_rollout,
+                                     cfg.loop.num_rollout)  # after the hook: it may wrap the backend
         self.logger = open_metrics_logger(cfg.tracking, config=cfg.flags) if _rank() == 0 else None
         self.history: list[dict] = []
-
-    def _load_data(self):
-        from transformers import AutoTokenizer
-
-        data = self.cfg.rollout.data
-        with phase("tokenizer and prompt data") as info:
-            tokenizer = AutoTokenizer.from_pretrained(data.tokenizer_path)
-            prompts, eval_sets = data.prompt_stream(tokenizer), data.eval_sets(tokenizer)
-            info["detail"] = f"{len(prompts.prompts)} prompts, {len(eval_sets)} eval set(s)"
-        return tokenizer, prompts, eval_sets
 
     @property
     def work_dir(self) -> Path:
         """Where the run keeps its converted checkpoint and weight-sync files."""
         return self.save_dir or self.log_dir
-
-    def _build_models(self, resume: bool):
-        cfg, cache = self.cfg.learner, self.work_dir / "hf_import"
-        trainer = PolicyTrainer(cfg.policy_model(resume), cfg.optim, cfg.train, cache_dir=cache,
-                                load_weights=not resume)
-        if not (self.algo.loss.needs_ref_logp or needs_reference(self.plugin)):
-            return trainer, None
-        return trainer, PolicyTrainer(cfg.reference_model(), OptimConfig(), trainer.train_cfg,
-                                      cache_dir=cache, trainable=False)
 
     def _resume(self) -> int:
         """The trainer, data position and rollout id of the checkpoint at ``--load``."""
@@ -162,99 +146,31 @@ class Run:
         self.budget.load(extra.get("compress_budget"))
         return start
 
-    def _start_rollouts(self) -> RolloutManager:
-        engines = self.cfg.rollout.engines
-        place = placement(engines.remote, engines.per_gpu)
-        what = (f"{len(engines.server_urls)} rollout server(s)" if engines.remote
-                else f"{place.num_generators} colocated rollout engine(s), one per "
-                     + ("GPU" if engines.per_gpu else "data-parallel replica"))
-        with phase(f"start {what}") as info:
-            manager = RolloutManager(
-                place, self.plan.reward,
-                server_args=None if engines.remote else engines.server_args(_engine_device()),
-                server_urls=engines.server_urls, generate_plugin=self.plugin,
-                tokenizer=self.tokenizer, offload=engines.offloads())
-            pool = manager.pool_stats()
-            info["detail"] = pool and f"{_pool_detail(pool)}; {self._capacity(pool['capacity'])}"
-        return manager
-
-    def _capacity(self, pool_tokens: int) -> str:
-        """The pool in samples at the configured response length, dense and compressed."""
-        flags = self.cfg.rollout.engines.engine_flags
-        algo = flags.get("compress_algorithm")
-        algo = None if str(algo).lower() in ("none", "") else algo
-        lens = [len(p.input_ids) for p in self.prompts.prompts[:1000]] or [0]
-        return capacity_line(pool_tokens, round(sum(lens) / len(lens)),
-                             self.plan.sampling.max_response_len, algo,
-                             flags.get("compress_max_prompt"), flags.get("compress_divide_length"),
-                             bool(flags.get("compress_keep_prompt")))
-
-    def _weight_sync(self) -> WeightSync:
-        ws, engines = self.cfg.rollout.weight_sync, self.cfg.rollout.engines
-        return WeightSync(ws.mode, engine=self.rollouts.engine,
-                          http=engines.control_backend(self.rollouts.backend),
-                          bucket_bytes=ws.bucket_bytes, disk_dir=self.work_dir / "weight_sync",
-                          hf_config_dir=engines.model_path,
-                          master_address=ws.master_address
-                          or os.environ.get("MASTER_ADDR", "127.0.0.1"))
-
-    def _restart_engines_with(self, hook) -> None:
-        """Under ``python -m trainer.ray_job``, a dead engine is replaced by the job's supervisor
-        and re-synced (``trainer/ray/supervisor.py``); elsewhere ``hook`` is None: it stays down."""
-        if hook is not None and isinstance(self.rollouts.backend, HTTPRollout):
-            self.rollouts.backend.on_engine_failure = hook
-
     # --- one rollout -------------------------------------------------------------------------
     def rollout_step(self, rollout_id: int) -> dict:
         t, start = {}, time.perf_counter()
-        prompts, result, sampled = self._generated(rollout_id)
-        self._write_debug_rows(rollout_id, result, prompts)
-        stats = {**result.stats(), **sampled, **self._staleness(result, rollout_id)}
+        prompts, result, sampled = self.source.get(rollout_id)
+        if self.plan.debug_path and _rank() == 0:  # --save-debug-rollout-data
+            write_rows(self.plan.debug_path.format(rollout_id=rollout_id), result.rows(prompts))
+        stats = {**result.stats(), **sampled, **self.source.staleness(result, rollout_id)}
         # async: generation overlapped training; what is left is the wait for it
         t["time_rollout"] = max(1e-6, time.perf_counter() - start - stats["time_reward"])
-        stats["rollout_tokens_per_s"] = _tokens_per_s(result, t["time_rollout"] if self.gate is None
-                                                      else None)
+        stats["rollout_tokens_per_s"] = tokens_per_s(
+            result, self.source.generation_seconds(result, t["time_rollout"]))
         shaped = training_rewards(result.traces, self.plan)
-        batch = self._batch(result, shaped)
-        with self.device_work():
+        batch = learner_batch(result, shaped, self.tokenizer.pad_token_id or 0,
+                              self.algo.loss.kl_loss_coef)
+        with self.source.device_work():
             prep, t["time_recompute"] = _timed(self._prepare, batch)
             steps, t["time_update"] = _timed(run_updates, self.trainer, batch, prep, self.algo.loss,
                                              self.cfg.learner.global_batch_size)
         stats.update(fidelity_step(self.budget, batch.dense, mismatch_inputs(batch, prep),
                                    result.gens))
-        sync = self.push_weights(f"rollout-{rollout_id + 1}")
+        sync = self.source.push(self.trainer, f"rollout-{rollout_id + 1}")  # the next version
         t["time_sync"] = sync.pop("time_sync")
         train = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
         return {**stats, **shaped.metrics, **prep.metrics, **{f"train/{k}": v for k, v in train.items()}, **sync,
                 **t, "time_total": time.perf_counter() - start}
-
-    def _generated(self, rollout_id: int):
-        """This rollout, generated now or (async) by the generation thread."""
-        if self.gate is None:
-            return self._generate(rollout_id)
-        if self.producer is None:  # started here: after any first push of the weights
-            self.producer = AsyncRollouts(self._generate, self.gate,
-                                          range(rollout_id, self.cfg.loop.num_rollout)).start()
-        return self.producer.get(rollout_id)
-
-    def _staleness(self, result, rollout_id: int) -> dict:
-        """Async: how many versions each sample lags the weights it trains (bound checked)."""
-        if self.gate is None:
-            return {}
-        return {**rollout_staleness(result.gens, rollout_id, self.gate.max_staleness,
-                                    self.start_rollout),
-                "rollout/interruptions": float(self.gate.interruptions)}
-
-    def _generate(self, rollout_id: int):
-        """The rollout's prompts and result (and dynamic sampling's counts, when it is on)."""
-        self._data_states[rollout_id] = self.prompts.state()  # where a resume must start it
-        n = self.plan.n_samples
-        sampling = apply_budget(self.budget, self.plan.sampling_for(rollout_id))
-        if self.sampler is not None:
-            return self.sampler.collect(self.rollouts, self.prompts, self.plan.batch_size, n,
-                                        sampling)
-        prompts = self.prompts.next_batch(self.plan.batch_size)
-        return prompts, self.rollouts.run(prompts, n, sampling), {}
 
     def _prepare(self, batch: RolloutBatch):
         """Advantages, the dense π_old (and reference) recompute, the sparse correction."""
@@ -264,80 +180,27 @@ class Run:
             ref = gather_dp(self.reference.compute_logprobs(batch.samples, sparse=sparse),
                             self.trainer)
         plan = plan_old_logp(self.trainer.train_cfg, batch, self.algo,  # fused when on-policy
-                             self.cfg.learner.global_batch_size, self.gate and self.gate.max_staleness)
+                             self.cfg.learner.global_batch_size, self.source.max_staleness)
         return prepare_update(self.trainer, batch, self.algo.advantage, self.algo.correction, ref,
                               plan)
 
-    def _write_debug_rows(self, rollout_id: int, result, prompts) -> None:
-        if self.plan.debug_path and _rank() == 0:
-            _write_rows(Path(self.plan.debug_path.format(rollout_id=rollout_id)),
-                        result.rows(prompts))
-
-    def _batch(self, result, shaped) -> RolloutBatch:
-        """The learner's view of a rollout: every call a sample, advantages per trace."""
-        traces = result.traces
-        calls = [c for t in traces for c in t.calls]
-        plain = all(len(t.calls) == 1 and t.group is None for t in traces)
-        return RolloutBatch(
-            [_sample(c, self._pad_id()) for c in calls], shaped.rewards,
-            [torch.tensor(c.gen.logprobs or [0.0]) for c in calls],
-            group_index=[t.group_label for t in traces],
-            trace_index=None if plain else [i for i, t in enumerate(traces) for _ in t.calls],
-            loss_weights=None if plain else [c.loss_weight for c in calls],
-            kl_coefs=_kl_coefs(calls, self.algo.loss.kl_loss_coef), keep=shaped.keep,
-            dense=dense_rows([c.gen for c in calls]))
-
-    def push_weights(self, version: str) -> dict:
-        """The trainer's weights to every engine; their next samples must report ``version``."""
-        if self.gate is None:
-            sync = self.sync.push(self.trainer, version)
-            self.rollouts.version = version
-            return sync
-        with self.gate.update(version_number(version, self.start_rollout)), self.device_work():
-            return self.sync.push(self.trainer, version)
-
-    def device_work(self):
-        """Async with an engine in this process: the training thread's GPU work must not overlap
-        the engine thread's CUDA-graph captures (``sglang_kvc.device_work``)."""
-        if self.gate is None or self.rollouts.engine is None:
-            return contextlib.nullcontext()
-        from sglang_kvc import device_work
-
-        return device_work()
-
-    def _pad_id(self) -> int:
-        return self.tokenizer.pad_token_id or 0
-
     # --- eval / save -------------------------------------------------------------------------
     def evaluate(self, rollout_id: int) -> dict:
-        with self.gate.exclusive() if self.gate else contextlib.nullcontext():
-            return self._evaluate(rollout_id)
-
-    def _evaluate(self, rollout_id: int) -> dict:
-        out = {}
-        for name, prompts in self.eval_sets.items():
-            for suffix, sampling, n in self.plan.eval_configs():
-                sampling = apply_budget(self.budget, sampling)  # compressed: the training budget
-                result = self.rollouts.run(prompts, n, sampling, mode="eval")
-                out.update(eval_metrics(f"eval/{name}{suffix}", result))
-                if _rank() == 0:  # what each engine answered, for people and tests to read
-                    _write_rows(self.log_dir / "eval_samples" / f"{name}{suffix}_rollout{rollout_id}.jsonl",
-                                result.rows(prompts))
-        return out
+        with self.source.exclusive():
+            return evaluate(self.eval, rollout_id)
 
     def save(self, rollout_id: int) -> None:
         if self.save_dir is None:
             return
         plain = {k: v for k, v in self.cfg.flags.items()
                  if isinstance(v, (int, float, str, bool, list, type(None)))}
-        with self.device_work():
+        with self.source.device_work():
             save_checkpoint(self.trainer, self.save_dir, rollout_id, args=argparse.Namespace(**plain),
                             extra={"rollout_id": rollout_id, "compress_budget": self.budget.budget,
-                                   "data": self._data_states.get(rollout_id, self.prompts.state())})
+                                   "data": self.generate.data_states.get(rollout_id, self.prompts.state())})
 
     def close(self) -> None:
-        if self.producer is not None:
-            self.producer.close()
+        self.source.close()
         self.rollouts.close()
         if self.logger is not None:
             self.logger.close()
@@ -348,57 +211,6 @@ def _timed(fn, *args):
     start = time.perf_counter()
     out = fn(*args)
     return out, time.perf_counter() - start
-
-
-def _tokens_per_s(result, waited: float | None) -> float:
-    """Generated tokens per second of generation: the wait for it (synchronous), or the
-    slowest engine's generation time (async: it overlapped training)."""
-    seconds = waited if waited is not None else max(s.seconds for s in result.shards)
-    return sum(len(g.response_ids) for g in result.gens) / max(seconds, 1e-6)
-
-
-def _sample(call, pad_id: int) -> Sample:
-    """A call as the learner's sample, with its eviction record (replay) when it has one; an
-    empty response becomes one pad token, whose record would not fit: replayed densely."""
-    gen = call.gen
-    record = gen.eviction_record if gen.response_ids else None
-    return Sample(call.prompt_ids, gen.response_ids or [pad_id], record,
-                  gen.meta.get("eviction_record_dense_from"))
-
-
-def _kl_coefs(calls, default: float) -> list[float] | None:
-    """Per-call KL coefficients when a plug-in set any (None: --kl-loss-coef for all)."""
-    if all(c.kl_coef is None for c in calls):
-        return None
-    return [default if c.kl_coef is None else c.kl_coef for c in calls]
-
-
-def eval_metrics(prefix: str, result) -> dict:
-    """Mean final score, mean response length, and pass@n (a prompt counts when any of its n
-    answers scored > 0) when several samples were drawn per prompt."""
-    final = [t for t in result.traces if t.final]
-    gens = result.gens
-    out = {f"{prefix}/score": sum(t.reward for t in final) / len(final),
-           f"{prefix}/response_len": sum(len(g.response_ids) for g in gens) / len(gens)}
-    by_prompt: dict[int, bool] = {}
-    for t in final:
-        by_prompt[t.prompt_index] = by_prompt.get(t.prompt_index, False) or t.reward > 0
-    n = len(final) // max(1, len(by_prompt))
-    if n > 1:
-        out[f"{prefix}/pass@{n}"] = sum(by_prompt.values()) / len(by_prompt)
-    return out
-
-
-def _pool_detail(pool: dict | None) -> str | None:
-    if not pool:
-        return None
-    gib = pool["capacity"] * pool["bytes_per_slot"] / 2**30
-    return f"KV pool of rank 0's engine: {pool['capacity']} tokens, {gib:.2f} GiB"
-
-
-def _write_rows(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def _engine_device() -> str:
@@ -414,7 +226,7 @@ def train(cfg: RunConfig, restart_hook: RestartHookFactory | None = None) -> lis
             # the engines loaded --hf-checkpoint; make them serve exactly the trainer's weights
             why = f": {rounded}" if rounded else ""
             with phase(f"weights to the engine(s) ({cfg.rollout.weight_sync.mode}){why}"):
-                run.push_weights(f"rollout-{run.start_rollout}")
+                run.source.push(run.trainer, f"rollout-{run.start_rollout}")
         if cfg.loop.eval_before_train and run.start_rollout == 0:
             _evaluate_start(run)
         bar = tqdm(range(run.start_rollout, cfg.loop.num_rollout), desc="rollouts",
@@ -425,7 +237,8 @@ def train(cfg: RunConfig, restart_hook: RestartHookFactory | None = None) -> lis
                             len=f"{metrics['response_len_mean']:.0f}")
             if _saves_after(cfg.loop, rollout_id + 1):
                 run.save(rollout_id + 1)
-        _summarize(run)
+        if _rank() == 0 and run.history:  # plots and the first-vs-last table
+            print_summary(run.history, run.log_dir)
         return run.history
     finally:
         run.close()
@@ -460,15 +273,6 @@ def _saves_after(loop: LoopConfig, done: int) -> bool:
     return loop.save_dir is not None and bool(done == loop.num_rollout or every)
 
 
-def _summarize(run: Run) -> None:
-    """Rank 0: plots of the logged metrics and the first-vs-last table."""
-    if _rank() != 0 or not run.history:
-        return
-    plots = plot_metrics(run.log_dir / "metrics.jsonl", run.log_dir)
-    print(format_summary(run.history, window=max(1, min(5, len(run.history) // 2))))
-    print(f"metrics: {run.log_dir / 'metrics.jsonl'}; plots: {', '.join(p.name for p in plots)}")
-
-
 def main(argv=None, restart_hook: RestartHookFactory | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -478,8 +282,8 @@ def main(argv=None, restart_hook: RestartHookFactory | None = None) -> int:
         return 1
     fleet = None
     try:
-        fleet = engine_processes(args)
-        train(run_config_from_args(args), restart_hook or (fleet and fleet.restart_hook))
+        fleet, cfg = with_engine_processes(run_config_from_args(args))
+        train(cfg, restart_hook or (fleet and fleet.restart_hook))
     except (DataError, CheckpointError, EngineProcessError, RolloutError) as e:  # a message
         print(f"trainer.train: error: {e}", file=sys.stderr)
         return 2
@@ -488,20 +292,6 @@ def main(argv=None, restart_hook: RestartHookFactory | None = None) -> int:
             fleet.stop()
         cpu_megatron.teardown()
     return 0
-
-
-def engine_processes(args: argparse.Namespace):
-    """``--rollout-engine-process`` (this rank's engine as a child process) or
-    ``--rollout-num-gpus`` (engines on GPUs of their own, started by rank 0): engine_process.py."""
-    if not (args.rollout_engine_process or args.rollout_num_gpus):
-        return None
-    from .rollout.engine_process import start_engine_processes
-
-    log_dir = Path(args.log_dir or args.save or ".")
-    with phase("start the rollout engine process(es)") as info:
-        fleet = start_engine_processes(args, log_dir, _engine_device())
-        info["detail"] = ", ".join(args.rollout_server_urls) + f"; logs under {log_dir / 'engines'}"
-    return fleet
 
 
 if __name__ == "__main__":

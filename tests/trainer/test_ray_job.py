@@ -474,13 +474,14 @@ def test_engine_urls_need_the_router_url(inputs, capsys):
     """The trainer's hook for a router: weight updates go to --rollout-engine-urls, which only
     make sense behind --rollout-server-urls."""
     from trainer.arguments import parse_args
+    from trainer.rollout.config import weight_sync_mode
 
     model, tmp = inputs
     (tmp / "unused.jsonl").write_text('{"prompt": "p", "label": "1"}\n')  # checked at parsing
     base = ["--hf-checkpoint", str(model), "--prompt-data", str(tmp / "unused.jsonl")]
     args = parse_args([*base, "--rollout-server-urls", "http://router", "--rollout-engine-urls",
                        "http://e0", "http://e1"])
-    assert args.rollout_engine_urls == ["http://e0", "http://e1"] and args.weight_sync == "tensor"
+    assert args.rollout_engine_urls == ["http://e0", "http://e1"] and weight_sync_mode(args) == "tensor"
     with pytest.raises(SystemExit):
         parse_args([*base, "--rollout-engine-urls", "http://e0"])
     assert "--rollout-engine-urls names the engines behind --rollout-server-urls" in capsys.readouterr().err

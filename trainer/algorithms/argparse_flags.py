@@ -33,7 +33,7 @@ def _optional_float(text: str) -> float | None:
 
 def add_algorithm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Register the advantage, loss and sparse-correction flags on ``parser``."""
-    g = parser.add_argument_group("advantages")
+    g = parser.add_argument_group("algorithms: advantages")
     g.add_argument("--advantage-estimator", choices=ESTIMATORS, default="grpo",
                    help="advantage estimator (default: grpo, the reference's)")
     g.add_argument("--disable-grpo-std-normalization", action="store_true",
@@ -41,7 +41,7 @@ def add_algorithm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     g.add_argument("--gamma", type=float, default=1.0,
                    help="discount of token rewards for reinforce_plus_plus (default: 1.0)")
 
-    g = parser.add_argument_group("policy loss")
+    g = parser.add_argument_group("algorithms: policy loss")
     g.add_argument("--eps-clip", type=float, default=_LOSS.eps_clip,
                    help="PPO clip: ratio clipped below at 1 - eps (default: 0.2)")
     g.add_argument("--eps-clip-high", type=float, default=None,
@@ -63,7 +63,7 @@ def add_algorithm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     g.add_argument("--loss-agg-norm-length", type=int, default=None,
                    help="constant length for seq_mean_token_sum_norm (default: --rollout-max-response-len)")
 
-    g = parser.add_argument_group("sparse-rollout correction (pi_old / pi_sparse)")
+    g = parser.add_argument_group("algorithms: sparse-rollout correction (pi_old / pi_sparse)")
     g.add_argument("--mis-preset", choices=sorted(PRESETS), default="sparse_rl",
                    help="base correction settings; the flags below override single fields "
                         "(default: sparse_rl, the reference's mis.yaml)")

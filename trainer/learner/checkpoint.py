@@ -173,3 +173,10 @@ def load_checkpoint(trainer, load_dir: str | Path, *, load_optimizer: bool = Tru
 def latest_iteration(save_dir: str | Path) -> int | None:
     it = read_tracker(save_dir)
     return None if it in (None, "release") else int(it)
+
+
+def is_trainer_checkpoint(path: str | None) -> bool:
+    """Whether ``path`` is a checkpoint this trainer saved (a run to resume), not only weights."""
+    if not path or not Path(path).exists() or read_tracker(path) in (None, "release"):
+        return False
+    return "extra" in read_common(resolve_checkpoint_dir(path))

@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 
 from .model_provider import ModelConfig
-from .policy_trainer import OptimConfig, TrainConfig
+from .policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
 
 
 @dataclasses.dataclass
@@ -30,6 +30,17 @@ class LearnerConfig:
         return dataclasses.replace(self.model, load=self.ref_load, role="reference")
 
 
+def build_models(cfg: LearnerConfig, resume: bool, with_reference: bool, cache_dir):
+    """The policy trainer (its weights from ``--load``/``--hf-checkpoint``, or left for a resume
+    to load) and, when the loss or a plug-in needs one, the frozen reference (else None)."""
+    trainer = PolicyTrainer(cfg.policy_model(resume), cfg.optim, cfg.train, cache_dir=cache_dir,
+                            load_weights=not resume)
+    if not with_reference:
+        return trainer, None
+    return trainer, PolicyTrainer(cfg.reference_model(), OptimConfig(), trainer.train_cfg,
+                                  cache_dir=cache_dir, trainable=False)
+
+
 def learner_config_from_args(args: argparse.Namespace) -> LearnerConfig:
     backend = args.attention_backend
     if backend == "auto" and _replays(args):  # the eviction masks live in our SDPA attention
@@ -37,7 +48,14 @@ def learner_config_from_args(args: argparse.Namespace) -> LearnerConfig:
     model = ModelConfig(hf_checkpoint=args.hf_checkpoint, load=args.load,
                         attention_backend=backend)
     return LearnerConfig(model, optim_config_from_args(args), train_config_from_args(args),
-                         global_batch_size=args.global_batch_size, ref_load=args.ref_load)
+                         global_batch_size=global_batch_size(args), ref_load=args.ref_load)
+
+
+def global_batch_size(args: argparse.Namespace) -> int:
+    """Samples per optimizer step: ``--global-batch-size``, by default the whole rollout."""
+    if args.global_batch_size is None:
+        return args.rollout_batch_size * args.n_samples_per_prompt
+    return args.global_batch_size
 
 
 def optim_config_from_args(args: argparse.Namespace) -> OptimConfig:
@@ -74,7 +92,7 @@ def check_sparse_replay_args(parser: argparse.ArgumentParser, args: argparse.Nam
 def add_sparse_replay_args(parser: argparse.ArgumentParser) -> None:
     """Eviction replay (learner/sparse_attention.py): the rollouts return their eviction records
     and the learner's forward attends under them."""
-    g = parser.add_argument_group("eviction replay")
+    g = parser.add_argument_group("learner: eviction replay")
     g.add_argument("--sparse-recompute", action="store_true",
                    help="recompute π_old with the sampler's own KV evictions: "
                         "the behaviour ratio and the mismatch metrics then measure numerics only")
@@ -82,3 +100,54 @@ def add_sparse_replay_args(parser: argparse.ArgumentParser) -> None:
                    help="the update's forward uses the same eviction masks: GRPO optimises the "
                         "compressed policy itself, on-policy (implies --sparse-recompute; the "
                         "reference's log-probs are replayed too)")
+
+
+def add_learner_args(parser: argparse.ArgumentParser) -> None:
+    """The learner's flags: the model and its checkpoints, training, eviction replay."""
+    _add_model_args(parser)
+    _add_training_args(parser)
+    add_sparse_replay_args(parser)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("learner: model and checkpoints")
+    g.add_argument("--hf-checkpoint", required=True,
+                   help="HF model dir: architecture, tokenizer, initial weights, rollout engine")
+    g.add_argument("--load", default=None,
+                   help="torch_dist checkpoint to start from; a trainer checkpoint resumes the "
+                        "run (rollout id, data position, optimizer, RNG)")
+    g.add_argument("--ref-load", default=None,
+                   help="reference model for the KL loss (default: --hf-checkpoint)")
+    g.add_argument("--save", default=None, help="where trainer checkpoints are written")
+    g.add_argument("--save-interval", type=int, default=None,
+                   help="save every N rollouts (and always after the last)")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--attention-backend", default="auto", choices=["auto", "te", "sdpa", "local"])
+    g.add_argument("--seed", type=int, default=1234)
+
+
+def _add_training_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("learner: training")
+    g.add_argument("--num-rollout", type=int, default=100)
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help="samples per optimizer step (default: the whole rollout)")
+    g.add_argument("--lr", type=float, default=1e-6)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-decay-style", default="constant", choices=["constant", "linear", "cosine"])
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-decay-iters", type=int, default=None)
+    g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.98)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--max-tokens-per-gpu", type=int, default=8192,
+                   help="token budget of one packed micro-batch")
+    g.add_argument("--log-probs-chunk-size", type=int, default=1024,
+                   help="tokens per fp32 chunk of the log-prob pass off CUDA (on CUDA one Triton "
+                        "pass covers the micro-batch)")
+    g.add_argument("--fused-old-logprobs", action=argparse.BooleanOptionalAction, default=True,
+                   help="on-policy rollouts (one optimizer step, no staleness) take pi_old from the "
+                        "update's own forward instead of a recompute pass (default: on; "
+                        "trainer/README.md lists where the recompute stays)")

@@ -24,8 +24,7 @@ import signal
 import threading
 import time
 
-import requests
-
+from ..rollout.lifecycle import healthy
 from .node import free_port, node_ip
 from .options import RayJobError
 
@@ -120,16 +119,9 @@ def wait_healthy(urls: list[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     waiting = list(urls)
     while waiting:
-        waiting = [u for u in waiting if not _healthy(u)]
+        waiting = [u for u in waiting if not healthy(u, timeout=5)]
         if waiting and time.monotonic() > deadline:
             raise RayJobError(f"rollout engine(s) {waiting} did not answer /health within "
                               f"{timeout:.0f}s (--engine-start-timeout)")
         if waiting:
             time.sleep(0.5)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return requests.get(url + "/health", timeout=5).status_code == 200
-    except requests.RequestException:
-        return False

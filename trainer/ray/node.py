@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import socket
+from ..rollout.lifecycle import free_port  # noqa: F401 - this node's engines, router, rendezvous
 
 
 def node_ip() -> str:
@@ -10,12 +10,6 @@ def node_ip() -> str:
     import ray
 
     return ray.util.get_node_ip_address()
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def local_gpu_index(gpu_ids: list, visible: str | None) -> int:

@@ -17,6 +17,8 @@ its restart bound in the trainer ranks' environment; ``trainer_actor.py`` hands
 :func:`restart_hook_from_env` to ``trainer.train.main``, which calls it once the weight sync
 exists. It returns None outside such a job (a dead engine stays down).
 A trainer rank's death still ends the job (``job.py``).
+The engines' start, health, restart, re-sync and stop are the steps every engine takes
+(``trainer/rollout/lifecycle.py``); ``EngineSupervisor`` is its ``EngineGroup`` for Ray actors.
 """
 
 from __future__ import annotations

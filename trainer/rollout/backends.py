@@ -19,6 +19,7 @@ import requests
 from tqdm import tqdm
 
 from .failover import AllEnginesDown, EngineSet, RestartHook
+from .lifecycle import healthy
 
 log = logging.getLogger(__name__)
 
@@ -326,10 +327,7 @@ class HTTPRollout(Backend):
             self.engines.failed(slot, url, error)
 
     def _healthy(self, url: str) -> bool:
-        try:
-            return requests.get(url + "/health", timeout=self.health_timeout).status_code == 200
-        except requests.RequestException:
-            return False
+        return healthy(url, self.health_timeout)
 
     def _send(self, url: str, payload: dict) -> dict:
         try:

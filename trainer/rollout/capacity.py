@@ -38,3 +38,23 @@ def capacity_line(pool_tokens: int, prompt_len: int, response_len: int, algorith
         kept = "prompt+" if keep_prompt else ""
         line += f", {sparse} with {algorithm} {kept}{budget}+{divide_length}"
     return line
+
+
+def pool_detail(pool: dict | None) -> str | None:
+    """rank 0's engine's KV pool in tokens and GiB (the startup phase line's detail)."""
+    if not pool:
+        return None
+    gib = pool["capacity"] * pool["bytes_per_slot"] / 2**30
+    return f"KV pool of rank 0's engine: {pool['capacity']} tokens, {gib:.2f} GiB"
+
+
+def run_capacity(pool_tokens: int, engine_flags: dict, prompts: list, response_len: int) -> str:
+    """The pool in samples of the run's mean prompt (of the first 1000) at the configured
+    response length, dense and as the ``--sglang-compress-*`` flags compress."""
+    algo = engine_flags.get("compress_algorithm")
+    algo = None if str(algo).lower() in ("none", "") else algo
+    lens = [len(p.input_ids) for p in prompts[:1000]] or [0]
+    return capacity_line(pool_tokens, round(sum(lens) / len(lens)), response_len, algo,
+                         engine_flags.get("compress_max_prompt"),
+                         engine_flags.get("compress_divide_length"),
+                         bool(engine_flags.get("compress_keep_prompt")))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import torch
 
@@ -26,6 +27,7 @@ from .dynamic_sampling import DynamicSamplingConfig
 from .fidelity import adaptive_config_from_args
 from .generate import load_generate_plugin, parse_options
 from .rewards import RewardConfig, reward_config_from_args
+from .weight_sync import MODES as WEIGHT_SYNC_MODES
 
 ENGINE_PREFIX = "sglang_"  # dest of ``--sglang-<field>``: one ServerArgs field
 # Server flags that make no sense for an engine the trainer starts itself.
@@ -55,6 +57,18 @@ class DataConfig:
                                apply_chat_template=self.apply_chat_template,
                                max_prompt_len=self.max_prompt_len)
         return PromptStream(prompts, seed=self.seed, shuffle=self.shuffle)
+
+    def load(self):
+        """The tokenizer, the training prompt stream and the eval sets, as a startup phase."""
+        from transformers import AutoTokenizer
+
+        from ..launch import phase
+
+        with phase("tokenizer and prompt data") as info:
+            tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+            prompts, eval_sets = self.prompt_stream(tokenizer), self.eval_sets(tokenizer)
+            info["detail"] = f"{len(prompts.prompts)} prompts, {len(eval_sets)} eval set(s)"
+        return tokenizer, prompts, eval_sets
 
     def eval_sets(self, tokenizer) -> dict:
         return {name: load_prompts(path, tokenizer, input_key=self.eval_input_key,
@@ -121,6 +135,8 @@ class EngineConfig:
     offload: bool | None = None  # release the KV pool while training; None: with a GPU
     per_gpu: bool = True  # colocated: an engine on every GPU (False: one per data-parallel replica)
     num_gpus: int = 0  # --rollout-num-gpus: engine processes on GPUs of their own (rank 0 starts them)
+    engine_process: bool = False  # --rollout-engine-process: each colocated engine a child process
+    log_dir: Path = Path(".")  # engine processes log under engines/ here (--log-dir, else --save)
 
     @property
     def remote(self) -> bool:
@@ -228,12 +244,30 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         server_urls=args.rollout_server_urls,
                         engine_urls=args.rollout_engine_urls, offload=args.offload_rollout,
                         per_gpu=args.rollout_engine_placement == "per-gpu",
-                        num_gpus=args.rollout_num_gpus)
+                        num_gpus=args.rollout_num_gpus,
+                        engine_process=args.rollout_engine_process,
+                        log_dir=Path(args.log_dir or args.save or "."))
 
 
 def weight_sync_config_from_args(args: argparse.Namespace) -> WeightSyncConfig:
-    return WeightSyncConfig(mode=args.weight_sync, bucket_bytes=args.weight_sync_bucket_mb << 20,
+    return WeightSyncConfig(mode=weight_sync_mode(args),
+                            bucket_bytes=args.weight_sync_bucket_mb << 20,
                             master_address=args.weight_sync_master_address)
+
+
+def weight_sync_mode(args: argparse.Namespace) -> str:
+    """``--weight-sync``, with ``auto`` resolved by where the engines run: NCCL (GPU) or tensors
+    for ``--rollout-num-gpus``, CUDA IPC (GPU) or tensors for ``--rollout-engine-process``,
+    tensors over HTTP for servers, else the in-process engine's own path."""
+    if args.weight_sync != "auto":
+        return args.weight_sync
+    if args.rollout_num_gpus:
+        return "distributed" if torch.cuda.is_available() else "tensor"
+    if args.rollout_engine_process:
+        from .engine_process import weight_transport
+
+        return weight_transport()
+    return "tensor" if args.rollout_server_urls else "inprocess"
 
 
 def server_args_from(args: argparse.Namespace, device: str | None = None):
@@ -245,7 +279,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Register ``--sglang-<field>`` for every ServerArgs field a colocated engine takes."""
     from sglang_kvc import ServerArgs
 
-    group = parser.add_argument_group("rollout engine (--sglang-*, as sglang-kvc's flags)")
+    group = parser.add_argument_group("rollout: engine (--sglang-*, as sglang-kvc's flags)")
     for f in dataclasses.fields(ServerArgs):
         if f.name not in _SERVER_FLAGS_NOT_FORWARDED:
             _add_engine_flag(group, f)
@@ -264,3 +298,150 @@ def _add_engine_flag(group, f: dataclasses.Field) -> None:
         kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
         group.add_argument(flag, dest=dest, type=kind, default=f.default,
                            help=f"{help_text} (default: {f.default})", **meta)
+
+
+def add_rollout_args(parser: argparse.ArgumentParser) -> None:
+    """The rollout side's flags: data, sampling and engines, evaluation, rewards, fidelity."""
+    from .fidelity import add_fidelity_args
+    from .rewards import add_reward_args
+
+    for add in (_add_data_args, _add_rollout_args, add_engine_args, _add_eval_args,
+                add_reward_args, add_fidelity_args):
+        add(parser)
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("rollout: data")
+    g.add_argument("--prompt-data", required=True,
+                   help="JSONL/parquet of prompts; 'file.jsonl@[0:1000]' takes a slice")
+    g.add_argument("--input-key", default="prompt")
+    g.add_argument("--label-key", default="label")
+    g.add_argument("--apply-chat-template", action="store_true",
+                   help="wrap string prompts in the tokenizer's chat template (message lists "
+                        "always are)")
+    g.add_argument("--rollout-shuffle", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--max-prompt-len", type=int, default=None,
+                   help="keep only the last N prompt tokens")
+
+
+def _add_rollout_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("rollout")
+    _add_sampling_args(g)
+    _add_server_args(g)
+    _add_rollout_extras(g)
+
+
+def _add_sampling_args(g) -> None:
+    g.add_argument("--rollout-batch-size", type=int, default=32, help="prompts per rollout")
+    g.add_argument("--n-samples-per-prompt", type=int, default=8)
+    g.add_argument("--rollout-max-response-len", type=int, default=1024)
+    g.add_argument("--rollout-temperature", type=float, default=1.0)
+    g.add_argument("--rollout-top-p", type=float, default=1.0)
+    g.add_argument("--rollout-top-k", type=int, default=-1)
+    g.add_argument("--rollout-stop-token-ids", type=int, nargs="*", default=None)
+    g.add_argument("--overlong-buffer-len", type=int, default=0,
+                   help="DAPO soft over-long penalty (verl's overlong_buffer.len): responses longer "
+                        "than --rollout-max-response-len minus this lose up to "
+                        "--overlong-penalty-factor of training reward, linearly (default: 0, off)")
+    g.add_argument("--overlong-penalty-factor", type=float, default=1.0,
+                   help="the over-long penalty at the maximum length (default: 1.0)")
+    g.add_argument("--overlong-filtering", action="store_true",
+                   help="DAPO over-long filtering: truncated samples are masked from the loss")
+    g.add_argument("--dynamic-sampling-filter-path", default=None,
+                   help="DAPO dynamic sampling (slime's flag): keep only the prompt groups this "
+                        "filter passes, generating rounds until the batch is full; "
+                        "'reward_nonzero_std' (built in: rewards not all equal) or "
+                        "'pkg.module:fn', fn(group: list[Trace]) -> bool")
+    g.add_argument("--over-sampling-batch-size", type=int, default=None,
+                   help="prompts per dynamic-sampling round (slime's flag; default: "
+                        "--rollout-batch-size)")
+
+
+def _add_server_args(g) -> None:
+    """Where rollouts run and how weights reach them."""
+    g.add_argument("--rollout-server-urls", nargs="*", default=None,
+                   help="SGLang-API servers (sglang-kvc or stock SGLang); default: an in-process "
+                        "engine on every data-parallel rank, colocated with the trainer")
+    g.add_argument("--rollout-engine-urls", nargs="*", default=None,
+                   help="the engines behind a router given as --rollout-server-urls: weight "
+                        "updates go to each of them, since a router forwards only generation "
+                        "(default: the --rollout-server-urls themselves). Behind a router the "
+                        "trainer cannot fail over between engines; python -m trainer.ray_job "
+                        "gives it the engines themselves as --rollout-server-urls")
+    g.add_argument("--rollout-engine-process", action="store_true",
+                   help="run each rank's colocated engine as a child process (python -m "
+                        "sglang_kvc.launch_server with the --sglang-* flags, on the rank's device) "
+                        "talked to over HTTP, instead of in the trainer's process: with "
+                        "--max-staleness, generation and training then overlap without sharing "
+                        "one Python interpreter; weights go by ipc on a GPU, tensor on a CPU")
+    g.add_argument("--rollout-engine-placement", default="per-gpu", choices=["per-gpu", "per-replica"],
+                   help="colocated engines: one on every GPU (default; at TP > 1 each holds the full "
+                        "weights, and every GPU generates), or one per data-parallel replica on its "
+                        "first tensor-parallel rank (less engine memory, fewer generating GPUs)")
+    g.add_argument("--rollout-num-gpus", type=int, default=0,
+                   help="disaggregated rollouts under torchrun (slime's flag): global rank 0 starts "
+                        "this many engine processes (python -m sglang_kvc.launch_server, one GPU "
+                        "each) on this node's GPUs after the trainer's (local GPU LOCAL_WORLD_SIZE "
+                        "onwards); weights go over NCCL (--weight-sync distributed) on a GPU")
+    g.add_argument("--rollout-concurrency", type=int, default=64,
+                   help="in-flight HTTP requests per server")
+    g.add_argument("--rollout-samples-per-request", type=int, default=256,
+                   help="samples sent together as one batched HTTP /generate request (SGLang "
+                        "takes lists of input_ids); 1 sends one request per sample. A request "
+                        "that fails is re-issued whole, to another engine when it is down")
+    g.add_argument("--weight-sync", default="auto",
+                   choices=["auto", *WEIGHT_SYNC_MODES],
+                   help="how weights reach the engine (auto: inprocess, or tensor over HTTP; ipc: "
+                        "handles to this host's memory, for servers on the same machine)")
+    g.add_argument("--weight-sync-bucket-mb", type=int, default=512)
+    g.add_argument("--weight-sync-master-address", default=None,
+                   help="--weight-sync distributed: the address servers reach the trainer's rank 0 "
+                        "at (default: $MASTER_ADDR, else 127.0.0.1); set it when servers run on "
+                        "other nodes")
+
+
+def _add_rollout_extras(g) -> None:
+    """Debug dumps, generate plug-ins, the colocated engine's memory."""
+    g.add_argument("--save-debug-rollout-data", default=None,
+                   help="write each rollout's samples (ids, log-probs, reward, engine) as JSONL to "
+                        "this path; '{rollout_id}' in it is replaced (slime's flag)")
+    g.add_argument("--custom-generate-function-path", default=None,
+                   help="generate plug-in 'pkg.module:func_or_class' (slime's flag): decides the "
+                        "requests of a rollout and returns traces (trainer/rollout/generate.py; "
+                        "recipes: recipes.rc:ReasoningCache, recipes.apr:APRSubcalls)")
+    g.add_argument("--custom-generate-args", nargs="*", default=None, metavar="KEY=VALUE",
+                   help="options of a plug-in class (values parsed as JSON when they parse)")
+    g.add_argument("--max-staleness", type=int, default=None,
+                   help="asynchronous rollouts (AReaL's max_head_offpolicyness): the next rollouts "
+                        "are generated while the current one trains, each sample at most N weight "
+                        "versions behind the weights it trains; 0 equals the synchronous run "
+                        "(default: synchronous)")
+    g.add_argument("--partial-rollout", action="store_true",
+                   help="slime's partial rollouts (with --max-staleness): a weight push interrupts "
+                        "the requests in flight, which keep their tokens and continue under the "
+                        "new weights (each token keeps its behaviour log-prob and version)")
+    g.add_argument("--offload-rollout", action=argparse.BooleanOptionalAction, default=None,
+                   help="release the colocated engine's KV memory while training (default: on "
+                        "with a GPU)")
+
+
+def _add_eval_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("rollout: evaluation")
+    g.add_argument("--eval-prompt-data", nargs="*", default=None,
+                   help="name path pairs: 'aime24 data/aime24.jsonl math500 data/math500.jsonl'")
+    g.add_argument("--eval-interval", type=int, default=None, help="evaluate every N rollouts")
+    g.add_argument("--eval-before-train", action="store_true",
+                   help="also evaluate the starting policy (logged as step 0), as verl's val_before_train")
+    g.add_argument("--n-samples-per-eval-prompt", type=int, default=1)
+    g.add_argument("--eval-max-response-len", type=int, default=None)
+    g.add_argument("--eval-temperature", type=float, nargs="+", default=[0.0],
+                   help="one evaluation pass per value, e.g. '0 1': greedy (one sample per prompt) "
+                        "and T = 1 with --n-samples-per-eval-prompt samples (pass@n); passes after "
+                        "the first are logged as eval/<name>_t<T>/*")
+    g.add_argument("--eval-top-p", type=float, default=1.0)
+    g.add_argument("--eval-compression", choices=["train", "dense", "both"], default="train",
+                   help="KV of the evaluation samples: as the rollouts (the engines' --sglang-compress-*), "
+                        "dense (sglang-kvc's per-request compress: false on the same engines), or both "
+                        "(dense scores logged as eval/<name>_dense/*)")
+    g.add_argument("--eval-input-key", default=None)
+    g.add_argument("--eval-label-key", default=None)

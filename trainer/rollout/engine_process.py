@@ -17,7 +17,6 @@ its KV pool while the trainer trains (the memory split is ``--sglang-mem-fractio
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..launch import phase
 from .fleet import EngineFleet, FleetConfig
 
 _NOT_PASSED = {"model_path", "host", "port"}  # the fleet sets these itself
@@ -61,25 +61,37 @@ def weight_transport() -> str:
     return "ipc" if torch.cuda.is_available() else "tensor"
 
 
-def start_engine_processes(args: argparse.Namespace, log_dir: Path, device: str
-                           ) -> EngineFleet | None:
+def engine_processes(engines, device: str):
+    """``--rollout-engine-process`` (this rank's engine as a child process) or
+    ``--rollout-num-gpus`` (engines on GPUs of their own, started by rank 0), as a startup
+    phase: the fleet (None where this rank starts none) and ``engines`` (an ``EngineConfig``)
+    pointed at every engine's URL. Unchanged, with no fleet, when neither flag is given."""
+    if not (engines.engine_process or engines.num_gpus):
+        return None, engines
+    log_dir = engines.log_dir
+    with phase("start the rollout engine process(es)") as info:
+        fleet, urls = start_engine_processes(engines, log_dir, device)
+        info["detail"] = ", ".join(urls) + f"; logs under {log_dir / 'engines'}"
+    return fleet, dataclasses.replace(engines, server_urls=urls)
+
+
+def start_engine_processes(engines, log_dir: Path, device: str
+                           ) -> tuple[EngineFleet | None, list[str]]:
     """This rank's engine process(es): with ``--rollout-engine-process`` its colocated engine on
     ``device`` (if it hosts one), with ``--rollout-num-gpus N`` (global rank 0) N engines on the
-    node's GPUs after the trainer's. Points ``args.rollout_server_urls`` at every engine, on
-    every rank. Call after the process groups and Megatron's parallel state exist."""
+    node's GPUs after the trainer's. Returns them and every engine's URL, on every rank. Call
+    after the process groups and Megatron's parallel state exist."""
     from .sharding import Placement, gather_shards, placement
 
-    if args.rollout_num_gpus:
+    if engines.num_gpus:
         rank0 = not dist.is_initialized() or dist.get_rank() == 0
-        fleet = _start(_disaggregated(args, log_dir)) if rank0 else None
+        fleet = _start(_disaggregated(engines, log_dir)) if rank0 else None
         urls = gather_shards(fleet.urls if fleet else None, Placement(1, 0 if rank0 else None))
-        args.rollout_server_urls = urls[0]
-        return fleet
-    place = placement(remote=False, per_gpu=args.rollout_engine_placement == "per-gpu")
-    fleet = _start(_colocated(args, log_dir, device)) if place.generates else None
+        return fleet, urls[0]
+    place = placement(remote=False, per_gpu=engines.per_gpu)
+    fleet = _start(_colocated(engines, log_dir, device)) if place.generates else None
     # in generator order, so rollout_engine<i> is generating rank i's engine
-    args.rollout_server_urls = gather_shards(fleet.urls[0] if fleet else None, place)
-    return fleet
+    return fleet, gather_shards(fleet.urls[0] if fleet else None, place)
 
 
 def _start(cfg: FleetConfig) -> EngineFleet:
@@ -91,23 +103,19 @@ def _start(cfg: FleetConfig) -> EngineFleet:
     return fleet
 
 
-def _colocated(args: argparse.Namespace, log_dir: Path, device: str) -> FleetConfig:
-    from .config import server_args_from
-
-    return FleetConfig(args.hf_checkpoint, 1, server_argv(server_args_from(args, device)),
+def _colocated(engines, log_dir: Path, device: str) -> FleetConfig:
+    return FleetConfig(engines.model_path, 1, server_argv(engines.server_args(device)),
                        host=_bind_host(), log_dir=str(_engine_logs(log_dir)))
 
 
-def _disaggregated(args: argparse.Namespace, log_dir: Path) -> FleetConfig:
+def _disaggregated(engines, log_dir: Path) -> FleetConfig:
     """``--rollout-num-gpus`` engines, one GPU each (``CUDA_VISIBLE_DEVICES``), on the GPUs of
     this node that the trainer's ranks do not use; on a CPU machine, CPU engines."""
-    from .config import server_args_from
-
-    n = args.rollout_num_gpus
+    n = engines.num_gpus
     gpus = rollout_gpus(n, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     device = "cuda:0" if gpus else "cpu"  # the one GPU each engine sees
     env = [{"CUDA_VISIBLE_DEVICES": g} for g in gpus] or None
-    return FleetConfig(args.hf_checkpoint, n, server_argv(server_args_from(args, device)),
+    return FleetConfig(engines.model_path, n, server_argv(engines.server_args(device)),
                        host=_bind_host(), log_dir=str(log_dir / "engines"), env=env)
 
 

@@ -19,7 +19,7 @@ from .backends import Generation, RolloutConfig
 
 
 def add_fidelity_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("sampler fidelity (adaptive budget, dense share)")
+    g = parser.add_argument_group("rollout: sampler fidelity (adaptive budget, dense share)")
     g.add_argument("--adaptive-budget-max", type=int, default=None,
                    help="adapt the compression budget B per rollout between "
                         "--sglang-compress-max-prompt (the start) and this: after each dense "

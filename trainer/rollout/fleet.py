@@ -17,6 +17,9 @@ old process, starts one with the same arguments (same port when free, else a new
 ``WeightSync.resync``: last pushed weights and version) and returns the URL. A Ray launcher passes
 its own function for its actors through the same hook.
 
+The steps are the ones every engine takes (``lifecycle.py``): start, health, restart, re-sync,
+stop.
+
 No orphans: ``stop()`` runs on ``with`` exit and at interpreter exit, and on Linux every child
 gets SIGTERM if the trainer process dies without running either (``PR_SET_PDEATHSIG``; the
 children are spawned from one long-lived thread, since the signal follows the spawning thread).
@@ -31,7 +34,6 @@ import dataclasses
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import requests
+from .lifecycle import free_port, healthy, port_free
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,7 @@ class EngineFleet:
         if cfg.num_engines < 1:
             raise ValueError("a fleet needs at least one engine")
         self.cfg, self.resync = cfg, resync
-        self.engines = [EngineProcess(i, cfg.host, _free_port(cfg.host))
+        self.engines = [EngineProcess(i, cfg.host, free_port(cfg.host))
                         for i in range(cfg.num_engines)]
         self.log_dir = Path(cfg.log_dir or tempfile.mkdtemp(prefix="engine-fleet-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -113,8 +115,8 @@ class EngineFleet:
             return None
         engine.restarts += 1
         _end(engine.proc)  # a hung process must not keep the port or its memory
-        if not _port_free(engine.host, engine.port):
-            engine.port = _free_port(engine.host)
+        if not port_free(engine.host, engine.port):
+            engine.port = free_port(engine.host)
         self._spawn(engine)
         self._wait_healthy(engine)
         if self.resync is not None:
@@ -173,7 +175,7 @@ class EngineFleet:
             if engine.proc.poll() is not None:
                 raise RuntimeError(f"rollout engine {engine.index} ({engine.url}) exited with code "
                                    f"{engine.proc.returncode} while starting; {self._tail(engine)}")
-            if _healthy(engine.url):
+            if healthy(engine.url):
                 return
             time.sleep(0.25)
         _end(engine.proc)
@@ -202,26 +204,3 @@ def _end(proc: subprocess.Popen | None, grace: float = 30.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return requests.get(url + "/health", timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True

@@ -268,7 +268,7 @@ class RewardModel:
 
 def add_reward_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Register ``--rm-type``, ``--custom-rm-path``, ``--reward-timeout``, ``--reward-workers``."""
-    g = parser.add_argument_group("rewards")
+    g = parser.add_argument_group("rollout: rewards")
     g.add_argument("--rm-type", choices=RM_TYPES, default="math",
                    help="built-in reward: math (last \\boxed{} graded by evaluation.grader), gsm8k "
                         "(number after ####), countdown (label {target, numbers}), arithmetic (exact "

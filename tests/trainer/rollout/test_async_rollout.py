@@ -100,14 +100,10 @@ def test_training_thread_holds_the_capture_gate_with_an_in_process_async_engine(
     push, save) holds sglang-kvc's CAPTURE_GATE, so the engine thread never captures a decode
     graph meanwhile (a device sync during a capture fails both). Synchronous runs and remote
     engines never overlap a capture in this process and take nothing."""
-    from types import SimpleNamespace
-
     from sglang_kvc.engine.cuda_graph import CAPTURE_GATE
-    from trainer.train import Run
+    from trainer.rollout.source import device_work
 
-    run = SimpleNamespace(gate=object() if gate else None,
-                          rollouts=SimpleNamespace(engine=object() if engine else None))
-    with Run.device_work(run):
+    with device_work(asynchronous=gate, engine=object() if engine else None):
         free = CAPTURE_GATE.try_capture()
         if free:
             CAPTURE_GATE.end_capture()

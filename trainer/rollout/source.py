@@ -1,0 +1,201 @@
+"""Where the loop's rollouts come from, synchronous or asynchronous, asked the same way:
+
+    source = rollout_source(manager, sync, generate, cfg.asynchrony, start, num_rollout)
+    prompts, result, sampled = source.get(rollout_id)   # generated now, or by the thread
+    with source.device_work():                          # the training thread's GPU work
+        ...recompute, update...
+    source.push(trainer, f"rollout-{rollout_id + 1}")   # the new weights to every engine
+    with source.exclusive():                            # evaluation: the engines to itself
+        ...
+
+``SyncRollouts`` generates when asked; ``AsyncRolloutSource`` hands over what the generation
+thread made within the staleness bound (``async_rollout.py``), and its pushes and evaluations
+wait at the gate. The loop never asks which one it holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from pathlib import Path
+from typing import Callable
+
+from ..launch import phase
+from .async_rollout import AsyncConfig, AsyncRollouts, WeightGate, gate_for
+from .backends import HTTPRollout
+from .capacity import pool_detail, run_capacity
+from .dynamic_sampling import DynamicSampler
+from .fidelity import apply_budget
+from .manager import RolloutManager
+from .sharding import placement
+from .staleness import rollout_staleness, version_number
+from .weight_sync import WeightSync
+
+
+@dataclasses.dataclass
+class RolloutGenerator:
+    """``generate(rollout_id)``: the rollout's prompts and result (and dynamic sampling's counts,
+    when it is on), sampled with that rollout's seeds at the adaptive budget."""
+
+    manager: RolloutManager
+    prompts: object  # the PromptStream
+    plan: object  # the RolloutPlan
+    budget: object  # the BudgetController
+    data_states: dict = dataclasses.field(default_factory=dict)  # id -> where its prompts began
+
+    def __post_init__(self):
+        dynamic = self.plan.dynamic
+        self.sampler = DynamicSampler(dynamic) if dynamic.enabled else None
+
+    def __call__(self, rollout_id: int) -> tuple:
+        self.data_states[rollout_id] = self.prompts.state()  # where a resume must start it
+        n, size = self.plan.n_samples, self.plan.batch_size
+        sampling = apply_budget(self.budget, self.plan.sampling_for(rollout_id))
+        if self.sampler is not None:
+            return self.sampler.collect(self.manager, self.prompts, size, n, sampling)
+        prompts = self.prompts.next_batch(size)
+        return prompts, self.manager.run(prompts, n, sampling), {}
+
+
+class SyncRollouts:
+    """Generation when the loop asks: the synchronous run."""
+
+    max_staleness = None  # no rollout is ever generated ahead of the weights
+
+    def __init__(self, manager, sync, generate: Callable[[int], tuple]):
+        self.manager, self.sync, self.generate = manager, sync, generate
+
+    def get(self, rollout_id: int) -> tuple:
+        return self.generate(rollout_id)
+
+    def push(self, trainer, version: str) -> dict:
+        """The trainer's weights to every engine; their next samples report ``version``."""
+        out = self.sync.push(trainer, version)
+        self.manager.version = version
+        return out
+
+    def exclusive(self):
+        return contextlib.nullcontext()
+
+    def device_work(self):
+        return device_work(asynchronous=False, engine=self.manager.engine)
+
+    def staleness(self, result, rollout_id: int) -> dict:
+        return {}
+
+    def generation_seconds(self, result, waited: float) -> float:
+        return waited  # the loop waited for the whole generation
+
+    def close(self) -> None:
+        pass
+
+
+class AsyncRolloutSource:
+    """The generation thread's rollouts, each within ``max_staleness`` of the weights it trains;
+    pushes and evaluations wait at (or interrupt) the gate."""
+
+    def __init__(self, manager, sync, generate: Callable[[int], tuple], gate: WeightGate,
+                 start_rollout: int, num_rollout: int):
+        self.manager, self.sync, self.generate, self.gate = manager, sync, generate, gate
+        self.start_rollout, self.num_rollout = start_rollout, num_rollout
+        self.producer: AsyncRollouts | None = None
+
+    @property
+    def max_staleness(self) -> int:
+        return self.gate.max_staleness
+
+    def get(self, rollout_id: int) -> tuple:
+        if self.producer is None:  # started here: after any first push of the weights
+            self.producer = AsyncRollouts(self.generate, self.gate,
+                                          range(rollout_id, self.num_rollout)).start()
+        return self.producer.get(rollout_id)
+
+    def push(self, trainer, version: str) -> dict:
+        with self.gate.update(version_number(version, self.start_rollout)), self.device_work():
+            return self.sync.push(trainer, version)
+
+    def exclusive(self):
+        return self.gate.exclusive()
+
+    def device_work(self):
+        return device_work(asynchronous=True, engine=self.manager.engine)
+
+    def staleness(self, result, rollout_id: int) -> dict:
+        """How many versions each sample lags the weights it trains (bound checked)."""
+        return {**rollout_staleness(result.gens, rollout_id, self.gate.max_staleness,
+                                    self.start_rollout),
+                "rollout/interruptions": float(self.gate.interruptions)}
+
+    def generation_seconds(self, result, waited: float) -> float:
+        return max(s.seconds for s in result.shards)  # it overlapped training: the slowest engine
+
+    def close(self) -> None:
+        if self.producer is not None:
+            self.producer.close()
+
+
+RolloutSource = SyncRollouts | AsyncRolloutSource
+
+
+def rollout_source(manager, sync, generate: Callable[[int], tuple], cfg: AsyncConfig,
+                   start_rollout: int, num_rollout: int) -> RolloutSource:
+    """The run's source: asynchronous with ``--max-staleness``, else synchronous. The engines
+    serve version ``start_rollout`` now."""
+    gate = gate_for(manager, cfg, start_rollout)
+    if gate is None:
+        return SyncRollouts(manager, sync, generate)
+    return AsyncRolloutSource(manager, sync, generate, gate, start_rollout, num_rollout)
+
+
+def device_work(asynchronous: bool, engine):
+    """Async with an engine in this process: the training thread's GPU work must not overlap
+    the engine thread's CUDA-graph captures (``sglang_kvc.device_work``)."""
+    if not asynchronous or engine is None:
+        return contextlib.nullcontext()
+    from sglang_kvc import device_work as engine_device_work
+
+    return engine_device_work()
+
+
+def tokens_per_s(result, seconds: float) -> float:
+    """Generated tokens per second of generation."""
+    return sum(len(g.response_ids) for g in result.gens) / max(seconds, 1e-6)
+
+
+def start_manager(setup, tokenizer, plugin, prompts: list, device: str) -> RolloutManager:
+    """The run's engines (colocated, or the servers of ``--rollout-server-urls``) behind one
+    manager, as a startup phase that reports rank 0's KV pool and what it holds."""
+    engines = setup.engines
+    place = placement(engines.remote, engines.per_gpu)
+    what = (f"{len(engines.server_urls)} rollout server(s)" if engines.remote
+            else f"{place.num_generators} colocated rollout engine(s), one per "
+                 + ("GPU" if engines.per_gpu else "data-parallel replica"))
+    with phase(f"start {what}") as info:
+        manager = RolloutManager(
+            place, setup.plan.reward,
+            server_args=None if engines.remote else engines.server_args(device),
+            server_urls=engines.server_urls, generate_plugin=plugin,
+            tokenizer=tokenizer, offload=engines.offloads())
+        pool = manager.pool_stats()
+        info["detail"] = pool and (f"{pool_detail(pool)}; " + run_capacity(
+            pool["capacity"], engines.engine_flags, prompts, setup.plan.sampling.max_response_len))
+    return manager
+
+
+def replace_dead_engines(manager: RolloutManager, hook) -> None:
+    """Under ``python -m trainer.ray_job``, a dead engine is replaced by the job's supervisor
+    and re-synced (``trainer/ray/supervisor.py``); elsewhere ``hook`` is None: it stays down."""
+    if hook is not None and isinstance(manager.backend, HTTPRollout):
+        manager.backend.on_engine_failure = hook
+
+
+def weight_sync_for(setup, manager: RolloutManager, work_dir: Path) -> WeightSync:
+    """How the trainer's weights reach ``manager``'s engines (``--weight-sync``)."""
+    ws, engines = setup.weight_sync, setup.engines
+    return WeightSync(ws.mode, engine=manager.engine,
+                      http=engines.control_backend(manager.backend),
+                      bucket_bytes=ws.bucket_bytes, disk_dir=work_dir / "weight_sync",
+                      hf_config_dir=engines.model_path,
+                      master_address=ws.master_address
+                      or os.environ.get("MASTER_ADDR", "127.0.0.1"))

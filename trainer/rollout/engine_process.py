@@ -85,21 +85,23 @@ def start_engine_processes(engines, log_dir: Path, device: str
 
     if engines.num_gpus:
         rank0 = not dist.is_initialized() or dist.get_rank() == 0
-        fleet = _start(_disaggregated(engines, log_dir)) if rank0 else None
+        fleet = _start(_disaggregated(engines, log_dir), "--rollout-num-gpus") if rank0 else None
         urls = gather_shards(fleet.urls if fleet else None, Placement(1, 0 if rank0 else None))
         return fleet, urls[0]
     place = placement(remote=False, per_gpu=engines.per_gpu)
-    fleet = _start(_colocated(engines, log_dir, device)) if place.generates else None
+    fleet = _start(_colocated(engines, log_dir, device), "--rollout-engine-process") \
+        if place.generates else None
     # in generator order, so rollout_engine<i> is generating rank i's engine
     return fleet, gather_shards(fleet.urls[0] if fleet else None, place)
 
 
-def _start(cfg: FleetConfig) -> EngineFleet:
+def _start(cfg: FleetConfig, flag: str) -> EngineFleet:
+    """The fleet, up; one that will not start is an error naming ``flag`` and the engine's log."""
     fleet = EngineFleet(cfg)
     try:
         fleet.start()
     except (RuntimeError, TimeoutError) as e:
-        raise EngineProcessError(f"rollout engine process: {e}") from e
+        raise EngineProcessError(f"{flag}: {e}") from e
     return fleet
 
 

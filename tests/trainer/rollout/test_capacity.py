@@ -36,8 +36,11 @@ def test_trainer_flag_reaches_the_engine():
     p = argparse.ArgumentParser()
     add_engine_args(p)
     p.add_argument("--hf-checkpoint", default="m")
-    for flag in ("--rollout-server-urls", "--rollout-engine-urls", "--offload-rollout"):
+    for flag in ("--rollout-server-urls", "--rollout-engine-urls", "--offload-rollout",
+                 "--rollout-engine-process", "--log-dir", "--save"):
         p.add_argument(flag, default=None)
+    p.add_argument("--rollout-engine-placement", default="per-gpu")
+    p.add_argument("--rollout-num-gpus", type=int, default=0)
     args = p.parse_args(["--sglang-compress-algorithm", "rkv", "--sglang-compress-keep-prompt"])
     server = engine_config_from_args(args).server_args()
     assert server.compress_keep_prompt and not server.compress_prompt

@@ -29,7 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_long_rollout import import_once, parse_config, pool_tokens  # noqa: E402
+from bench_long_rollout import parse_config, pool_tokens, prepare_run_dir  # noqa: E402
 from bench_rl_step import build_checkpoint  # noqa: E402
 
 
@@ -121,10 +121,7 @@ def run_one(args, cfg: dict, name: str, hf: Path, work: Path) -> dict:
     layout = LAYOUTS[name]
     tag = f"{cfg['name'].replace(':', '_')}-{name}"
     run_dir, out = work / tag, Path(args.out) / f"{tag}.json"
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    cache = run_dir / "logs" / "hf_import"
-    if not cache.exists():
-        cache.symlink_to(import_once(hf, work), target_is_directory=True)
+    prepare_run_dir(run_dir, hf, work)
     argv = run_argv(args, cfg, layout, hf, out, run_dir)
     print(f"[layouts] {tag}: {' '.join(argv[1:])}", flush=True)
     with GPUSampler(run_dir / "gpu_util.csv") as gpus:

@@ -76,13 +76,18 @@ def import_once(hf: Path, work: Path) -> Path:
     return target
 
 
-def run_config(args, cfg: dict, cap: int, hf: Path, work: Path) -> dict:
-    name = f"{cfg['name'].replace(':', '_')}_{cap}"
-    out, run_dir = work / f"{name}.json", work / name
+def prepare_run_dir(run_dir: Path, hf: Path, work: Path) -> None:
+    """A run's folder whose trainer finds the shared torch_dist import in its cache."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     cache = run_dir / "logs" / "hf_import"
     if not cache.exists():
         cache.symlink_to(import_once(hf, work), target_is_directory=True)
+
+
+def run_config(args, cfg: dict, cap: int, hf: Path, work: Path) -> dict:
+    name = f"{cfg['name'].replace(':', '_')}_{cap}"
+    out, run_dir = work / f"{name}.json", work / name
+    prepare_run_dir(run_dir, hf, work)
     argv = config_argv(args, cfg, cap, hf, out, run_dir)
     print(f"[long-rollout] {cfg['name']} at {cap} tokens: {' '.join(argv[1:])}", flush=True)
     done = subprocess.run(argv, cwd=HERE.parent)

@@ -149,6 +149,12 @@ def _add_server_args(g) -> None:
                    help="--weight-sync distributed: the address servers reach the trainer's rank 0 "
                         "at (default: $MASTER_ADDR, else 127.0.0.1); set it when servers run on "
                         "other nodes")
+    g.add_argument("--weight-sync-timeout", type=float, default=120.0,
+                   help="--weight-sync distributed: seconds a broadcast of the weight-update "
+                        "group may wait for a member. An engine that dies in a push is found at "
+                        "once (its request fails) and the push goes on without it; this bounds "
+                        "what is left waiting (sglang-kvc servers get a value other than the "
+                        "default in the group's request; default: 120)")
 
 
 def _add_rollout_extras(g) -> None:

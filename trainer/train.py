@@ -195,7 +195,7 @@ class Run:
                           http=engines.control_backend(self.rollouts.backend),
                           bucket_bytes=ws.bucket_bytes, disk_dir=self.work_dir / "weight_sync",
                           hf_config_dir=engines.model_path,
-                          master_address=ws.master_address
+                          group_timeout_s=ws.timeout_s, master_address=ws.master_address
                           or os.environ.get("MASTER_ADDR", "127.0.0.1"))
 
     def _restart_engines_with(self, hook) -> None:

@@ -151,6 +151,7 @@ class WeightSyncConfig:
     mode: str  # a weight_sync.MODES transport (the flag's "auto" is resolved by then)
     bucket_bytes: int = 512 << 20
     master_address: str | None = None  # distributed: None means $MASTER_ADDR when the sync starts
+    timeout_s: float = 120.0  # distributed: how long a broadcast may wait for a member
 
 
 @dataclasses.dataclass
@@ -233,7 +234,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 def weight_sync_config_from_args(args: argparse.Namespace) -> WeightSyncConfig:
     return WeightSyncConfig(mode=args.weight_sync, bucket_bytes=args.weight_sync_bucket_mb << 20,
-                            master_address=args.weight_sync_master_address)
+                            master_address=args.weight_sync_master_address,
+                            timeout_s=args.weight_sync_timeout)
 
 
 def server_args_from(args: argparse.Namespace, device: str | None = None):

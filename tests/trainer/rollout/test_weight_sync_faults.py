@@ -1,0 +1,142 @@
+"""Engines lost during a weight push (issue #39, item 5): a ``distributed`` push that loses an
+engine between two broadcasts hands it to failover within seconds, rebuilds the group of the
+survivors, re-sends to them and ends with every engine (the restarted one too) serving the pushed
+weights; the next push goes through the rebuilt group. Gloo on CPU, three engine processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import requests
+
+from sglang_kvc.weights.loader import iter_safetensors
+from tests.trainer.rollout.test_weight_sync import SERVER, assert_serves
+from trainer.rollout.backends import HTTPRollout
+from trainer.rollout.fleet import EngineFleet, FleetConfig
+from trainer.rollout.weight_sync import WeightSync
+
+BUCKET = 64 << 10  # the tiny model travels in several broadcasts
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_factory):
+    return tiny_model_factory("qwen2.5"), tiny_model_factory("qwen2.5", seed=1)
+
+
+@pytest.fixture(scope="module")
+def fleet(models, tmp_path_factory):
+    cfg = FleetConfig(str(models[0]), 3, SERVER, start_timeout=120, max_restarts=10,
+                      log_dir=str(tmp_path_factory.mktemp("fleet3")))
+    with EngineFleet(cfg) as f:
+        yield f
+
+
+class Killer:
+    """SIGKILL ``engine`` as the push's ``after``-th request to ``path`` goes out; records when
+    it did, and when failover was told."""
+
+    def __init__(self, http: HTTPRollout, engine, path: str, after: int):
+        self.engine, self.path, self.after, self.sent = engine, path, after, 0
+        self.pid, self.killed_at, self.failed_at = None, None, None
+        self._post, self._failed = http.post, http.engines.failed
+        http.post, http.engines.failed = self.post, self.failed
+        self._lock = threading.Lock()
+
+    def post(self, target, payload, retries=1):
+        with self._lock:
+            if self.path in target:
+                self.sent += 1
+                if self.sent == self.after:
+                    self.pid, self.killed_at = self.engine.proc.pid, time.monotonic()
+                    os.kill(self.pid, signal.SIGKILL)
+                    self.engine.proc.wait()
+        return self._post(target, payload, retries)
+
+    def failed(self, slot, url, error):
+        self.failed_at = self.failed_at or time.monotonic()
+        return self._failed(slot, url, error)
+
+
+def test_engine_killed_mid_distributed_push(fleet, models):
+    start, other = models
+    http = HTTPRollout(fleet.urls, on_engine_failure=fleet.restart)
+    # what a gloo broadcast left waiting on a survivor gives up after (sent: not the default)
+    sync = WeightSync("distributed", http=http, bucket_bytes=BUCKET, group_timeout_s=30)
+    fleet.resync = sync.resync
+    assert sync.push_tensors(lambda: iter_safetensors(start), "d-0")["sync_engines_lost"] == 0
+    first = sync.group.generation
+
+    # engine 1 is rank 2 of 4: with it gone, gloo's broadcast tree leaves both survivors waiting
+    victim = fleet.engines[1]
+    killer = Killer(http, victim, "/update_weights_from_distributed", after=len(fleet.urls) + 1)
+    began = time.monotonic()
+    stats = sync.push_tensors(lambda: iter_safetensors(other), "d-1")
+    took = time.monotonic() - began
+    detected = killer.failed_at - killer.killed_at
+    print(f"\npush with a lost engine: {took:.1f} s; failover told {detected:.2f} s after the "
+          f"kill; groups built {sync.group.generation - first}")
+    assert killer.pid is not None and stats["sync_engines_lost"] == 1.0
+    assert detected < 10 and took < 60
+    counts = http.engines.counts
+    assert (counts.engine_failures, counts.engine_restarts) == (1, 1)
+    assert victim.proc.pid != killer.pid and http.urls == fleet.urls
+    for url in fleet.urls:  # the survivors through the rebuilt group, the new process by resync
+        assert_serves(url, other, "d-1")
+
+    began = time.monotonic()
+    assert sync.push_tensors(lambda: iter_safetensors(start), "d-2")["sync_engines_lost"] == 0
+    print(f"next push, the group rebuilt with the new engine: {time.monotonic() - began:.1f} s")
+    assert sync.group.urls == fleet.urls
+    for url in fleet.urls:
+        assert_serves(url, start, "d-2")
+
+
+def test_member_error_aborts_the_group_and_fails_the_push(fleet, models):
+    """A live engine that refuses a bucket is an error, not a loss: the push fails at once, no
+    engine is restarted, and the group is rebuilt for the next push."""
+    start, _ = models
+    http = HTTPRollout(fleet.urls, on_engine_failure=fleet.restart)
+    sync = WeightSync("distributed", http=http, bucket_bytes=BUCKET)
+    fleet.resync = sync.resync
+    sync.push_tensors(lambda: iter_safetensors(start), "e-0")
+
+    def wrong_shapes():  # a shape no engine accepts: every server refuses with 400
+        for name, t in iter_safetensors(start):
+            yield name, t[:1] if name.endswith("norm.weight") else t
+
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="distributed weight update failed"):
+        sync.push_tensors(wrong_shapes, "e-bad")
+    assert time.monotonic() - began < 30
+    assert http.engines.counts.engine_failures == 0 and sync.group.pg is None
+    sync.push_tensors(lambda: iter_safetensors(start), "e-1")
+    for url in fleet.urls:
+        assert requests.get(url + "/get_weight_version", timeout=10).json()["weight_version"] == "e-1"
+
+
+def test_replacement_up_during_a_push_is_resynced(fleet, models, tmp_path):
+    """Issue #39 item 8: an engine lost at a push's first bucket comes back (restart hook ->
+    resync) while the push is still sending; its re-sync must reach it although the push leaves
+    its URL out (before: the re-sync skipped it and it served the old weights)."""
+    start, other = models
+    http = HTTPRollout(fleet.urls, on_engine_failure=fleet.restart)
+    sync = WeightSync("tensor", http=http, bucket_bytes=BUCKET)
+    resynced = threading.Event()
+    fleet.resync = lambda url: (sync.resync(url), resynced.set())
+    killer = Killer(http, victim := fleet.engines[2], "/update_weights_from_tensor", after=1)
+    main = threading.current_thread()
+
+    def slow_source():  # after the first bucket, the push's own pass waits for the re-sync
+        for item in iter_safetensors(other):
+            if killer.pid is not None and threading.current_thread() is main:
+                assert resynced.wait(120)
+            yield item
+
+    assert sync.push_tensors(slow_source, "t-1")["sync_engines_lost"] == 1.0
+    assert victim.proc.pid != killer.pid
+    for url in fleet.urls:
+        assert_serves(url, other, "t-1")

@@ -43,6 +43,7 @@ import logging
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -258,10 +259,12 @@ class _Group:
         self.urls: list[str] = []
         self.generation = 0
         self.stale = False  # a member was restarted (same URL, new process): rebuild
+        # servers outlive trainers (and keep a dead trainer's groups): names of our own
+        self.token = uuid.uuid4().hex[:8]
 
     @property
     def name(self) -> str:
-        return f"weight_update_group_{self.generation}"
+        return f"weight_update_group_{self.token}_{self.generation}"
 
     def invalidate(self, url: str | None = None) -> None:
         # from the restart hook's thread: only a member's restart changes the group
@@ -282,16 +285,13 @@ class _Group:
                 "group_name": self.name, "backend": backend}
         if self.timeout_s != GROUP_TIMEOUT_S:  # sglang-kvc's own field: stock SGLang never sees it
             body["timeout_s"] = self.timeout_s
-        pool = concurrent.futures.ThreadPoolExecutor(world)
-        try:  # the rendezvous blocks until all join: a server that refuses must end the wait
-            made = pool.submit(create_weight_update_group, self.address, port, 0, world, backend,
-                               self.name, self.timeout_s)
-            _all_or_broken({pool.submit(self.http.post, f"{u}/init_weights_update_group",
-                                        dict(body, rank_offset=1 + i), 0): u
-                            for i, u in enumerate(urls)})
-            self.pg = made.result()
-        finally:
-            pool.shutdown(wait=False)
+        # the rendezvous blocks until all join: a server that refuses must end the wait
+        made = _in_thread(create_weight_update_group, self.address, port, 0, world, backend,
+                          self.name, self.timeout_s)
+        _all_or_broken({_in_thread(self.http.post, f"{u}/init_weights_update_group",
+                                   dict(body, rank_offset=1 + i), 0): u
+                        for i, u in enumerate(urls)})
+        self.pg = made.result()
         self.urls = list(urls)
         return self.name
 
@@ -313,20 +313,14 @@ class _Group:
 
     def send(self, flat: torch.Tensor, path: str, meta: dict, urls: list[str]) -> None:
         """Post ``meta`` to every server and broadcast ``flat``. ``GroupBroken`` as soon as a
-        server's request fails: the broadcast thread is left behind, ended by ``abort``."""
-        errors: list[Exception] = []
-        sender = threading.Thread(target=_collect, args=(errors, self.pg.broadcast, flat, 0),
-                                  daemon=True, name="weights-broadcast")
-        pool = concurrent.futures.ThreadPoolExecutor(len(urls))
+        server's request fails: the broadcast is left behind, ended by ``abort``."""
+        posts = {_in_thread(self.http.post, u + path, meta, 0): u for u in urls}
+        sent = _in_thread(self.pg.broadcast, flat, 0)
+        _all_or_broken(posts)
         try:
-            posts = {pool.submit(self.http.post, u + path, meta, 0): u for u in urls}
-            sender.start()
-            _all_or_broken(posts)
-        finally:
-            pool.shutdown(wait=False)
-        sender.join()
-        if errors:
-            raise RuntimeError(f"distributed weight update failed: {errors[0]}")
+            sent.result()
+        except Exception as e:  # every server took the bucket, yet the trainer's side failed
+            raise RuntimeError(f"distributed weight update failed: {e}") from e
 
 
 def _all_or_broken(futures: dict, grace: float = 1.0) -> None:
@@ -348,11 +342,19 @@ def _post_quietly(url: str, body: dict, timeout: float = 10.0) -> None:
         pass
 
 
-def _collect(errors: list, fn, *args) -> None:
-    try:
-        fn(*args)
-    except Exception as e:  # noqa: BLE001 - reported by the caller
-        errors.append(e)
+def _in_thread(fn, *args) -> concurrent.futures.Future:
+    """``fn(*args)`` in a daemon thread: what a broken group leaves waiting (until its timeout)
+    must not hold up the trainer's exit, as an executor's threads, joined at exit, would."""
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - the caller's result() raises it
+            done.set_exception(e)
+
+    threading.Thread(target=run, daemon=True, name="weight-group").start()
+    return done
 
 
 def _tensor_parallel_size() -> int:

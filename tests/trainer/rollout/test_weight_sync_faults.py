@@ -95,6 +95,23 @@ def test_engine_killed_mid_distributed_push(fleet, models):
         assert_serves(url, start, "d-2")
 
 
+def test_engine_dead_before_the_group_is_built(fleet, models):
+    """An engine that died unnoticed (between pushes) refuses to join the group: it is handed to
+    failover and the group is built of the others, without waiting for the rendezvous."""
+    start, _ = models
+    http = HTTPRollout(fleet.urls, on_engine_failure=fleet.restart)
+    sync = WeightSync("distributed", http=http, bucket_bytes=BUCKET, group_timeout_s=30)
+    fleet.resync = sync.resync
+    victim = fleet.engines[0]
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    victim.proc.wait()
+    began = time.monotonic()
+    assert sync.push_tensors(lambda: iter_safetensors(start), "b-1")["sync_engines_lost"] == 1.0
+    assert time.monotonic() - began < 60 and http.engines.counts.engine_restarts == 1
+    for url in fleet.urls:
+        assert_serves(url, start, "b-1")
+
+
 def test_member_error_aborts_the_group_and_fails_the_push(fleet, models):
     """A live engine that refuses a bucket is an error, not a loss: the push fails at once, no
     engine is restarted, and the group is rebuilt for the next push."""
@@ -140,3 +157,16 @@ def test_replacement_up_during_a_push_is_resynced(fleet, models, tmp_path):
     assert victim.proc.pid != killer.pid
     for url in fleet.urls:
         assert_serves(url, other, "t-1")
+
+
+def test_new_trainer_pushes_to_servers_holding_an_old_trainers_group(fleet, models):
+    """Issue #39 item 8: servers outlive a trainer (a disaggregated server started on its own)
+    and keep its weight-update group; the next trainer's group must not collide with it (before:
+    both named weight_update_group_1, and the new trainer's first push failed with HTTP 400
+    'already exists')."""
+    start, other = models
+    for i, weights in enumerate((start, other)):  # two trainers, one after the other
+        sync = WeightSync("distributed", http=HTTPRollout(fleet.urls), bucket_bytes=BUCKET)
+        sync.push_tensors(lambda: iter_safetensors(weights), f"n-{i}")
+    for url in fleet.urls:
+        assert_serves(url, other, "n-1")

@@ -278,19 +278,23 @@ class _Group:
             return self.name
         self._drop(urls)
         self.generation, self.stale = self.generation + 1, False
-        from sglang_kvc.weights.transport import create_weight_update_group
+        from sglang_kvc.weights.transport import create_weight_update_group, master_store
 
-        port, world = self.port or _free_port(), 1 + len(urls)
+        world = 1 + len(urls)
+        # listening before the servers are told its port (a free port looked up first may be
+        # taken by any socket meanwhile: then every server waits out the timeout)
+        store = master_store(self.address, world, self.port or 0, self.timeout_s)
+        port = store.port
         body = {"master_address": self.address, "master_port": port, "world_size": world,
                 "group_name": self.name, "backend": backend}
         if self.timeout_s != GROUP_TIMEOUT_S:  # sglang-kvc's own field: stock SGLang never sees it
             body["timeout_s"] = self.timeout_s
         # the rendezvous blocks until all join: a server that refuses must end the wait
         made = _in_thread(create_weight_update_group, self.address, port, 0, world, backend,
-                          self.name, self.timeout_s)
+                          self.name, self.timeout_s, store)
         _all_or_broken({_in_thread(self.http.post, f"{u}/init_weights_update_group",
                                    dict(body, rank_offset=1 + i), 0): u
-                        for i, u in enumerate(urls)})
+                        for i, u in enumerate(urls)}, own=made)
         self.pg = made.result()
         self.urls = list(urls)
         return self.name
@@ -316,21 +320,25 @@ class _Group:
         server's request fails: the broadcast is left behind, ended by ``abort``."""
         posts = {_in_thread(self.http.post, u + path, meta, 0): u for u in urls}
         sent = _in_thread(self.pg.broadcast, flat, 0)
-        _all_or_broken(posts)
-        try:
-            sent.result()
-        except Exception as e:  # every server took the bucket, yet the trainer's side failed
-            raise RuntimeError(f"distributed weight update failed: {e}") from e
+        _all_or_broken(posts, own=sent)
+        sent.result()
 
 
-def _all_or_broken(futures: dict, grace: float = 1.0) -> None:
-    """Wait for all; at the first failure, give the others ``grace`` seconds to fail too (a
-    broken broadcast fails the servers next to the dead one) and raise ``GroupBroken``."""
-    for f in concurrent.futures.as_completed(futures):
-        if f.exception() is not None:
-            concurrent.futures.wait(futures, timeout=grace)
-            raise GroupBroken({futures[g]: str(g.exception()) for g in futures
-                               if g.done() and g.exception() is not None})
+def _all_or_broken(futures: dict, own: concurrent.futures.Future, grace: float = 1.0) -> None:
+    """Wait for the servers' requests (``futures``: URL each) and the trainer's side (``own``).
+    At the first failure, give the others ``grace`` seconds to fail too (a broken broadcast
+    fails the members next to the dead one, the trainer among them) and raise ``GroupBroken``
+    for the servers that failed; the trainer's failure alone raises as itself."""
+    for f in concurrent.futures.as_completed([*futures, own]):
+        if f.exception() is None:
+            continue
+        concurrent.futures.wait(futures, timeout=grace)
+        failed = {futures[g]: str(g.exception()) for g in futures
+                  if g.done() and g.exception() is not None}
+        if failed:
+            raise GroupBroken(failed)
+        raise RuntimeError(f"distributed weight update failed on the trainer's side: "
+                           f"{own.exception()}") from own.exception()
 
 
 def _post_quietly(url: str, body: dict, timeout: float = 10.0) -> None:
@@ -363,8 +371,3 @@ def _tensor_parallel_size() -> int:
         return 1
     return ps.get_tensor_model_parallel_world_size()
 
-
-def _free_port() -> int:
-    from checkpoint_tools.cpu_megatron import free_port
-
-    return free_port()

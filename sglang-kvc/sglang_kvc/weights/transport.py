@@ -285,19 +285,28 @@ def _open_cuda(h: dict) -> torch.Tensor:
 
 GROUP_TIMEOUT_S = 120.0  # a collective waiting this long has lost a member: fail it
 
+def master_store(master_address: str, world_size: int, port: int = 0,
+                 timeout_s: float = GROUP_TIMEOUT_S) -> dist.TCPStore:
+    """Rank 0's TCPStore, listening on return (port 0: one the system picks, `.port`), so the
+    other ranks can be told a port nothing else can have taken in between."""
+    return dist.TCPStore(master_address, port, world_size, is_master=True,
+                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
 class WeightUpdateGroup:
-    """A process group of its own: TCPStore rendezvous at master_address:master_port."""
+    """A process group of its own: TCPStore rendezvous at master_address:master_port (rank 0
+    may pass its `master_store`)."""
 
     def __init__(self, master_address: str, master_port: int, rank: int, world_size: int,
                  backend: str = "gloo", group_name: str = "weight_update_group",
-                 timeout_s: float = GROUP_TIMEOUT_S):
+                 timeout_s: float = GROUP_TIMEOUT_S, store: dist.TCPStore | None = None):
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size, self.backend, self.group_name = rank, world_size, backend, group_name
         self.aborted = False
-        self._tcp_store = dist.TCPStore(master_address, int(master_port), world_size,
-                                        is_master=rank == 0, timeout=timeout)
+        self._tcp_store = store or dist.TCPStore(master_address, int(master_port), world_size,
+                                                 is_master=rank == 0, timeout=timeout)
         store = dist.PrefixStore(f"{group_name}/", self._tcp_store)
         if backend == "gloo":
             self.pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
@@ -352,7 +361,8 @@ def receive_each(group: WeightUpdateGroup, entries: list[FlatEntry], device
 
 def create_weight_update_group(master_address: str, master_port: int, rank: int, world_size: int,
                                backend: str = "gloo", group_name: str = "weight_update_group",
-                               timeout_s: float = GROUP_TIMEOUT_S):
+                               timeout_s: float = GROUP_TIMEOUT_S,
+                               store: dist.TCPStore | None = None):
     """Trainer-side entry point (rank 0): the same group the server joins."""
     return WeightUpdateGroup(master_address, master_port, rank, world_size, backend, group_name,
-                             timeout_s)
+                             timeout_s, store)

@@ -73,12 +73,15 @@ def test_engine_killed_mid_distributed_push(fleet, models):
     # engine 1 is rank 2 of 4: with it gone, gloo's broadcast tree leaves both survivors waiting
     victim = fleet.engines[1]
     killer = Killer(http, victim, "/update_weights_from_distributed", after=len(fleet.urls) + 1)
+    sent, wait_for_lost = [], sync._wait_for_lost
+    sync._wait_for_lost = lambda: (sent.append(time.monotonic()), wait_for_lost())[1]
     began = time.monotonic()
     stats = sync.push_tensors(lambda: iter_safetensors(other), "d-1")
     took = time.monotonic() - began
-    detected = killer.failed_at - killer.killed_at
-    print(f"\npush with a lost engine: {took:.1f} s; failover told {detected:.2f} s after the "
-          f"kill; groups built {sync.group.generation - first}")
+    detected, survivors = killer.failed_at - killer.killed_at, sent[0] - killer.killed_at
+    print(f"\npush with a lost engine: {took:.1f} s; failover told {detected:.2f} s and the "
+          f"survivors done {survivors:.2f} s after the kill (then the restart); groups built "
+          f"{sync.group.generation - first}")
     assert killer.pid is not None and stats["sync_engines_lost"] == 1.0
     assert detected < 10 and took < 60
     counts = http.engines.counts

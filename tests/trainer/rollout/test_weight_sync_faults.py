@@ -12,6 +12,7 @@ import time
 
 import pytest
 import requests
+import torch
 
 from sglang_kvc.weights.loader import iter_safetensors
 from tests.trainer.rollout.test_weight_sync import SERVER, assert_serves
@@ -62,21 +63,27 @@ class Killer:
 
 
 def test_engine_killed_mid_distributed_push(fleet, models):
-    start, other = models
+    # engine 1 is rank 2 of 4: with it gone, gloo's broadcast tree leaves both survivors waiting
+    kill_mid_push(fleet, models, fleet.engines[1])
+
+
+def kill_mid_push(fleet, models, victim, device: str = "cpu", timeout_s: float = 30) -> None:
+    """Push, kill ``victim`` as the next push's second bucket goes out, check the push went on
+    (survivors re-sent through a new group, the victim restarted and re-synced), push again."""
+    start, other = [lambda m=m: ((n, t.to(device)) for n, t in iter_safetensors(m))
+                    for m in models]
     http = HTTPRollout(fleet.urls, on_engine_failure=fleet.restart)
     # what a gloo broadcast left waiting on a survivor gives up after (sent: not the default)
-    sync = WeightSync("distributed", http=http, bucket_bytes=BUCKET, group_timeout_s=30)
+    sync = WeightSync("distributed", http=http, bucket_bytes=BUCKET, group_timeout_s=timeout_s)
     fleet.resync = sync.resync
-    assert sync.push_tensors(lambda: iter_safetensors(start), "d-0")["sync_engines_lost"] == 0
+    assert sync.push_tensors(start, "d-0")["sync_engines_lost"] == 0
     first = sync.group.generation
 
-    # engine 1 is rank 2 of 4: with it gone, gloo's broadcast tree leaves both survivors waiting
-    victim = fleet.engines[1]
     killer = Killer(http, victim, "/update_weights_from_distributed", after=len(fleet.urls) + 1)
     sent, wait_for_lost = [], sync._wait_for_lost
     sync._wait_for_lost = lambda: (sent.append(time.monotonic()), wait_for_lost())[1]
     began = time.monotonic()
-    stats = sync.push_tensors(lambda: iter_safetensors(other), "d-1")
+    stats = sync.push_tensors(other, "d-1")
     took = time.monotonic() - began
     detected, survivors = killer.failed_at - killer.killed_at, sent[0] - killer.killed_at
     print(f"\npush with a lost engine: {took:.1f} s; failover told {detected:.2f} s and the "
@@ -88,14 +95,35 @@ def test_engine_killed_mid_distributed_push(fleet, models):
     assert (counts.engine_failures, counts.engine_restarts) == (1, 1)
     assert victim.proc.pid != killer.pid and http.urls == fleet.urls
     for url in fleet.urls:  # the survivors through the rebuilt group, the new process by resync
-        assert_serves(url, other, "d-1")
+        assert_serves(url, models[1], "d-1")
 
     began = time.monotonic()
-    assert sync.push_tensors(lambda: iter_safetensors(start), "d-2")["sync_engines_lost"] == 0
+    assert sync.push_tensors(start, "d-2")["sync_engines_lost"] == 0
     print(f"next push, the group rebuilt with the new engine: {time.monotonic() - began:.1f} s")
     assert sync.group.urls == fleet.urls
     for url in fleet.urls:
-        assert_serves(url, start, "d-2")
+        assert_serves(url, models[0], "d-2")
+    if device != "cpu":  # what the abort left must not fire later (NCCL watchdog, timeouts)
+        time.sleep(timeout_s + 5)
+        assert all(e.proc.poll() is None for e in fleet.engines)
+        assert sync.push_tensors(other, "d-3")["sync_engines_lost"] == 0
+        assert http.engines.counts.engine_failures == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_gpu_drill_engine_killed_mid_nccl_push(models, tmp_path):
+    """The same over NCCL: the trainer's tensors on GPU 0, one engine per other GPU (NCCL wants
+    a GPU per rank), up to three; with two GPUs the only engine is lost (no survivor to re-send
+    to: detection, restart, re-sync, next push)."""
+    n = min(3, torch.cuda.device_count() - 1)
+    cfg = FleetConfig(str(models[0]), n, ["--device", "cuda", "--max-total-tokens", "4096",
+                                          "--log-level", "warning"],
+                      start_timeout=300, max_restarts=3, log_dir=str(tmp_path),
+                      env=[{"CUDA_VISIBLE_DEVICES": str(1 + i)} for i in range(n)])
+    torch.cuda.set_device(0)
+    with EngineFleet(cfg) as fleet:
+        kill_mid_push(fleet, models, fleet.engines[n // 2], device="cuda:0")
 
 
 def test_engine_dead_before_the_group_is_built(fleet, models):

@@ -37,6 +37,8 @@ _EXPORTS = {
     "flatten_bucket": ("sglang_kvc.weights.transport", "flatten"),
     "bucket_specs": ("sglang_kvc.weights.transport", "specs"),
     "create_weight_update_group": ("sglang_kvc.weights.transport", "create_weight_update_group"),
+    # the trainer's side of the group's rendezvous, on a port it already listens on
+    "weight_update_master_store": ("sglang_kvc.weights.transport", "master_store"),
     # another thread's GPU work vs the engine thread's CUDA-graph captures
     "device_work": ("sglang_kvc.engine.cuda_graph", "device_work"),
 }

@@ -167,6 +167,7 @@ class WeightSyncConfig:
     mode: str  # a weight_sync.MODES transport (the flag's "auto" is resolved by then)
     bucket_bytes: int = 512 << 20
     master_address: str | None = None  # distributed: None means $MASTER_ADDR when the sync starts
+    timeout_s: float = 120.0  # distributed: how long a broadcast may wait for a member
 
 
 @dataclasses.dataclass
@@ -252,7 +253,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 def weight_sync_config_from_args(args: argparse.Namespace) -> WeightSyncConfig:
     return WeightSyncConfig(mode=weight_sync_mode(args),
                             bucket_bytes=args.weight_sync_bucket_mb << 20,
-                            master_address=args.weight_sync_master_address)
+                            master_address=args.weight_sync_master_address,
+                            timeout_s=args.weight_sync_timeout)
 
 
 def weight_sync_mode(args: argparse.Namespace) -> str:
@@ -394,6 +396,12 @@ def _add_server_args(g) -> None:
                    help="how weights reach the engine (auto: inprocess, or tensor over HTTP; ipc: "
                         "handles to this host's memory, for servers on the same machine)")
     g.add_argument("--weight-sync-bucket-mb", type=int, default=512)
+    g.add_argument("--weight-sync-timeout", type=float, default=120.0,
+                   help="--weight-sync distributed: seconds a broadcast of the weight-update "
+                        "group may wait for a member. An engine that dies in a push is found at "
+                        "once (its request fails) and the push goes on without it; this bounds "
+                        "what is left waiting (sglang-kvc servers get a value other than the "
+                        "default in the group's request; default: 120)")
     g.add_argument("--weight-sync-master-address", default=None,
                    help="--weight-sync distributed: the address servers reach the trainer's rank 0 "
                         "at (default: $MASTER_ADDR, else 127.0.0.1); set it when servers run on "

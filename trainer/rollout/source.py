@@ -196,6 +196,6 @@ def weight_sync_for(setup, manager: RolloutManager, work_dir: Path) -> WeightSyn
     return WeightSync(ws.mode, engine=manager.engine,
                       http=engines.control_backend(manager.backend),
                       bucket_bytes=ws.bucket_bytes, disk_dir=work_dir / "weight_sync",
-                      hf_config_dir=engines.model_path,
+                      hf_config_dir=engines.model_path, group_timeout_s=ws.timeout_s,
                       master_address=ws.master_address
                       or os.environ.get("MASTER_ADDR", "127.0.0.1"))

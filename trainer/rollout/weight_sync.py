@@ -25,24 +25,41 @@ engine records the weight version, which the loop checks on the next rollout's `
 directory; tensor and ipc re-export the trainer's weights, which needs no tensor-parallel gather
 (TP = 1; use disk otherwise); distributed re-sends through the tensor transport (a process group
 has a fixed membership) and rebuilds its group before the next push.
+
+An engine lost during a push is handed to failover (``HTTPRollout.engines.failed`` -> the restart
+hook, which re-syncs the replacement) and left out of the rest of the push; the push goes on and
+``sync_engines_lost`` counts it. For ``distributed`` (a group cannot lose a member): a request
+that fails and whose server does not answer ``/health`` marks that engine lost; the trainer aborts
+the group on its side and on every survivor (``/destroy_weights_update_group``, which on
+sglang-kvc ends an NCCL wait from the HTTP thread; a gloo wait there is off the engine thread and
+ends at ``--weight-sync-timeout``), builds a group of the survivors and sends the bucket again.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
+import requests
 import torch
 import torch.distributed as dist
 
 from .hf_export import buckets, iter_hf_tensors
 
+log = logging.getLogger(__name__)
+
 MODES = ("inprocess", "tensor", "ipc", "disk", "distributed")
+# seconds a weight-update group's broadcast may wait for a member (sglang_kvc.weights.transport
+# GROUP_TIMEOUT_S, the servers' default: sent to them only when it differs, so a stock SGLang
+# server gets no field it does not know)
+GROUP_TIMEOUT_S = 120.0
 NamedTensors = Callable[[], Iterator[tuple[str, torch.Tensor]]]
 
 
@@ -57,22 +74,25 @@ def _nbytes(bucket) -> int:
 class WeightSync:
     def __init__(self, mode: str, *, engine=None, http=None, bucket_bytes: int = 512 << 20,
                  disk_dir: str | Path | None = None, hf_config_dir: str | Path | None = None,
-                 master_port: int | None = None, master_address: str = "127.0.0.1"):
+                 master_port: int | None = None, master_address: str = "127.0.0.1",
+                 group_timeout_s: float = GROUP_TIMEOUT_S):
         if mode not in MODES:
             raise ValueError(f"--weight-sync must be one of {MODES}, got {mode!r}")
         if mode == "inprocess" and engine is None and _is_rank0():
             raise ValueError("--weight-sync inprocess needs the in-process engine")
         if mode != "inprocess" and http is None and _is_rank0():
             raise ValueError(f"--weight-sync {mode} needs --rollout-server-urls")
+        if not group_timeout_s > 0:
+            raise ValueError(f"--weight-sync-timeout must be positive, got {group_timeout_s}")
         self.mode, self.engine, self.http, self.bucket_bytes = mode, engine, http, bucket_bytes
         self.disk_dir, self.hf_config_dir = disk_dir, hf_config_dir
-        self.group = _Group(http, master_address, master_port)
+        self.group = _Group(http, master_address, master_port, group_timeout_s)
         # who talks to an engine: every colocated engine's host, or rank 0 for servers
         self.pushes = engine is not None if mode == "inprocess" else _is_rank0()
         self.version: str | None = None  # the last version pushed: what a restarted engine needs
         self._source: NamedTensors | None = None
         self._last_dir: Path | None = None
-        self._lost: set[int] = set()  # slots of engines that died during the current push
+        self._lost: set[str] = set()  # URLs of engines that died during the current push
 
     def push(self, trainer, version: str) -> dict:
         return self.push_tensors(lambda: iter_hf_tensors(trainer.model.module, trainer.arch),
@@ -102,7 +122,7 @@ class WeightSync:
         """Give one (re)started server the last pushed weights and version (rank 0, servers)."""
         if self.version is None:
             return  # nothing pushed yet: it serves the checkpoint it started from, like the rest
-        self.group.invalidate()  # the process group lost a member; rebuilt on the next push
+        self.group.invalidate(url)  # a new process at a member's URL: rebuilt on the next push
         if self.mode == "disk":
             self.http.call("/update_weights_from_disk",
                            {"model_path": str(self._last_dir), "weight_version": self.version},
@@ -112,7 +132,8 @@ class WeightSync:
             raise RuntimeError("re-syncing a restarted engine re-exports the weights, which needs "
                                "every tensor-parallel rank; use --weight-sync disk with TP > 1")
         mode = "tensor" if self.mode == "distributed" else self.mode
-        self._push_buckets(mode, self._source(), self.version, [url])
+        # to this URL even while a push leaves its dead predecessor out (_lost holds that URL)
+        self._push_buckets(mode, self._source(), self.version, [url], skip_lost=False)
 
     def _wait_for_lost(self) -> int:
         """Engines that died during this push: wait until their replacements are up (the restart
@@ -125,18 +146,35 @@ class WeightSync:
     def _control(self, path: str, payload: dict, urls: list[str]) -> None:
         """A control request to the push's engines. One that dies (fails and does not answer
         /health) is handed to failover and left out of the rest of this push; the restart hook
-        re-syncs its replacement (``_wait_for_lost``). Not for ``distributed``: a process group cannot lose a member."""
+        re-syncs its replacement (``_wait_for_lost``). ``distributed`` has ``_lose``."""
         slots = self.http.engines.urls
-        live = [u for u in urls if slots.index(u) not in self._lost] if self._lost else urls
-        self._lost.update(self.http.call_surviving(path, payload, live))
+        self._lost.update(slots[s] for s in self.http.call_surviving(path, payload, urls))
+
+    def _live(self, urls: list[str]) -> list[str]:
+        return [u for u in urls if u not in self._lost]
+
+    def _lose(self, broken: "GroupBroken") -> None:
+        """The members of a broken push that are dead go to failover; none dead: a real error."""
+        dead = [u for u in broken.failed if not self.http._healthy(u)]
+        if not dead:
+            raise RuntimeError(f"distributed weight update failed: {broken}") from broken
+        for url in dead:
+            log.warning("weight push: rollout engine %s is lost (%s); the push goes on without "
+                        "it", url, broken.failed[url])
+            self._lost.add(url)
+            if url in self.http.engines.urls:  # else already replaced
+                self.http.engines.failed(self.http.engines.urls.index(url), url,
+                                         f"weight push: {broken.failed[url]}")
 
     # --- transports (rank 0) -----------------------------------------------------------------
-    def _push_buckets(self, mode: str, tensors, version: str, urls: list[str]) -> int:
+    def _push_buckets(self, mode: str, tensors, version: str, urls: list[str],
+                      skip_lost: bool = True) -> int:
         nbytes = 0
         for bucket in buckets(tensors, self.bucket_bytes):
             nbytes += _nbytes(bucket)
             if self.pushes:
-                getattr(self, f"_push_{mode}")(bucket, version, urls)
+                getattr(self, f"_push_{mode}")(bucket, version,
+                                               self._live(urls) if skip_lost else urls)
         if mode == "ipc" and torch.cuda.is_available():
             torch.cuda.ipc_collect()  # free the buffers the engines have let go of
         return nbytes
@@ -165,11 +203,22 @@ class WeightSync:
         from sglang_kvc import bucket_specs, flatten_bucket
 
         flat = flatten_bucket(bucket)
-        group, name = self.group.ensure(urls, "nccl" if flat.is_cuda else "gloo")
+        backend = "nccl" if flat.is_cuda else "gloo"
         names, dtypes, shapes = bucket_specs(bucket)
         meta = {"names": names, "dtypes": dtypes, "shapes": shapes, "weight_version": version,
-                "group_name": name, "flush_cache": True, "load_format": "flattened_bucket"}
-        self.group.send(flat, "/update_weights_from_distributed", meta, urls)
+                "flush_cache": True, "load_format": "flattened_bucket"}
+        # each try either delivers the bucket to every member or loses one engine for good
+        live = urls
+        while live:
+            try:
+                name = self.group.ensure(live, backend)
+                self.group.send(flat, "/update_weights_from_distributed",
+                                dict(meta, group_name=name), live)
+                return
+            except GroupBroken as broken:
+                self.group.abort(live)  # first: members still waiting in the broadcast leave it
+                self._lose(broken)
+                live = self._live(live)
 
     def _push_disk(self, tensors, version, urls) -> int:
         from checkpoint_tools.hf_io import ShardedSafetensorsWriter, copy_tokenizer_files
@@ -188,92 +237,132 @@ class WeightSync:
             copy_tokenizer_files(self.hf_config_dir, out)
             self._last_dir = out  # before the call: a replacement is re-synced from it
             self._control("/update_weights_from_disk",
-                          {"model_path": str(out), "weight_version": version}, urls)
+                          {"model_path": str(out), "weight_version": version}, self._live(urls))
         return nbytes
+
+
+class GroupBroken(RuntimeError):
+    """Requests of some members of the weight-update group failed: ``failed`` maps their URLs
+    to the error (the others may be waiting in the broadcast)."""
+
+    def __init__(self, failed: dict[str, str]):
+        super().__init__("; ".join(f"{u}: {e}" for u, e in failed.items()))
+        self.failed = failed
 
 
 class _Group:
     """The trainer's side of the weight-update process group (rank 0; servers 1..N)."""
 
-    def __init__(self, http, address: str, port: int | None):
-        self.http, self.address, self.port = http, address, port
+    def __init__(self, http, address: str, port: int | None, timeout_s: float = GROUP_TIMEOUT_S):
+        self.http, self.address, self.port, self.timeout_s = http, address, port, timeout_s
         self.pg = None
         self.urls: list[str] = []
         self.generation = 0
+        self.stale = False  # a member was restarted (same URL, new process): rebuild
+        # servers outlive trainers (and keep a dead trainer's groups): names of our own
+        self.token = uuid.uuid4().hex[:8]
 
     @property
     def name(self) -> str:
-        return f"weight_update_group_{self.generation}"
+        return f"weight_update_group_{self.token}_{self.generation}"
 
-    def invalidate(self) -> None:
-        self.urls = []  # no member list matches: the next ensure() rebuilds
+    def invalidate(self, url: str | None = None) -> None:
+        # from the restart hook's thread: only a member's restart changes the group
+        if url is None or url in self.urls:
+            self.stale = True
 
-    def ensure(self, urls: list[str], backend: str):
-        if self.pg is not None and self.urls == urls:
-            return self.pg, self.name
+    def ensure(self, urls: list[str], backend: str) -> str:
+        """The group of exactly ``urls`` (built when needed); its name. ``GroupBroken`` when a
+        server refuses to join (the rendezvous of the others is left to time out)."""
+        if self.pg is not None and self.urls == urls and not self.stale:
+            return self.name
         self._drop(urls)
-        self.generation += 1
-        from sglang_kvc import create_weight_update_group
+        self.generation, self.stale = self.generation + 1, False
+        from sglang_kvc import create_weight_update_group, weight_update_master_store
 
-        port, world = self.port or _free_port(), 1 + len(urls)
+        world = 1 + len(urls)
+        # listening before the servers are told its port (a free port looked up first may be
+        # taken by any socket meanwhile: then every server waits out the timeout)
+        store = weight_update_master_store(self.address, world, self.port or 0, self.timeout_s)
+        port = store.port
         body = {"master_address": self.address, "master_port": port, "world_size": world,
                 "group_name": self.name, "backend": backend}
-        pool = concurrent.futures.ThreadPoolExecutor(world)
-        try:  # the rendezvous blocks until all join: a server that refuses must end the wait
-            made = pool.submit(create_weight_update_group, self.address, port, 0, world, backend,
-                               self.name)
-            _first_error([pool.submit(self.http.post, f"{u}/init_weights_update_group",
-                                      dict(body, rank_offset=1 + i)) for i, u in enumerate(urls)])
-            self.pg = made.result()
-        finally:
-            pool.shutdown(wait=False)
+        if self.timeout_s != GROUP_TIMEOUT_S:  # sglang-kvc's own field: stock SGLang never sees it
+            body["timeout_s"] = self.timeout_s
+        # the rendezvous blocks until all join: a server that refuses must end the wait
+        made = _in_thread(create_weight_update_group, self.address, port, 0, world, backend,
+                          self.name, self.timeout_s, store)
+        _all_or_broken({_in_thread(self.http.post, f"{u}/init_weights_update_group",
+                                   dict(body, rank_offset=1 + i), 0): u
+                        for i, u in enumerate(urls)}, own=made)
+        self.pg = made.result()
         self.urls = list(urls)
-        return self.pg, self.name
+        return self.name
 
     def _drop(self, urls: list[str]) -> None:
         """Leave the old group; survivors drop their side too (best effort: some may be dead)."""
+        if self.pg is not None:
+            self.abort([u for u in self.urls if u in urls])
+
+    def abort(self, urls: list[str]) -> None:
+        """End the group on the trainer's side and on ``urls``' servers, from threads that are
+        not waiting in it: NCCL waits end at once (communicators aborted), on both sides."""
         if self.pg is None:
             return
-        for u in set(self.urls) & set(urls):
-            try:
-                self.http.post(f"{u}/destroy_weights_update_group", {"group_name": self.name}, 0)
-            except Exception:  # noqa: BLE001 - a restarted server on the same URL has no group
-                pass
-        self.pg.destroy()
-        self.pg = None
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(urls))) as pool:
+            pool.map(_post_quietly, [u + "/destroy_weights_update_group" for u in urls],
+                     [{"group_name": self.name}] * len(urls))
+        self.pg.abort()
+        self.pg, self.urls = None, []
 
     def send(self, flat: torch.Tensor, path: str, meta: dict, urls: list[str]) -> None:
-        """Post ``meta`` to every server and broadcast ``flat``; a server that refuses ends the
-        wait (the broadcast thread is left behind and the group rebuilt) instead of hanging."""
-        errors: list[Exception] = []
-        sender = threading.Thread(target=_collect, args=(errors, self.pg.broadcast, flat, 0),
-                                  daemon=True, name="weights-broadcast")
-        pool = concurrent.futures.ThreadPoolExecutor(len(urls))
-        try:
-            posts = [pool.submit(self.http.post, u + path, meta, 0) for u in urls]
-            sender.start()
-            _first_error(posts)
-        except Exception as e:
-            self.pg, self.urls = None, []  # a broadcast some member never joins: start afresh
-            raise RuntimeError(f"distributed weight update failed: {e}") from e
-        finally:
-            pool.shutdown(wait=False)
-        sender.join()
-        if errors:
-            raise RuntimeError(f"distributed weight update failed: {errors[0]}")
+        """Post ``meta`` to every server and broadcast ``flat``. ``GroupBroken`` as soon as a
+        server's request fails: the broadcast is left behind, ended by ``abort``."""
+        posts = {_in_thread(self.http.post, u + path, meta, 0): u for u in urls}
+        sent = _in_thread(self.pg.broadcast, flat, 0)
+        _all_or_broken(posts, own=sent)
+        sent.result()
 
 
-def _first_error(futures) -> None:
-    """Wait for all; raise the first failure as soon as it happens."""
-    for f in concurrent.futures.as_completed(futures):
-        f.result()
+def _all_or_broken(futures: dict, own: concurrent.futures.Future, grace: float = 1.0) -> None:
+    """Wait for the servers' requests (``futures``: URL each) and the trainer's side (``own``).
+    At the first failure, give the others ``grace`` seconds to fail too (a broken broadcast
+    fails the members next to the dead one, the trainer among them) and raise ``GroupBroken``
+    for the servers that failed; the trainer's failure alone raises as itself."""
+    for f in concurrent.futures.as_completed([*futures, own]):
+        if f.exception() is None:
+            continue
+        concurrent.futures.wait(futures, timeout=grace)
+        failed = {futures[g]: str(g.exception()) for g in futures
+                  if g.done() and g.exception() is not None}
+        if failed:
+            raise GroupBroken(failed)
+        raise RuntimeError(f"distributed weight update failed on the trainer's side: "
+                           f"{own.exception()}") from own.exception()
 
 
-def _collect(errors: list, fn, *args) -> None:
+def _post_quietly(url: str, body: dict, timeout: float = 10.0) -> None:
+    """A best-effort request: the server may be dead, or busy (a stock SGLang server handles
+    the destroy after the wait it would end)."""
     try:
-        fn(*args)
-    except Exception as e:  # noqa: BLE001 - reported by the caller
-        errors.append(e)
+        requests.post(url, json=body, timeout=timeout)
+    except requests.RequestException:
+        pass
+
+
+def _in_thread(fn, *args) -> concurrent.futures.Future:
+    """``fn(*args)`` in a daemon thread: what a broken group leaves waiting (until its timeout)
+    must not hold up the trainer's exit, as an executor's threads, joined at exit, would."""
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - the caller's result() raises it
+            done.set_exception(e)
+
+    threading.Thread(target=run, daemon=True, name="weight-group").start()
+    return done
 
 
 def _tensor_parallel_size() -> int:
@@ -282,8 +371,3 @@ def _tensor_parallel_size() -> int:
         return 1
     return ps.get_tensor_model_parallel_world_size()
 
-
-def _free_port() -> int:
-    from checkpoint_tools.cpu_megatron import free_port
-
-    return free_port()

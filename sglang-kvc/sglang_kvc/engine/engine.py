@@ -229,9 +229,9 @@ class Engine:
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
                                   world_size: int, group_name: str = "weight_update_group",
-                                  backend: str | None = None) -> dict:
+                                  backend: str | None = None, timeout_s: float | None = None) -> dict:
         return self.weights.init_group(master_address, master_port, rank_offset, world_size,
-                                       group_name, backend)
+                                       group_name, backend, timeout_s)
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         group_name: str = "weight_update_group",

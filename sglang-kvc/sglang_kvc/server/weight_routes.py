@@ -18,7 +18,9 @@ router = APIRouter()
 
 # Options every weight update accepts besides its payload.
 _COMMON = ("weight_version", "abort_all_requests", "flush_cache", "load_format")
-_GROUP_KEYS = ("master_address", "master_port", "rank_offset", "world_size", "group_name", "backend")
+# the first four are required; timeout_s is sglang-kvc's own (seconds a broadcast may wait)
+_GROUP_KEYS = ("master_address", "master_port", "rank_offset", "world_size", "group_name", "backend",
+               "timeout_s")
 
 
 async def _weights_call(fn, body: dict, keys: tuple[str, ...], required: tuple[str, ...] = ()):

@@ -18,7 +18,10 @@
   `rank_offset` (+ its own rank, 0). For each request the server allocates the named tensors and
   receives them via broadcasts from rank 0, in the order of `names`: one broadcast per tensor, or
   with `load_format="flattened_bucket"` one broadcast of a uint8 buffer holding all of them back to
-  back (as SGLang's flattened buckets), which is what the trainer sends.
+  back (as SGLang's flattened buckets), which is what the trainer sends. A member that dies
+  mid-broadcast leaves others waiting: `WeightUpdateGroup.abort` (the destroy route) ends an NCCL
+  wait at once; a gloo wait (which torch cannot abort) ends at the group's timeout
+  (`timeout_s`, default `GROUP_TIMEOUT_S`), and what it received is dropped.
 """
 
 from __future__ import annotations
@@ -280,18 +283,30 @@ def _open_cuda(h: dict) -> torch.Tensor:
 
 # ================================================================ process group
 
+GROUP_TIMEOUT_S = 120.0  # a collective waiting this long has lost a member: fail it
+
+def master_store(master_address: str, world_size: int, port: int = 0,
+                 timeout_s: float = GROUP_TIMEOUT_S) -> dist.TCPStore:
+    """Rank 0's TCPStore, listening on return (port 0: one the system picks, `.port`), so the
+    other ranks can be told a port nothing else can have taken in between."""
+    return dist.TCPStore(master_address, port, world_size, is_master=True,
+                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
 class WeightUpdateGroup:
-    """A process group of its own: TCPStore rendezvous at master_address:master_port."""
+    """A process group of its own: TCPStore rendezvous at master_address:master_port (rank 0
+    may pass its `master_store`)."""
 
     def __init__(self, master_address: str, master_port: int, rank: int, world_size: int,
                  backend: str = "gloo", group_name: str = "weight_update_group",
-                 timeout_s: float = 600.0):
+                 timeout_s: float = GROUP_TIMEOUT_S, store: dist.TCPStore | None = None):
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size, self.backend, self.group_name = rank, world_size, backend, group_name
-        self._tcp_store = dist.TCPStore(master_address, int(master_port), world_size,
-                                        is_master=rank == 0, timeout=timeout)
+        self.aborted = False
+        self._tcp_store = store or dist.TCPStore(master_address, int(master_port), world_size,
+                                                 is_master=rank == 0, timeout=timeout)
         store = dist.PrefixStore(f"{group_name}/", self._tcp_store)
         if backend == "gloo":
             self.pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
@@ -304,13 +319,27 @@ class WeightUpdateGroup:
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         opts.rootTensor = 0
-        self.pg.broadcast([tensor], opts).wait()
+        pg = self.pg
+        if pg is None:
+            raise RuntimeError(f"weight update group {self.group_name} is destroyed")
+        pg.broadcast([tensor], opts).wait()
         if tensor.is_cuda:
             torch.cuda.current_stream().synchronize()
+        if self.aborted:  # an aborted NCCL collective returns, with whatever the buffer holds
+            raise RuntimeError(f"weight update group {self.group_name} was aborted")
+
+    def abort(self) -> None:
+        """From any thread: end this group. An NCCL wait inside `broadcast` returns at once (its
+        communicators are aborted) and raises; torch cannot abort a gloo wait, which ends at the
+        timeout and raises. Either way nothing it received is used."""
+        self.aborted = True
+        pg, self.pg, self._tcp_store = self.pg, None, None
+        abort = getattr(pg, "abort", None)
+        if abort is not None and self.backend == "nccl":
+            abort()
 
     def destroy(self) -> None:
-        self.pg = None
-        self._tcp_store = None
+        self.abort()
 
 
 def receive_flattened(group: WeightUpdateGroup, entries: list[FlatEntry], device
@@ -331,6 +360,9 @@ def receive_each(group: WeightUpdateGroup, entries: list[FlatEntry], device
 
 
 def create_weight_update_group(master_address: str, master_port: int, rank: int, world_size: int,
-                               backend: str = "gloo", group_name: str = "weight_update_group"):
+                               backend: str = "gloo", group_name: str = "weight_update_group",
+                               timeout_s: float = GROUP_TIMEOUT_S,
+                               store: dist.TCPStore | None = None):
     """Trainer-side entry point (rank 0): the same group the server joins."""
-    return WeightUpdateGroup(master_address, master_port, rank, world_size, backend, group_name)
+    return WeightUpdateGroup(master_address, master_port, rank, world_size, backend, group_name,
+                             timeout_s, store)

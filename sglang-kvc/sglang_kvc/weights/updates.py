@@ -11,8 +11,9 @@ import torch
 
 from .loader import _destination as weight_destination
 from .loader import iter_safetensors, safetensors_shapes, validate_shapes
-from .transport import (WeightUpdateGroup, bucket_layout, deserialize_ipc_bucket,
-                        deserialize_named_tensors, receive_each, receive_flattened)
+from .transport import (GROUP_TIMEOUT_S, WeightUpdateGroup, bucket_layout,
+                        deserialize_ipc_bucket, deserialize_named_tensors, receive_each,
+                        receive_flattened)
 
 
 class WeightUpdater:
@@ -53,14 +54,16 @@ class WeightUpdater:
 
     def init_group(self, master_address: str, master_port: int, rank_offset: int,
                    world_size: int, group_name: str = "weight_update_group",
-                   backend: str | None = None) -> dict:
+                   backend: str | None = None, timeout_s: float | None = None) -> dict:
+        """`timeout_s` (sglang-kvc only): how long a broadcast may wait for a member."""
         if group_name in self.groups:
             raise ValueError(f"weight update group {group_name!r} already exists")
         backend = backend or ("nccl" if self.runner.device.type == "cuda" else "gloo")
         if backend == "nccl" and self.runner.device.type != "cuda":
             backend = "gloo"  # NCCL needs GPUs; a CPU engine joins over gloo
         # Rendezvous blocks until the trainer joins; done off the engine thread so steps go on.
-        group = WeightUpdateGroup(master_address, master_port, rank_offset, world_size, backend, group_name)
+        group = WeightUpdateGroup(master_address, master_port, rank_offset, world_size, backend,
+                                  group_name, _timeout(timeout_s))
         self.groups[group_name] = group
         return {"success": True, "message": f"joined {group_name} as rank {rank_offset} ({backend})"}
 
@@ -76,10 +79,15 @@ class WeightUpdater:
             raise ValueError(f"load_format {load_format!r} not supported (None or flattened_bucket)")
         entries = bucket_layout(names, dtypes, shapes)
         validate_shapes(self.runner.model, [(e.name, e.shape) for e in entries])
-        device = self.runner.device if group.backend == "nccl" else torch.device("cpu")
         receive = receive_flattened if load_format == "flattened_bucket" else receive_each
-        return self._call(self._apply, lambda: receive(group, entries, device),
-                          weight_version, abort_all_requests)
+        if group.backend == "nccl":  # into the engine's device, on its thread (its stream)
+            return self._call(self._apply, lambda: receive(group, entries, self.runner.device),
+                              weight_version, abort_all_requests)
+        # gloo receives into host memory on this (HTTP) thread: a broadcast that lost a member
+        # waits here until the group's timeout (torch cannot abort it) while the engine thread
+        # serves on and takes the trainer's re-sent bucket over a new group
+        named = list(receive(group, entries, torch.device("cpu")))
+        return self._call(self._apply, lambda: iter(named), weight_version, abort_all_requests)
 
     def rows_by_name(self, name: str, truncate_size: int = 100) -> list:
         """SGLang's /get_weights_by_name: the first `truncate_size` rows of an HF-named weight as
@@ -94,7 +102,7 @@ class WeightUpdater:
         group = self.groups.pop(group_name, None)
         if group is None:
             raise ValueError(f"no weight update group named {group_name!r}")
-        group.destroy()
+        group.destroy()  # aborts a broadcast still waiting in it (NCCL), from this thread
         return {"success": True, "message": f"destroyed {group_name}"}
 
     # ---------------------------------------------------------------- engine thread
@@ -112,6 +120,14 @@ class WeightUpdater:
         if dst is None:
             raise ValueError(f"{name} is not stored by this engine (tied to another weight, or a buffer)")
         return dst[:rows].tolist()
+
+
+def _timeout(timeout_s) -> float:
+    if timeout_s is None:
+        return GROUP_TIMEOUT_S
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    return float(timeout_s)
 
 
 def _deserialize(payload, load_format: str | None) -> list:

@@ -24,6 +24,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -198,7 +199,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
-    work = Path(args.workdir or f"/tmp/bench-layouts-{int(time.time())}")
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-layouts-"))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     hf = Path(args.hf_checkpoint) if args.hf_checkpoint else build_checkpoint(args.shape, work / "hf")
     rows = []

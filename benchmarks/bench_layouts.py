@@ -30,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_long_rollout import parse_config, pool_tokens, prepare_run_dir  # noqa: E402
+from bench_long_rollout import config_argv, parse_config, prepare_run_dir  # noqa: E402
 from bench_rl_step import build_checkpoint  # noqa: E402
 
 
@@ -67,22 +67,11 @@ LAYOUTS = {
 
 
 def run_argv(args, cfg: dict, layout: Layout, hf: Path, out: Path, work: Path) -> list[str]:
-    """torchrun over bench_rl_step.py with the config's and the layout's flags (last: they
-    win over the shared pool size)."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(layout.trainer_gpus), str(HERE / "bench_rl_step.py"),
-            "--hf-checkpoint", str(hf), "--prompts", str(args.prompts),
-            "--samples", str(args.samples), "--response-len", str(args.response_len),
-            "--steps", str(args.steps), "--seed", str(args.seed), "--json", str(out),
-            "--workdir", str(work), "--compress", cfg["compress"],
-            "--max-tokens-per-gpu", str(args.max_tokens_per_gpu)]
-    if cfg["compress"] != "none":
-        argv += ["--kv-budget", str(cfg["budget"]), "--compress-divide-length", str(cfg["divide"])]
-    tail = (f"cap={args.response_len} median_frac={args.median_frac} sigma={args.sigma} "
-            f"warmup_scale={args.warmup_scale} seed={args.seed}").split()
-    return argv + ["--sglang-max-total-tokens", str(pool_tokens(args, args.response_len)),
-                   "--custom-generate-function-path", "long_tail.LongTailLengths",
-                   "--custom-generate-args", *tail, *layout.flags, *args.extra]
+    """torchrun over bench_rl_step.py with the config's and the layout's flags (the layout's
+    after the shared pool size, so a full-GPU engine may override it)."""
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(layout.trainer_gpus))
+    return config_argv(args, cfg, args.response_len, hf, out, work, launcher, layout.flags)
 
 
 class GPUSampler:

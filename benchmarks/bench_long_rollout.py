@@ -51,8 +51,12 @@ def pool_tokens(args, cap: int) -> int:
     return int(args.dense_fraction * args.prompts * args.samples * (cap + 64))
 
 
-def config_argv(args, cfg: dict, cap: int, hf: Path, out: Path, work: Path) -> list[str]:
-    argv = [sys.executable, str(HERE / "bench_rl_step.py"), "--hf-checkpoint", str(hf),
+def config_argv(args, cfg: dict, cap: int, hf: Path, out: Path, work: Path,
+                launcher: tuple[str, ...] = (sys.executable,), more: tuple[str, ...] = ()
+                ) -> list[str]:
+    """``bench_rl_step.py`` for one config at one cap, started by ``launcher`` (e.g. torchrun);
+    ``more`` trainer flags go after the pool size (so they may override it), the user's last."""
+    argv = [*launcher, str(HERE / "bench_rl_step.py"), "--hf-checkpoint", str(hf),
             "--prompts", str(args.prompts), "--samples", str(args.samples),
             "--response-len", str(cap), "--steps", str(args.steps), "--seed", str(args.seed),
             "--max-tokens-per-gpu", str(args.max_tokens_per_gpu), "--json", str(out),
@@ -63,7 +67,7 @@ def config_argv(args, cfg: dict, cap: int, hf: Path, out: Path, work: Path) -> l
               f"warmup_scale={args.warmup_scale} seed={args.seed}").split()
     return argv + ["--sglang-max-total-tokens", str(pool_tokens(args, cap)),
                    "--custom-generate-function-path", "long_tail.LongTailLengths",
-                   "--custom-generate-args", *plugin, *args.extra]
+                   "--custom-generate-args", *plugin, *more, *args.extra]
 
 
 def import_once(hf: Path, work: Path) -> Path:

@@ -68,15 +68,13 @@ def engine_processes(engines, device: str):
     pointed at every engine's URL. Unchanged, with no fleet, when neither flag is given."""
     if not (engines.engine_process or engines.num_gpus):
         return None, engines
-    log_dir = engines.log_dir
     with phase("start the rollout engine process(es)") as info:
-        fleet, urls = start_engine_processes(engines, log_dir, device)
-        info["detail"] = ", ".join(urls) + f"; logs under {log_dir / 'engines'}"
+        fleet, urls = start_engine_processes(engines, device)
+        info["detail"] = ", ".join(urls) + f"; logs under {engines.log_dir / 'engines'}"
     return fleet, dataclasses.replace(engines, server_urls=urls)
 
 
-def start_engine_processes(engines, log_dir: Path, device: str
-                           ) -> tuple[EngineFleet | None, list[str]]:
+def start_engine_processes(engines, device: str) -> tuple[EngineFleet | None, list[str]]:
     """This rank's engine process(es): with ``--rollout-engine-process`` its colocated engine on
     ``device`` (if it hosts one), with ``--rollout-num-gpus N`` (global rank 0) N engines on the
     node's GPUs after the trainer's. Returns them and every engine's URL, on every rank. Call
@@ -85,11 +83,11 @@ def start_engine_processes(engines, log_dir: Path, device: str
 
     if engines.num_gpus:
         rank0 = not dist.is_initialized() or dist.get_rank() == 0
-        fleet = _start(_disaggregated(engines, log_dir), "--rollout-num-gpus") if rank0 else None
+        fleet = _start(_disaggregated(engines), "--rollout-num-gpus") if rank0 else None
         urls = gather_shards(fleet.urls if fleet else None, Placement(1, 0 if rank0 else None))
         return fleet, urls[0]
     place = placement(remote=False, per_gpu=engines.per_gpu)
-    fleet = _start(_colocated(engines, log_dir, device), "--rollout-engine-process") \
+    fleet = _start(_colocated(engines, device), "--rollout-engine-process") \
         if place.generates else None
     # in generator order, so rollout_engine<i> is generating rank i's engine
     return fleet, gather_shards(fleet.urls[0] if fleet else None, place)
@@ -105,12 +103,12 @@ def _start(cfg: FleetConfig, flag: str) -> EngineFleet:
     return fleet
 
 
-def _colocated(engines, log_dir: Path, device: str) -> FleetConfig:
+def _colocated(engines, device: str) -> FleetConfig:
     return FleetConfig(engines.model_path, 1, server_argv(engines.server_args(device)),
-                       host=_bind_host(), log_dir=str(_engine_logs(log_dir)))
+                       host=_bind_host(), log_dir=str(_engine_logs(engines.log_dir)))
 
 
-def _disaggregated(engines, log_dir: Path) -> FleetConfig:
+def _disaggregated(engines) -> FleetConfig:
     """``--rollout-num-gpus`` engines, one GPU each (``CUDA_VISIBLE_DEVICES``), on the GPUs of
     this node that the trainer's ranks do not use; on a CPU machine, CPU engines."""
     n = engines.num_gpus
@@ -118,7 +116,7 @@ def _disaggregated(engines, log_dir: Path) -> FleetConfig:
     device = "cuda:0" if gpus else "cpu"  # the one GPU each engine sees
     env = [{"CUDA_VISIBLE_DEVICES": g} for g in gpus] or None
     return FleetConfig(engines.model_path, n, server_argv(engines.server_args(device)),
-                       host=_bind_host(), log_dir=str(log_dir / "engines"), env=env)
+                       host=_bind_host(), log_dir=str(engines.log_dir / "engines"), env=env)
 
 
 def rollout_gpus(num: int, trainer_gpus: int) -> list[str]:

@@ -15,17 +15,12 @@ import requests
 import torch
 
 from sglang_kvc.weights.loader import iter_safetensors
-from tests.trainer.rollout.test_weight_sync import SERVER, assert_serves
+from tests.trainer.rollout.test_weight_sync import SERVER, assert_serves, models  # noqa: F401
 from trainer.rollout.backends import HTTPRollout
 from trainer.rollout.fleet import EngineFleet, FleetConfig
 from trainer.rollout.weight_sync import WeightSync
 
 BUCKET = 64 << 10  # the tiny model travels in several broadcasts
-
-
-@pytest.fixture(scope="module")
-def models(tiny_model_factory):
-    return tiny_model_factory("qwen2.5"), tiny_model_factory("qwen2.5", seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from .dynamic_sampling import DynamicSamplingConfig
 from .fidelity import adaptive_config_from_args
 from .generate import load_generate_plugin, parse_options
 from .rewards import RewardConfig, reward_config_from_args
-from .weight_sync import MODES as WEIGHT_SYNC_MODES
+from .weight_sync import GROUP_TIMEOUT_S, MODES as WEIGHT_SYNC_MODES
 
 ENGINE_PREFIX = "sglang_"  # dest of ``--sglang-<field>``: one ServerArgs field
 # Server flags that make no sense for an engine the trainer starts itself.
@@ -167,7 +167,7 @@ class WeightSyncConfig:
     mode: str  # a weight_sync.MODES transport (the flag's "auto" is resolved by then)
     bucket_bytes: int = 512 << 20
     master_address: str | None = None  # distributed: None means $MASTER_ADDR when the sync starts
-    timeout_s: float = 120.0  # distributed: how long a broadcast may wait for a member
+    timeout_s: float = GROUP_TIMEOUT_S  # distributed: how long a broadcast may wait for a member
 
 
 @dataclasses.dataclass
@@ -396,7 +396,7 @@ def _add_server_args(g) -> None:
                    help="how weights reach the engine (auto: inprocess, or tensor over HTTP; ipc: "
                         "handles to this host's memory, for servers on the same machine)")
     g.add_argument("--weight-sync-bucket-mb", type=int, default=512)
-    g.add_argument("--weight-sync-timeout", type=float, default=120.0,
+    g.add_argument("--weight-sync-timeout", type=float, default=GROUP_TIMEOUT_S,
                    help="--weight-sync distributed: seconds a broadcast of the weight-update "
                         "group may wait for a member. An engine that dies in a push is found at "
                         "once (its request fails) and the push goes on without it; this bounds "

@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from .hf_export import buckets, iter_hf_tensors
+from .lifecycle import healthy
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,7 @@ class WeightSync:
 
     def _lose(self, broken: "GroupBroken") -> None:
         """The members of a broken push that are dead go to failover; none dead: a real error."""
-        dead = [u for u in broken.failed if not self.http._healthy(u)]
+        dead = [u for u in broken.failed if not healthy(u, self.http.health_timeout)]
         if not dead:
             raise RuntimeError(f"distributed weight update failed: {broken}") from broken
         for url in dead:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_long_rollout import config_argv, parse_config, prepare_run_dir  # noqa: E402
+from bench_long_rollout import config_argv, parse_config, pool_tokens, prepare_run_dir  # noqa: E402
 from bench_rl_step import build_checkpoint  # noqa: E402
 
 
@@ -39,43 +39,67 @@ class Layout:
     trainer_gpus: int
     flags: tuple[str, ...] = ()
     engine_gpus: int = 0  # GPUs of their own for engines (disaggregated)
+    full_gpu: bool = False  # an engine's GPU is its own: a pool for its whole share of the batch
 
     @property
     def gpus(self) -> int:
         return self.trainer_gpus + self.engine_gpus
 
+    @property
+    def generating_gpus(self) -> int:
+        """GPUs with an engine: the engines' own, else every trainer GPU (an engine per GPU)."""
+        return self.engine_gpus or self.trainer_gpus
 
-_DISAGG = ("--rollout-num-gpus", "1")
-# the engine's GPU is its own: a pool for the whole batch at the cap (0.5B: 12 KiB a token)
-_FULL_GPU = ("--sglang-max-total-tokens", "1100000")
+
+def _disagg(trainer: int, engines: int, *flags: str, full_gpu: bool = False) -> Layout:
+    return Layout(trainer, ("--rollout-num-gpus", str(engines), *flags), engines, full_gpu)
+
+
+_S1, _S2, _PARTIAL = ("--max-staleness", "1"), ("--max-staleness", "2"), ("--partial-rollout",)
+_PROC = ("--max-staleness", "1", "--rollout-engine-process")
 LAYOUTS = {
     "1gpu-sync": Layout(1),
-    "1gpu-s1-proc": Layout(1, ("--max-staleness", "1", "--rollout-engine-process")),
+    "1gpu-s1-proc": Layout(1, _PROC),
     "coloc-dp2-sync": Layout(2),
-    "coloc-dp2-s1-proc": Layout(2, ("--max-staleness", "1", "--rollout-engine-process")),
+    "coloc-dp2-s1-proc": Layout(2, _PROC),
     "coloc-tp2-sync": Layout(2, ("--tensor-model-parallel-size", "2")),
-    "disagg-sync": Layout(1, _DISAGG, 1),
-    "disagg-s1": Layout(1, _DISAGG + ("--max-staleness", "1"), 1),
-    "disagg-s2": Layout(1, _DISAGG + ("--max-staleness", "2"), 1),
-    "disagg-s1-partial": Layout(1, _DISAGG + ("--max-staleness", "1", "--partial-rollout"), 1),
-    "disagg-s2-partial": Layout(1, _DISAGG + ("--max-staleness", "2", "--partial-rollout"), 1),
-    "disagg-s1-fullgpu": Layout(1, _DISAGG + _FULL_GPU + ("--max-staleness", "1"), 1),
-    "disagg-s2-fullgpu": Layout(1, _DISAGG + _FULL_GPU + ("--max-staleness", "2"), 1),
-    "disagg-s1-partial-fullgpu": Layout(1, _DISAGG + _FULL_GPU + ("--max-staleness", "1",
-                                                                  "--partial-rollout"), 1),
+    "coloc-dp4-sync": Layout(4),
+    "coloc-dp4-s1-proc": Layout(4, _PROC),
+    "coloc-tp2dp2-sync": Layout(4, ("--tensor-model-parallel-size", "2")),
+    "disagg-sync": _disagg(1, 1),
+    "disagg-s1": _disagg(1, 1, *_S1),
+    "disagg-s2": _disagg(1, 1, *_S2),
+    "disagg-s1-partial": _disagg(1, 1, *_S1, *_PARTIAL),
+    "disagg-s2-partial": _disagg(1, 1, *_S2, *_PARTIAL),
+    "disagg-s1-fullgpu": _disagg(1, 1, *_S1, full_gpu=True),
+    "disagg-s2-fullgpu": _disagg(1, 1, *_S2, full_gpu=True),
+    "disagg-s1-partial-fullgpu": _disagg(1, 1, *_S1, *_PARTIAL, full_gpu=True),
+    "disagg-2x2-s1-fullgpu": _disagg(2, 2, *_S1, full_gpu=True),
+    "disagg-3x1-s1-fullgpu": _disagg(3, 1, *_S1, full_gpu=True),
+    "disagg-1x3-s1-fullgpu": _disagg(1, 3, *_S1, full_gpu=True),
 }
+
+
+def prompts_for(args, layout: Layout) -> int:
+    """--weak-scaling: the same prompts per generating GPU as one GPU has (else the same batch)."""
+    return args.prompts * (layout.generating_gpus if args.weak_scaling else 1)
 
 
 def run_argv(args, cfg: dict, layout: Layout, hf: Path, out: Path, work: Path) -> list[str]:
     """torchrun over bench_rl_step.py with the config's and the layout's flags (the layout's
-    after the shared pool size, so a full-GPU engine may override it)."""
+    after the shared pool size). A full-GPU engine's pool holds its share of the batch at the
+    cap; otherwise every engine has one GPU's pool (--dense-fraction), also under --weak-scaling."""
     launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(layout.trainer_gpus))
-    return config_argv(args, cfg, args.response_len, hf, out, work, launcher, layout.flags)
+    scaled = argparse.Namespace(**{**vars(args), "prompts": prompts_for(args, layout)})
+    pool = (-(-scaled.prompts * args.samples * (args.response_len + 64) // layout.engine_gpus)
+            if layout.full_gpu else pool_tokens(args, args.response_len))
+    more = ("--sglang-max-total-tokens", str(pool), *layout.flags)
+    return config_argv(scaled, cfg, args.response_len, hf, out, work, launcher, more)
 
 
 class GPUSampler:
-    """``nvidia-smi`` utilization of every GPU every 200 ms, in the background."""
+    """``nvidia-smi`` utilization and memory of every GPU every 200 ms, in the background."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -84,7 +108,7 @@ class GPUSampler:
     def __enter__(self):
         try:
             self.proc = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu",
+                ["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu,memory.used",
                  "--format=csv,noheader,nounits", "-lms", "200"],
                 stdout=self.path.open("w"), stderr=subprocess.DEVNULL)
         except FileNotFoundError:  # no GPU here: no utilization column
@@ -96,15 +120,29 @@ class GPUSampler:
             self.proc.terminate()
             self.proc.wait()
 
+    def samples(self):
+        """(wall-clock time, GPU index, utilization %, memory MiB) per line."""
+        for line in self.path.read_text().splitlines() if self.path.exists() else []:
+            stamp, index, util, mem = (x.strip() for x in line.split(","))
+            t = time.mktime(time.strptime(stamp.split(".")[0], "%Y/%m/%d %H:%M:%S"))
+            yield t, int(index), float(util), float(mem)
+
     def busy(self, start: float, end: float) -> dict[int, float]:
         """Mean utilization (%) per GPU between two wall-clock times."""
         per: dict[int, list[float]] = {}
-        for line in self.path.read_text().splitlines() if self.path.exists() else []:
-            stamp, index, util = (x.strip() for x in line.split(","))
-            t = time.mktime(time.strptime(stamp.split(".")[0], "%Y/%m/%d %H:%M:%S"))
+        for t, index, util, _ in self.samples():
             if start <= t <= end:
-                per.setdefault(int(index), []).append(float(util))
+                per.setdefault(index, []).append(util)
         return {i: statistics.mean(v) for i, v in sorted(per.items())}
+
+    def peaks(self, indices: list[int] | None = None) -> dict[int, dict]:
+        """Per GPU (those of ``indices``; default all): peak memory GiB and mean utilization %."""
+        per: dict[int, list[tuple[float, float]]] = {}
+        for _, index, util, mem in self.samples():
+            if indices is None or index in indices:
+                per.setdefault(index, []).append((util, mem))
+        return {i: {"peak_gib": max(m for _, m in v) / 1024, "busy": statistics.mean(u for u, _ in v)}
+                for i, v in sorted(per.items())}
 
 
 def run_one(args, cfg: dict, name: str, hf: Path, work: Path) -> dict:
@@ -128,7 +166,7 @@ def summarize(cfg: dict, name: str, result: dict, gpus: GPUSampler) -> dict:
     span = (steps[0].get("started_at", 0.0), steps[-1].get("ended_at", 0.0))
     return {"config": cfg["name"], "layout": name, "gpus": LAYOUTS[name].gpus,
             "step_s": totals, "step_median_s": statistics.median(totals),
-            "steps_per_hour": 3600 / statistics.median(totals),
+            "steps_per_hour": 3600 / statistics.median(totals), "prompts": result.get("prompts"),
             **{f"{p}_s": med(f"{p}_s") for p in ("rollout", "recompute", "update", "sync")},
             "tokens_per_s": med("rollout_tokens_per_s"), "reward": [s.get("reward_mean") for s in steps],
             "aborted": sum(s.get("aborted", 0.0) for s in steps),
@@ -177,6 +215,8 @@ def parse_args(argv=None):
     p.add_argument("--sigma", type=float, default=0.6)
     p.add_argument("--warmup-scale", type=float, default=0.125)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--weak-scaling", action="store_true",
+                   help="--prompts per generating GPU (the rollout's weak scaling), not per run")
     p.add_argument("--max-tokens-per-gpu", type=int, default=16384)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default=None)

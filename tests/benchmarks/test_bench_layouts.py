@@ -33,3 +33,20 @@ def test_layouts_run_and_compare_to_one_gpu_sync(tmp_path):
         assert r["vs_1gpu_sum"] == pytest.approx(sum(base["step_s"]) / sum(r["step_s"]))
     assert (rows["coloc-dp2-sync"]["gpus"], rows["disagg-s1"]["gpus"]) == (2, 2)
     assert "| coloc-dp2-sync |" in proc.stdout
+
+
+def test_weak_scaling_scales_prompts_per_generating_gpu_and_keeps_each_pool(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_layouts import LAYOUTS, parse_args, run_argv
+    from bench_long_rollout import parse_config
+
+    args = parse_args(["--weak-scaling", "--prompts", "8", "--samples", "4", "--response-len", "100",
+                       "--dense-fraction", "0.5"])
+    def flag(layout, name):
+        argv = run_argv(args, parse_config("rkv:64"), LAYOUTS[layout], tmp_path, tmp_path / "o", tmp_path)
+        return int(argv[len(argv) - 1 - argv[::-1].index(name) + 1])  # the last one wins
+    assert flag("1gpu-sync", "--prompts") == 8 and flag("coloc-dp4-sync", "--prompts") == 32
+    assert flag("disagg-2x2-s1-fullgpu", "--prompts") == 16  # 2 engine GPUs generate
+    one_gpu_pool = int(0.5 * 8 * 4 * (100 + 64))
+    assert flag("coloc-dp4-sync", "--sglang-max-total-tokens") == one_gpu_pool
+    assert flag("disagg-2x2-s1-fullgpu", "--sglang-max-total-tokens") == 16 * 4 * 164 // 2

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -98,6 +99,13 @@ def run_argv(args, cfg: dict, layout: Layout, hf: Path, out: Path, work: Path) -
     return config_argv(scaled, cfg, args.response_len, hf, out, work, launcher, more)
 
 
+def visible_gpus() -> list[int] | None:
+    """nvidia-smi numbers every GPU of the host: the ones CUDA_VISIBLE_DEVICES leaves this run
+    (None: all), so a run sharing the host with another reports only its own GPUs."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [int(i) for i in visible.split(",") if i.strip().isdigit()] if visible else None
+
+
 class GPUSampler:
     """``nvidia-smi`` utilization and memory of every GPU every 200 ms, in the background."""
 
@@ -106,6 +114,7 @@ class GPUSampler:
         self.proc = None
 
     def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.proc = subprocess.Popen(
                 ["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu,memory.used",
@@ -127,11 +136,11 @@ class GPUSampler:
             t = time.mktime(time.strptime(stamp.split(".")[0], "%Y/%m/%d %H:%M:%S"))
             yield t, int(index), float(util), float(mem)
 
-    def busy(self, start: float, end: float) -> dict[int, float]:
-        """Mean utilization (%) per GPU between two wall-clock times."""
+    def busy(self, start: float, end: float, indices: list[int] | None = None) -> dict[int, float]:
+        """Mean utilization (%) per GPU (those of ``indices``; default all) between two times."""
         per: dict[int, list[float]] = {}
         for t, index, util, _ in self.samples():
-            if start <= t <= end:
+            if start <= t <= end and (indices is None or index in indices):
                 per.setdefault(index, []).append(util)
         return {i: statistics.mean(v) for i, v in sorted(per.items())}
 
@@ -170,7 +179,7 @@ def summarize(cfg: dict, name: str, result: dict, gpus: GPUSampler) -> dict:
             **{f"{p}_s": med(f"{p}_s") for p in ("rollout", "recompute", "update", "sync")},
             "tokens_per_s": med("rollout_tokens_per_s"), "reward": [s.get("reward_mean") for s in steps],
             "aborted": sum(s.get("aborted", 0.0) for s in steps),
-            "gpu_busy": gpus.busy(*span) if span[1] else {}}
+            "gpu_busy": gpus.busy(*span, visible_gpus()) if span[1] else {}}
 
 
 def with_speedups(rows: list[dict]) -> list[dict]:
@@ -180,13 +189,18 @@ def with_speedups(rows: list[dict]) -> list[dict]:
         if b and "error" not in r:
             r["vs_1gpu_median"] = b["step_median_s"] / r["step_median_s"]
             r["vs_1gpu_sum"] = sum(b["step_s"]) / sum(r["step_s"])
+            # samples per hour against one GPU's (the batches differ under --weak-scaling), and
+            # the rollout phase's weak-scaling efficiency (1 = each GPU generates as fast as one)
+            scale = (r.get("prompts") or 1) / (b.get("prompts") or 1)
+            r["vs_1gpu_samples"] = scale * r["vs_1gpu_median"]
+            r["rollout_weak_efficiency"] = b["rollout_s"] / r["rollout_s"] if scale > 1 else None
     return rows
 
 
 def print_rows(rows: list[dict]) -> None:
     print("| config | layout | GPUs | steps s | median | steps/h | vs 1-GPU sync (median; sum) | "
           "rollout wait s | recompute s | update s | sync s | gen tok/s | GPU busy % | aborted |")
-    print("|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|")
+    print("|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
         if "error" in r:
             print(f"| {r['config']} | {r['layout']} | | {r['error']} |")
@@ -195,7 +209,7 @@ def print_rows(rows: list[dict]) -> None:
         print(f"| {r['config']} | {r['layout']} | {r['gpus']} | "
               f"{' / '.join(f'{t:.1f}' for t in r['step_s'])} | {r['step_median_s']:.2f} | "
               f"{r['steps_per_hour']:.0f} | {r.get('vs_1gpu_median', 0):.2f}x; "
-              f"{r.get('vs_1gpu_sum', 0):.2f}x | {r['rollout_s']:.2f} | {r['recompute_s']:.2f} | "
+              f"{r.get('vs_1gpu_sum', 0):.2f}x | {r.get('vs_1gpu_samples', 0):.2f}x | {r['rollout_s']:.2f} | {r['recompute_s']:.2f} | "
               f"{r['update_s']:.2f} | {r['sync_s']:.2f} | {r['tokens_per_s']:.0f} | {busy} | "
               f"{r['aborted']:.0f} |")
 

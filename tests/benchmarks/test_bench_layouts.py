@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.launch  # torchrun launches, ~1 min on 2 cores
 
-
+@pytest.mark.launch  # torchrun launches, ~1 min on 2 cores
 def test_layouts_run_and_compare_to_one_gpu_sync(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
@@ -50,3 +49,18 @@ def test_weak_scaling_scales_prompts_per_generating_gpu_and_keeps_each_pool(tmp_
     one_gpu_pool = int(0.5 * 8 * 4 * (100 + 64))
     assert flag("coloc-dp4-sync", "--sglang-max-total-tokens") == one_gpu_pool
     assert flag("disagg-2x2-s1-fullgpu", "--sglang-max-total-tokens") == 16 * 4 * 164 // 2
+
+
+def test_weak_scaling_speedups_count_samples_and_rollout_efficiency():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_layouts import with_speedups
+
+    one = {"config": "c", "layout": "1gpu-sync", "prompts": 32, "step_s": [10.0, 8.0],
+           "step_median_s": 9.0, "rollout_s": 6.0}
+    four = {"config": "c", "layout": "coloc-dp4-sync", "prompts": 128, "step_s": [12.0, 12.0],
+            "step_median_s": 12.0, "rollout_s": 7.5}
+    rows = with_speedups([one, four])
+    assert rows[1]["vs_1gpu_median"] == pytest.approx(0.75)
+    assert rows[1]["vs_1gpu_samples"] == pytest.approx(4 * 9.0 / 12.0)  # 3x the samples per hour
+    assert rows[1]["rollout_weak_efficiency"] == pytest.approx(0.8)
+    assert rows[0]["rollout_weak_efficiency"] is None

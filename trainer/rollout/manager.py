@@ -154,6 +154,14 @@ def replay_stats(gens: list[Generation]) -> dict:
     return {"eviction_records_inexact": sum(not f for f in flags) / len(flags)} if flags else {}
 
 
+def _remote_info(url: str) -> dict | None:
+    """A server's /get_server_info, or None (a stock server may not say; metrics only)."""
+    try:
+        return requests.get(url + "/get_server_info", timeout=10).json()
+    except Exception:  # noqa: BLE001 - a pool metric is never worth failing a rollout for
+        return None
+
+
 def engine_stats(shards: list[Shard]) -> dict:
     """Per-engine sample counts and tokens/s, the slowest engine's reward time, pool peaks."""
     out = {"time_reward": max(s.reward_seconds for s in shards)}
@@ -299,9 +307,14 @@ class RolloutManager:
                 self.engine.release_memory(["kv_cache"])
 
     def pool_stats(self) -> dict | None:
-        if self.engine is None:
+        """The KV pool of this rank's engine, or of the fullest remote server (their peak since
+        start: a server keeps no per-rollout peak); None where no engine says."""
+        infos = [self.engine.get_server_info()] if self.engine is not None else [
+            _remote_info(url) for url in getattr(self.backend, "urls", [])]
+        pools = [i["kv_pool"] for i in infos if i and "kv_pool" in i]
+        if not pools:
             return None
-        pool = self.engine.get_server_info()["kv_pool"]
+        pool = max(pools, key=lambda p: p["peak_used"])
         return {k: pool[k] for k in ("peak_used", "bytes_per_slot", "capacity")}
 
     def _check_version(self, gens: list[Generation]) -> None:

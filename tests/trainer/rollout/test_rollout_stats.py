@@ -29,3 +29,32 @@ def test_preemptions_are_summed():
     stats = sample_stats([_gen(1.0, 2), _gen(2.0, 0), _gen(3.0, 1)], [1.0, 0.0, 1.0])
     assert stats["rollout_preemptions"] == 3.0
     assert stats["rollout_tail_fraction"] == 0.0
+
+
+def test_remote_servers_report_the_fullest_pool(monkeypatch):
+    """Disaggregated rank 0 asks each server's /get_server_info; one that does not answer (or a
+    stock server without kv_pool) is skipped, and none answering gives no pool metric."""
+    import types
+
+    from trainer.rollout import manager
+
+    infos = {"http://a": {"kv_pool": {"peak_used": 10, "bytes_per_slot": 4, "capacity": 100}},
+             "http://b": {"kv_pool": {"peak_used": 30, "bytes_per_slot": 4, "capacity": 90}},
+             "http://c": {"model": "stock"}}
+
+    def fake_get(url, timeout):
+        base = url.removesuffix("/get_server_info")
+        if base == "http://down":
+            raise ConnectionError("refused")
+        return types.SimpleNamespace(json=lambda: infos[base])
+
+    monkeypatch.setattr(manager.requests, "get", fake_get)
+    rm = manager.RolloutManager.__new__(manager.RolloutManager)
+    rm.engine = None
+    rm.backend = types.SimpleNamespace(urls=["http://a", "http://down", "http://b", "http://c"])
+    assert rm.pool_stats() == {"peak_used": 30, "bytes_per_slot": 4, "capacity": 90}
+    rm.backend = types.SimpleNamespace(urls=["http://down", "http://c"])
+    assert rm.pool_stats() is None
+    stats = manager.engine_stats([manager.Shard([], 1.0, 0.0, {"peak_used": 30, "bytes_per_slot": 4,
+                                                                 "capacity": 90})])
+    assert stats["kv_pool_peak_bytes"] == 120.0 and stats["kv_pool_capacity"] == 90.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,19 @@ _SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", "node_modules", ".pytest_c
 
 
 def _repo_paths() -> set[str]:
-    """Every file and folder of the checkout, relative to the root (no .git / venvs / caches)."""
+    """Every file and folder of the checkout, relative to the root: what git tracks or would
+    track (ignored local folders such as a downloaded ``models/`` are not the repository's);
+    without git, a walk that skips .git, venvs and caches."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                                cwd=ROOT, capture_output=True, text=True, check=True).stdout.split("\n")
+    except (OSError, subprocess.CalledProcessError):
+        return _walked_paths()
+    files = {f for f in listed if f}
+    return files | {p.as_posix() for f in files for p in Path(f).parents if p != Path(".")}
+
+
+def _walked_paths() -> set[str]:
     out = set()
     for folder, dirs, files in os.walk(ROOT):
         dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not d.endswith(".egg-info")]

@@ -15,7 +15,36 @@ the run's compression and dense (``--eval-compression both``). ``run`` prints pr
 minute and the table at the end; ``--compressed-flags`` go to the compressed runs only (to hold
 them to a pool of half dense's peak for 128 samples: ``--compressed-flags='--sglang-max-total-tokens
 20480 --sglang-compress-prompt'``, preemptions counted in the table); ``report`` rebuilds the
-table from the run folders (copying each run's metrics to ``--out``) and plots the curves.
+table from the run folders (copying each run's metrics to ``--out``) and plots the curves;
+``--pareto`` plots each config's pool peak against its final greedy accuracy, evaluated dense and
+deployed compressed (mean ± s.e. over seeds, the Pareto front joined).
+
+Runs that differ only in flags are told apart by a named variant: ``--variant NAME=FLAGS``
+defines the flags, a config ending in ``+NAME`` (several: ``+a+b``) gets them last, in its own
+run folder (``rkv-192-sparse_rl+adaptive-s1``) and table row. The learning frontier of issue 43
+(item 4): budgets 192 / 256 / 320 x the corrections, eviction replay, the adaptive budget (from the
+config's budget up to 512) and the dense share (2 of 8 samples dense), 3 seeds, 57 runs, the pool
+uncapped so that each run's peak is measured, the prompt compressed at prefill as in the
+documented grid (docs/benchmarks.md; use ``--sglang-compress-keep-prompt`` instead where the
+inference frontier, ``benchmarks/inference_frontier.py``, shows keeping it is the better trade):
+
+    python benchmarks/correction_grid.py run --out runs/frontier43 --model-dir <SmolLM2 bf16> \
+        --variant 'adaptive=--adaptive-budget-max 512' --variant 'share=--n-dense-samples-per-prompt 2' \
+        --configs dense \
+          rkv:192:disabled rkv:192:sparse_rl rkv:192:decoupled_token_is rkv:192:disabled:train-sparse-policy \
+          rkv:192:sparse_rl+adaptive rkv:192:sparse_rl+share \
+          rkv:256:disabled rkv:256:sparse_rl rkv:256:decoupled_token_is rkv:256:disabled:train-sparse-policy \
+          rkv:256:sparse_rl+adaptive rkv:256:sparse_rl+share \
+          rkv:320:disabled rkv:320:sparse_rl rkv:320:decoupled_token_is rkv:320:disabled:train-sparse-policy \
+          rkv:320:sparse_rl+adaptive rkv:320:sparse_rl+share \
+        --seeds 1 2 3 --num-rollout 60 --parallel 4 --eval-interval 20 --eval-prompts 32 \
+        --compressed-flags='--sglang-compress-prompt' -- \
+        --rollout-batch-size 16 --global-batch-size 128 --sglang-max-running-requests 128 \
+        --sglang-max-total-tokens 81920 --max-tokens-per-gpu 8192
+    python benchmarks/correction_grid.py report runs/frontier43 --pareto docs/plots/frontier43_pareto.png
+
+(At the grid's pace above, ~19 minutes per 7 runs four at a time, that is about 2.5 GPU hours: run
+it a seed or a budget per lease, all into one ``--out``, and report the folder once.)
 """
 
 from __future__ import annotations
@@ -25,6 +54,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -35,6 +65,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 REPLAYS = ("sparse-recompute", "train-sparse-policy")  # trainer flags of eviction replay
+# The documented SmolLM2 grid's flags after -- (docs/benchmarks.md): 16 prompts x 8 samples a
+# rollout, a pool of 81,920 slots; inference_frontier.py --train-dense trains dense with them.
+REAL_MODEL_FLAGS = ("--rollout-batch-size", "16", "--global-batch-size", "128",
+                    "--sglang-max-running-requests", "128", "--sglang-max-total-tokens", "81920",
+                    "--max-tokens-per-gpu", "8192")
+# A variant's name: no '-', ':' or '+', so a run folder's name parses back (discover)
+VARIANT_NAME = re.compile(r"^[a-z0-9_]+$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +81,13 @@ class GridRun:
     preset: str | None  # --mis-preset
     seed: int
     replay: str | None = None  # one of REPLAYS
+    variants: tuple[str, ...] = ()  # names of --variant flag sets, added last
 
     @property
     def config(self) -> str:
-        if self.algorithm == "none":
-            return "dense"
-        return f"{self.algorithm}:{self.budget}:{self.preset}" + (f":{self.replay}" if self.replay else "")
+        base = "dense" if self.algorithm == "none" else \
+            f"{self.algorithm}:{self.budget}:{self.preset}" + (f":{self.replay}" if self.replay else "")
+        return "+".join((base, *self.variants))
 
     @property
     def name(self) -> str:
@@ -63,24 +101,41 @@ class GridRun:
 
 
 def parse_config(text: str, seed: int) -> GridRun:
-    if text == "dense":
-        return GridRun("none", None, None, seed)
-    parts = text.split(":")
+    base, *variants = text.split("+")
+    bad = [v for v in variants if not VARIANT_NAME.match(v)]
+    if bad:
+        raise ValueError(f"config {text!r}: variant name {bad[0]!r}: use a-z, 0-9 and _ only")
+    if base == "dense":
+        return GridRun("none", None, None, seed, variants=tuple(variants))
+    parts = base.split(":")
     if len(parts) not in (3, 4) or not parts[1].isdigit() or (len(parts) == 4 and parts[3] not in REPLAYS):
-        raise ValueError(f"config {text!r}: expected 'dense' or ALGORITHM:BUDGET:PRESET[:REPLAY] "
-                         f"(e.g. rkv:128:sparse_rl, rkv:128:disabled:train-sparse-policy; REPLAY "
-                         f"one of {', '.join(REPLAYS)})")
-    return GridRun(parts[0], int(parts[1]), parts[2], seed, parts[3] if len(parts) == 4 else None)
+        raise ValueError(f"config {text!r}: expected 'dense' or ALGORITHM:BUDGET:PRESET[:REPLAY], "
+                         f"then +VARIANT... (e.g. rkv:128:sparse_rl, rkv:128:disabled:train-sparse-policy, "
+                         f"rkv:192:sparse_rl+adaptive; REPLAY one of {', '.join(REPLAYS)})")
+    return GridRun(parts[0], int(parts[1]), parts[2], seed, parts[3] if len(parts) == 4 else None,
+                   tuple(variants))
+
+
+def parse_variants(specs: list[str]) -> dict[str, list[str]]:
+    """``--variant NAME=FLAGS`` values as name -> flag list (a name given twice is an error)."""
+    out = {}
+    for spec in specs:
+        name, sep, flags = spec.partition("=")
+        if not sep or not VARIANT_NAME.match(name) or name in out:
+            raise ValueError(f"{spec!r}: expected NAME=FLAGS, NAME new and of a-z, 0-9 and _ "
+                             f"(e.g. adaptive='--adaptive-budget-max 512')")
+        out[name] = shlex.split(flags)
+    return out
 
 
 # --------------------------------------------------------------------------- run
 
 def eval_file(out: Path, model: str, task: str, prompts: int, seed: int) -> Path:
     """Held-out prompts of the task (a seed no training or warm-up row uses)."""
-    from trainer.quickstart import SMOLLM2_TASKS, make_rows
+    from trainer.quickstart import task_of
 
     path = out / f"eval-{task}.jsonl"
-    rows = make_rows(prompts, seed) if model == "tiny" else SMOLLM2_TASKS[task].rows(prompts, seed)
+    rows = task_of(model, task).rows(prompts, seed)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -96,8 +151,10 @@ def command(run: GridRun, args, evals: Path) -> list[str]:
     if args.model_dir:
         cmd += ["--model-dir", str(args.model_dir)]
     cmd += args.extra
-    if run.algorithm != "none":  # last, so they win over --: e.g. a pool of half dense's peak
+    if run.algorithm != "none":  # after --, so they win: e.g. a pool of half dense's peak
         cmd += args.compressed_flags
+    for name in run.variants:  # last of all: a variant is what sets its runs apart
+        cmd += args.variants[name]
     return cmd
 
 
@@ -178,7 +235,7 @@ def collect(runs: list[GridRun], out: Path) -> list[RunResult]:
     return [RunResult(run, read_rows(out / run.name)) for run in runs]
 
 
-def _mean_se(values: list[float]) -> tuple[float, float]:
+def mean_se(values: list[float]) -> tuple[float, float]:
     values = [v for v in values if not math.isnan(v)]
     if not values:
         return math.nan, math.nan
@@ -189,7 +246,7 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / len(values))
 
 
-def _fmt(mean: float, se: float, digits: int = 3) -> str:
+def fmt_mean_se(mean: float, se: float, digits: int = 3) -> str:
     if math.isnan(mean):
         return "-"
     return f"{mean:.{digits}f}" + ("" if math.isnan(se) else f" ± {se:.{digits}f}")
@@ -216,6 +273,12 @@ def _last_mean(result: RunResult, key: str, n: int) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def dense_by_seed(results: list[RunResult]) -> dict[int, RunResult]:
+    """Each seed's plain dense run: the reference of the pool fractions (a dense run with a
+    variant is a config like any other)."""
+    return {r.run.seed: r for r in results if r.run.algorithm == "none" and not r.run.variants}
+
+
 def pool_series(result: RunResult, dense: RunResult | None) -> list[tuple[int, float]]:
     """Per rollout: the run's KV pool peak over dense's at the same rollout (same seed)."""
     theirs = dict(dense.series("kv_pool_peak_used")) if dense else {}
@@ -237,7 +300,7 @@ def pool_provision(result: RunResult, dense: RunResult | None) -> float:
 
 
 def table(results: list[RunResult], task: str = "chain", k: int = 4) -> list[str]:
-    dense = {r.run.seed: r for r in results if r.run.algorithm == "none"}
+    dense = dense_by_seed(results)
     columns = _columns(task, k)
     head = ["config", "seeds", "rollouts"] + [c for c, _ in columns] + ["pool KV of dense (max over run)",
                                                                   "pool peak of dense's peak"]
@@ -247,9 +310,9 @@ def table(results: list[RunResult], task: str = "chain", k: int = 4) -> list[str
         if not group:
             continue
         cells = [config, str(len(group)), str(min(max(x["step"] for x in r.rows) for r in group))]
-        cells += [_fmt(*_mean_se([fn(r) for r in group])) for _, fn in columns]
+        cells += [fmt_mean_se(*mean_se([fn(r) for r in group])) for _, fn in columns]
         for fraction in (pool_fraction, pool_provision):
-            cells.append(_fmt(*_mean_se([fraction(r, dense.get(r.run.seed)) for r in group]), 2))
+            cells.append(fmt_mean_se(*mean_se([fraction(r, dense.get(r.run.seed)) for r in group]), 2))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -273,7 +336,7 @@ def plot(results: list[RunResult], path: Path, task: str = "chain") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    dense = {r.run.seed: r for r in results if r.run.algorithm == "none"}
+    dense = dense_by_seed(results)
     configs = list(dict.fromkeys(r.run.config for r in results))
     colors = {c: plt.cm.tab10(i % 10) for i, c in enumerate(configs)}
     fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
@@ -291,18 +354,90 @@ def plot(results: list[RunResult], path: Path, task: str = "chain") -> None:
     fig.savefig(path, dpi=110)
 
 
+# --------------------------------------------------------------------------- Pareto
+
+# The two accuracies of the Pareto plot: (name, eval key arguments: temperature, dense?)
+PARETO_ACCURACIES = (("dense eval greedy (final)", ("0", True)),
+                     ("deployed compressed: sparse eval greedy (final)", ("0", False)))
+
+
+def pareto_points(results: list[RunResult], task: str = "chain") -> list[dict]:
+    """One point per config, mean ± s.e. over its seeds: ``pool`` (``pool_provision``: the
+    memory to provision, of dense's), ``dense`` and ``sparse`` (final greedy eval accuracy,
+    evaluated dense and with the run's own compression; a dense run's are its one eval)."""
+    dense, points = dense_by_seed(results), []
+    for config in dict.fromkeys(r.run.config for r in results):
+        group = [r for r in results if r.run.config == config and r.rows]
+        if not group:
+            continue
+        point = {"config": config, "seeds": len(group)}
+        point["pool"], point["pool_se"] = mean_se([pool_provision(r, dense.get(r.run.seed)) for r in group])
+        for key, (_, (temperature, as_dense)) in zip(("dense", "sparse"), PARETO_ACCURACIES):
+            point[key], point[key + "_se"] = mean_se(
+                [r.final(r.eval_key(task, temperature, as_dense, "score")) for r in group])
+        points.append(point)
+    return points
+
+
+def pareto_front(points: list[dict], key: str) -> list[dict]:
+    """The points no other point beats: none has as small a pool and as high a ``key``
+    accuracy, one of them strictly; in order of pool."""
+    ok = [p for p in points if not (math.isnan(p["pool"]) or math.isnan(p[key]))]
+    beaten = lambda p: any(q["pool"] <= p["pool"] and q[key] >= p[key]  # noqa: E731
+                           and (q["pool"], q[key]) != (p["pool"], p[key]) for q in ok)
+    return sorted((p for p in ok if not beaten(p)), key=lambda p: p["pool"])
+
+
+def plot_pareto(results: list[RunResult], path: Path, task: str = "chain") -> None:
+    """Pool peak (of dense's) against final accuracy, evaluated dense and deployed compressed:
+    one point per config with s.e. bars over seeds, the front joined."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = pareto_points(results, task)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5), sharex=True)
+    for ax, key, (title, _) in zip(axes, ("dense", "sparse"), PARETO_ACCURACIES):
+        _pareto_panel(ax, points, key)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("pool peak, of dense's (max over the run)")
+    axes[0].set_ylabel("greedy accuracy (mean ± s.e. over seeds)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def _pareto_panel(ax, points: list[dict], key: str) -> None:
+    for p in points:
+        ax.errorbar(p["pool"], p[key], xerr=_nan0(p["pool_se"]), yerr=_nan0(p[key + "_se"]),
+                    fmt="o", capsize=3, markersize=4)
+        ax.annotate(p["config"], (p["pool"], p[key]), fontsize=6, xytext=(3, 3),
+                    textcoords="offset points")
+    front = pareto_front(points, key)
+    if front:
+        ax.step([p["pool"] for p in front], [p[key] for p in front], where="post", color="k",
+                linewidth=0.8, alpha=0.6, label="Pareto front")
+        ax.legend(fontsize=7, loc="lower right")
+
+
+def _nan0(value: float) -> float:
+    return 0.0 if math.isnan(value) else value  # one seed: no bar
+
+
 def discover(folder: Path) -> list[GridRun]:
     """The runs under ``folder``, from their names (``<config>-s<seed>``)."""
     runs = []
     for sub in sorted(p for p in folder.iterdir() if (p / "logs" / "metrics.jsonl").is_file()):
         config, _, seed = sub.name.rpartition("-s")
-        if config == "dense":
-            runs.append(GridRun("none", None, None, int(seed)))
+        base, *variants = config.split("+")
+        if base == "dense":
+            runs.append(GridRun("none", None, None, int(seed), variants=tuple(variants)))
             continue
-        algorithm, budget, rest = config.split("-", 2)
+        algorithm, budget, rest = base.split("-", 2)
         replay = next((r for r in REPLAYS if rest.endswith("-" + r)), None)
         preset = rest[: -len(replay) - 1] if replay else rest
-        runs.append(GridRun(algorithm, int(budget), preset, int(seed), replay))
+        runs.append(GridRun(algorithm, int(budget), preset, int(seed), replay, tuple(variants)))
     return runs
 
 
@@ -319,6 +454,8 @@ def report(args) -> int:
             (args.out / f"{r.run.name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in r.rows))
     if args.plot:
         plot(results, args.plot, args.task)
+    if args.pareto:
+        plot_pareto(results, args.pareto, args.task)
     print("\n".join(table(results, args.task, args.eval_samples)))
     return 0
 
@@ -346,20 +483,33 @@ def main(argv=None) -> int:
     r.add_argument("--compressed-flags", default="", help="flags for the compressed runs only, as "
                    "one string after '=' (e.g. --compressed-flags='--sglang-max-total-tokens 20480 "
                    "--sglang-compress-prompt': a pool of half dense's peak)")
+    r.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                   help="a named flag set for the configs that end in +NAME (repeatable; e.g. "
+                        "--variant 'adaptive=--adaptive-budget-max 512' with rkv:192:sparse_rl+adaptive): "
+                        "its flags come last, and its runs get their own folder and table row")
     r.add_argument("extra", nargs="*", help="after --: flags for every run (trainer.train's too)")
     rep = sub.add_parser("report", help="table (and plot) of a grid's run folders")
     rep.add_argument("run_dir", type=Path)
     rep.add_argument("--out", type=Path, default=None, help="copy each run's metrics here")
     rep.add_argument("--plot", type=Path, default=None)
+    rep.add_argument("--pareto", type=Path, default=None, help="plot of pool peak against final "
+                     "accuracy (dense eval and deployed compressed), one point per config")
     rep.add_argument("--task", default="chain")
     rep.add_argument("--eval-samples", type=int, default=4)
     args = p.parse_args(argv)
     if args.cmd == "report":
         return report(args)
     try:
-        [parse_config(c, 0) for c in args.configs]
+        args.variants = parse_variants(args.variant)
+    except ValueError as e:
+        p.error(f"--variant: {e}")
+    try:
+        runs = [parse_config(c, 0) for c in args.configs]
     except ValueError as e:
         p.error(f"--configs: {e}")
+    unknown = sorted({v for run in runs for v in run.variants} - set(args.variants))
+    if unknown:
+        p.error(f"--configs: variant(s) {', '.join(unknown)} have no --variant NAME=FLAGS")
     try:  # split once, here, so a bad string fails before any run starts
         args.compressed_flags = shlex.split(args.compressed_flags)
     except ValueError as e:  # e.g. an unclosed quote

@@ -109,7 +109,7 @@ def chain_rows(n: int, seed: int) -> list[dict]:
 
 @dataclasses.dataclass(frozen=True)
 class SmolTask:
-    """A ``--task`` of ``--model smollm2``."""
+    """A task the quickstart trains on: a ``--task`` of ``--model smollm2``, or ``TINY_TASK``."""
 
     rows: Callable[[int, int], list[dict]]  # (n, seed) -> rows
     rm_type: str
@@ -125,6 +125,17 @@ class SmolTask:
 # Measurements: docs/long_task.md.
 SMOLLM2_TASKS = {"arith": SmolTask(smollm2_rows, "gsm8k", 160, 220, 40, 0),
                  "chain": SmolTask(chain_rows, "chain", 400, 600, 128, 12)}
+# The tiny model's own task (``make_rows``: count up, box the sum): 40 response tokens, a pool of
+# 128 slots a sample, R-KV budget 20, 60 warm-up steps (tiny_setup).
+TINY_TASK = SmolTask(make_rows, "math", 40, 128, 20, 60)
+# R-KV's buffer N (--sglang-compress-divide-length) and observation window per --model: short
+# against each model's answers, so that a sample is compressed several times.
+COMPRESS_SHAPE = {"tiny": (4, 4), "smollm2": (16, 8)}
+
+
+def task_of(model: str, task: str) -> SmolTask:
+    """The task a ``--model`` / ``--task`` pair trains on (the tiny model has only its own)."""
+    return TINY_TASK if model == "tiny" else SMOLLM2_TASKS[task]
 
 
 def smollm2_warm_up(model_dir: Path, work: Path, task: SmolTask, steps: int, seed: int) -> Path:
@@ -139,21 +150,27 @@ def smollm2_warm_up(model_dir: Path, work: Path, task: SmolTask, steps: int, see
 
 def tiny_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     """A tiny model warmed up on the counting format; GRPO with R-KV budget ``--kv-budget``."""
+    task = TINY_TASK
     model_dir = build_model(work / "model", args.seed)
-    steps = 60 if args.warmup_steps is None else args.warmup_steps
+    steps = task.warmup_steps if args.warmup_steps is None else args.warmup_steps
     loss = warm_up(model_dir, steps, args.seed)
     print(f"[quickstart] warm-up: {steps} supervised steps, final loss {loss:.3f}")
     flags = ["--rollout-batch-size", "16", "--n-samples-per-prompt", "8", "--global-batch-size", "128",
-             "--rollout-max-response-len", "40", "--rm-type", "math",
-             "--max-tokens-per-gpu", "4096", "--sglang-max-total-tokens", "16384",
+             "--rollout-max-response-len", str(task.max_len), "--rm-type", task.rm_type,
+             "--max-tokens-per-gpu", "4096", "--sglang-max-total-tokens", str(128 * task.sample_tokens),
              "--sglang-max-running-requests", "128"]
     # R-KV keeps 20 tokens (+ a 4-token buffer): responses run 10-40 tokens, and the average
     # sample is compressed ~4 times, so the sampler really is the sparse policy.
     if args.compress_algorithm != "none":
-        flags += ["--sglang-compress-algorithm", args.compress_algorithm,
-                  "--sglang-compress-max-prompt", str(args.kv_budget or 20),
-                  "--sglang-compress-divide-length", "4", "--sglang-compress-max-window", "4"]
-    return model_dir, make_rows(2000, args.seed), flags
+        flags += compress_flags("tiny", args.compress_algorithm, args.kv_budget or task.kv_budget)
+    return model_dir, task.rows(2000, args.seed), flags
+
+
+def compress_flags(model: str, algorithm: str, budget: int) -> list[str]:
+    """The trainer's engine flags of ``algorithm`` at ``budget`` (``COMPRESS_SHAPE``'s N and window)."""
+    divide, window = COMPRESS_SHAPE[model]
+    return ["--sglang-compress-algorithm", algorithm, "--sglang-compress-max-prompt", str(budget),
+            "--sglang-compress-divide-length", str(divide), "--sglang-compress-max-window", str(window)]
 
 
 def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
@@ -186,9 +203,7 @@ def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     # arith: R-KV keeps 40 tokens (+ a 16-token buffer) of ~140 (52 prompt + ~88 response): the
     # peak KV per sample is at most 56 slots, under half of dense's. chain: 128 (+ 16) of ~460.
     if args.compress_algorithm != "none":
-        flags += ["--sglang-compress-algorithm", args.compress_algorithm,
-                  "--sglang-compress-max-prompt", str(args.kv_budget or task.kv_budget),
-                  "--sglang-compress-divide-length", "16", "--sglang-compress-max-window", "8"]
+        flags += compress_flags("smollm2", args.compress_algorithm, args.kv_budget or task.kv_budget)
     return model_dir, task.rows(4000, args.seed), flags
 
 

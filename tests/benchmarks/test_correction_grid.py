@@ -126,3 +126,91 @@ def test_bad_compressed_flags_are_a_cli_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         grid.main(["run", "--out", str(tmp_path), "--compressed-flags='--sglang-compress-prompt"])
     assert e.value.code == 2 and "--compressed-flags: No closing quotation" in capsys.readouterr().err
+
+
+def test_variants_name_their_runs_apart(tmp_path):
+    """Runs that differ only in flags: ``+NAME`` picks a ``--variant NAME=FLAGS`` set, added last
+    to the run's command, and the name parses back from the run folder."""
+    run = grid.parse_config("rkv:192:sparse_rl+adaptive+share", 2)
+    assert run.variants == ("adaptive", "share") and run.name == "rkv-192-sparse_rl+adaptive+share-s2"
+    assert grid.parse_config("dense+keep", 1).name == "dense+keep-s1"
+    with pytest.raises(ValueError, match="variant name 'keep-prompt'"):
+        grid.parse_config("rkv:192:sparse_rl+keep-prompt", 1)
+    variants = grid.parse_variants(["adaptive=--adaptive-budget-max 512",
+                                    "share=--n-dense-samples-per-prompt 2"])
+    assert variants == {"adaptive": ["--adaptive-budget-max", "512"],
+                        "share": ["--n-dense-samples-per-prompt", "2"]}
+    for bad in (["adaptive"], ["a-b=--x"], ["a=--x", "a=--y"]):
+        with pytest.raises(ValueError, match="NAME=FLAGS"):
+            grid.parse_variants(bad)
+    args = argparse.Namespace(
+        model="smollm2", task="chain", out=tmp_path, num_rollout=60, lr=1e-5, eval_interval=10,
+        eval_samples=4, model_dir=None, extra=["--seed-extra"], compressed_flags=["--sglang-compress-prompt"],
+        variants=variants)
+    cmd = grid.command(run, args, tmp_path / "eval.jsonl")
+    assert cmd[-5:] == ["--sglang-compress-prompt", "--adaptive-budget-max", "512",
+                        "--n-dense-samples-per-prompt", "2"]
+    assert str(tmp_path / run.name) in cmd
+    configs = ["dense", "dense+keep", "rkv:192:sparse_rl", "rkv:192:sparse_rl+adaptive",
+               "rkv:192:disabled:train-sparse-policy+share", "rkv:256:sparse_rl+adaptive+share"]
+    runs = [grid.parse_config(c, 3) for c in configs]
+    for r in runs:
+        _write_run(tmp_path / r.name, [{"step": 1}])
+    assert sorted(grid.discover(tmp_path), key=lambda r: r.name) == sorted(runs, key=lambda r: r.name)
+    # the pool reference is the plain dense run, not a dense variant
+    assert grid.dense_by_seed(grid.collect(runs, tmp_path))[3].run.config == "dense"
+
+
+def test_unknown_variant_is_a_cli_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        grid.main(["run", "--out", str(tmp_path), "--configs", "dense", "rkv:192:sparse_rl+adaptive",
+                   "--variant", "share=--n-dense-samples-per-prompt 2"])
+    assert e.value.code == 2 and "variant(s) adaptive have no --variant" in capsys.readouterr().err
+
+
+def _pareto_runs(tmp_path: Path) -> list:
+    """Two seeds of dense and of two compressed configs: final dense-eval and sparse-eval
+    greedy scores, pool peaks against dense's."""
+    finals = {"dense": [(0.6, 0.6, 1000.0), (0.4, 0.4, 1000.0)],
+              "rkv-128-sparse_rl": [(0.3, 0.1, 300.0), (0.5, 0.3, 500.0)],
+              "rkv-192-sparse_rl+adaptive": [(0.2, 0.2, 600.0), (0.2, 0.2, 600.0)]}
+    for config, seeds in finals.items():
+        for seed, (dense_eval, sparse_eval, peak) in enumerate(seeds, 1):
+            last = {"step": 2, "kv_pool_peak_used": peak, "eval/chain/score": sparse_eval}
+            if config != "dense":
+                last["eval/chain_dense/score"] = dense_eval
+            _write_run(tmp_path / f"{config}-s{seed}", [{"step": 1, "kv_pool_peak_used": peak / 2}, last])
+    return grid.collect(grid.discover(tmp_path), tmp_path)
+
+
+def test_pareto_points_and_front_on_synthetic_runs(tmp_path):
+    points = {p["config"]: p for p in grid.pareto_points(_pareto_runs(tmp_path))}
+    dense, r128 = points["dense"], points["rkv:128:sparse_rl"]
+    adaptive = points["rkv:192:sparse_rl+adaptive"]
+    # dense: its own eval both ways, 0.6 and 0.4: 0.5 ± sqrt(0.02 / 2) = 0.1; pool 1.0 ± 0
+    assert dense["pool"] == 1.0 and dense["dense"] == pytest.approx(0.5)
+    assert dense["dense_se"] == pytest.approx(0.1)
+    assert dense["sparse"] == pytest.approx(0.5) and dense["seeds"] == 2
+    # R-KV 128: pools 0.3 and 0.5: 0.4 ± 0.1; dense eval 0.3, 0.5: 0.4 ± 0.1; sparse 0.1, 0.3: 0.2 ± 0.1
+    assert (r128["pool"], r128["pool_se"]) == (pytest.approx(0.4), pytest.approx(0.1))
+    assert (r128["dense"], r128["sparse"], r128["sparse_se"]) == (pytest.approx(0.4), pytest.approx(0.2),
+                                                                  pytest.approx(0.1))
+    assert adaptive["pool"] == pytest.approx(0.6) and adaptive["pool_se"] == 0.0
+    # adaptive (pool 0.6, accuracy 0.2) is beaten by R-KV 128 on dense eval (0.4 at 0.4), tied on
+    # sparse eval (0.2 at 0.4 < 0.6): beaten there too; dense is on both fronts
+    assert [p["config"] for p in grid.pareto_front(list(points.values()), "dense")] == \
+        ["rkv:128:sparse_rl", "dense"]
+    assert [p["config"] for p in grid.pareto_front(list(points.values()), "sparse")] == \
+        ["rkv:128:sparse_rl", "dense"]
+    grid.plot_pareto(_pareto_runs(tmp_path / "again"), tmp_path / "pareto.png")
+    assert (tmp_path / "pareto.png").stat().st_size > 0
+
+
+def test_report_cli_writes_the_pareto_plot(tmp_path):
+    _pareto_runs(tmp_path / "runs")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "correction_grid.py"), "report",
+                          str(tmp_path / "runs"), "--pareto", str(tmp_path / "p" / "pareto.png")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "p" / "pareto.png").stat().st_size > 0
+    assert "| rkv:192:sparse_rl+adaptive | 2 |" in out.stdout

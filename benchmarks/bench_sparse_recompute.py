@@ -198,8 +198,9 @@ def time_phases(calls: dict, args, tokens: int) -> dict:
     out = {"compiled_graphs_warmup": compiled_graphs()}  # FlexAttention: grad and no_grad
     for mode, fns in calls.items():
         for phase, fn in fns.items():
-            s = statistics.median(time_repeats(fn, args.steps, args.repeats))
-            out[f"{mode}_{phase}_tokens_per_s"] = round(tokens / s)
+            seconds = time_repeats(fn, args.steps, args.repeats)
+            out[f"{mode}_{phase}_tokens_per_s"] = round(tokens / statistics.median(seconds))
+            out[f"{mode}_{phase}_step_s"] = spread(seconds)  # min / median / max of --repeats
     out["compiled_graphs_timed"] = compiled_graphs() - out["compiled_graphs_warmup"]
     for phase in calls["dense"]:
         out[f"{phase}_time_ratio"] = round(out[f"dense_{phase}_tokens_per_s"]

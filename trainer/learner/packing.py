@@ -12,6 +12,8 @@ import functools
 
 import torch
 
+from .transfer import to_device
+
 
 @dataclasses.dataclass
 class Sample:
@@ -78,14 +80,6 @@ class PackedBatch:
         # precomputed positions: indexing with the boolean mask would sync with the GPU
         picked = values.index_select(0, self.response_index.to(values.device))
         return list(torch.split(picked, self.response_lengths))
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host -> device without blocking the host: a plain ``.to(cuda)`` of pageable memory waits
-    for the GPU to finish its queued work first (a sync); from pinned memory it does not."""
-    if device.type != "cuda" or t.device.type != "cpu":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def pack(samples: list[Sample], indices: list[int] | None = None, pad_to_multiple: int = 1,

@@ -25,7 +25,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from .packing import to_device
+from .transfer import to_device
 
 SPARSE_IMPLS = ("auto", "mask", "flex")
 

@@ -3,7 +3,8 @@ sharing their masks) tokens/s with the sampler's eviction masks (``--sparse-reco
 ``--train-sparse-policy``) against the dense packed attention (varlen on CUDA), on RL-shaped
 packed batches, plus the time to build one micro-batch's masks: the first build (cold) apart,
 then min / median / max over warm builds of the step's micro-batches and the median per stage
-(records to the device, every layer's tiles, one training pass's BlockMasks). Also how many
+(records to the device, every layer's tiles, one training pass's BlockMasks; and the per-layer
+``from_kv_blocks`` build this replaced, ``legacy_layers``, on the same masks). Also how many
 graphs torch.compile made in the warm-up and during the timed steps (should be 0: a recompile
 there is a recompile per micro-batch), and with ``--profile`` the top CUDA kernels and CPU ops of
 one sparse recompute and one sparse train step (``TORCH_LOGS=recompiles`` names the guards).
@@ -95,7 +96,30 @@ def build_masks_once(samples, group, arch, device) -> dict:
     _, tiles = _timed_ms(masks.tiles)
     with torch.enable_grad():
         _, layers = _timed_ms(lambda: masks.use().block_masks(arch.num_attention_heads))
-    return dict(records=records, tiles=tiles, layers=layers, total=records + tiles + layers)
+    _, legacy = _timed_ms(lambda: legacy_block_masks(masks, arch))
+    return dict(records=records, tiles=tiles, layers=layers, total=records + tiles + layers,
+                legacy_layers=legacy)
+
+
+def legacy_block_masks(masks, arch) -> list:
+    """The per-layer build this replaced, for a comparison on the same GPU: each layer's tiles
+    classified, repeated to query heads and sorted on their own, and ``from_kv_blocks``
+    deriving the backward's tiles (vmapped scatters, one more sort)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from trainer.learner.sparse_attention import BLOCK, _eviction_mask_mod, block_classes
+
+    group, n = arch.num_attention_heads // arch.num_query_groups, masks.seq_id.shape[0]
+    out = []
+    for layer in range(arch.num_layers):
+        ev = masks.evict[layer]
+        tiles = [x.repeat_interleave(group, dim=0) for x in block_classes(ev, masks.seq_id)]
+        ordered = [(x.sum(-1, dtype=torch.int32)[None], torch.argsort(
+            (~x).to(torch.int8), dim=-1, stable=True).to(torch.int32)[None]) for x in tiles]
+        out.append(BlockMask.from_kv_blocks(
+            *ordered[0], *ordered[1], BLOCK_SIZE=BLOCK, seq_lengths=(n, n),
+            mask_mod=_eviction_mask_mod(masks.seq_id, ev, group)))
+    return out
 
 
 def mask_build_ms(samples, arch, max_tokens: int, device, warm_builds: int = 6) -> dict:
@@ -111,7 +135,7 @@ def mask_build_ms(samples, arch, max_tokens: int, device, warm_builds: int = 6) 
     total = [w["total"] for w in warm]
     return dict(cold=round(cold["total"], 2), **spread(total),
                 **{f"{k}_median": round(statistics.median(w[k] for w in warm), 2)
-                   for k in ("records", "tiles", "layers")})
+                   for k in ("records", "tiles", "layers", "legacy_layers")})
 
 
 def compiled_graphs() -> int:
@@ -134,7 +158,7 @@ def profile_phase(name: str, step) -> None:
         sync()
     elapsed = time.perf_counter() - start
     events = prof.key_averages()
-    for key in (["self_cuda_time_total"] if cuda else []) + ["self_cpu_time_total"]:
+    for key in (["self_device_time_total"] if cuda else []) + ["self_cpu_time_total"]:
         print(f"--- {name}: top by {key} ---")
         print(events.table(sort_by=key, row_limit=25, max_name_column_width=80))
     if cuda:

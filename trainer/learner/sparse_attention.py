@@ -70,7 +70,8 @@ class EvictionMasks:
         device = torch.device("cpu") if device is None else torch.device(device)
         rows = -(-(total + 1) // BLOCK) * BLOCK  # at least one padding row: the last seq_id
         local = _concat_records(records, lengths, (num_layers, num_kv_heads), rows, device)
-        seq_id, start = (to_device(x, device) for x in _row_samples(lengths, rows))
+        cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        seq_id, start = _row_samples(to_device(cu, device), rows)
         # -1: never evicted (a dense sample, padding); pack rows beyond any query
         return cls(torch.where(local >= 0, local.to(torch.int32) + start, rows), seq_id)
 
@@ -136,12 +137,12 @@ def _concat_records(records: list, lengths: list[int], heads: tuple[int, int], r
     return to_device(torch.cat(parts, dim=-1, out=out), device)
 
 
-def _row_samples(lengths: list[int], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """([rows] the sample of each row, [rows] the pack row where that sample starts), int32."""
-    counts = torch.tensor(lengths + [rows - sum(lengths)])
-    starts = torch.cumsum(torch.tensor([0] + lengths), 0, dtype=torch.int32)
-    seq_id = torch.repeat_interleave(torch.arange(len(counts), dtype=torch.int32), counts)
-    return seq_id, starts.repeat_interleave(counts)
+def _row_samples(cu: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([rows] the sample of each row, [rows] the row where that sample starts), int32, where
+    the bounds ``cu`` are (rows past the samples: sample ``len(cu) - 1``, the padding)."""
+    pos = torch.arange(rows, dtype=torch.int32, device=cu.device)
+    seq_id = torch.searchsorted(cu[1:].contiguous(), pos, right=True, out_int32=True)
+    return seq_id, cu[seq_id]
 
 
 def kv_head_offset(total: int, local: int) -> int:

@@ -265,6 +265,49 @@ def test_compiled_flex_on_cuda_matches_the_mask_path_with_gradients():
             outs.append([o.float().cpu()] + [t.grad.float().cpu() for t in x])
         for a, b in zip(*outs):
             assert (a - b).abs().max() / b.abs().max() < 2e-2
+        # built on the GPU (one pinned copy, shifted there): the same masks, and the recompute's
+        # forward (no autograd: BlockMasks without the backward's tiles) the same output
+        on_gpu = EvictionMasks.from_records(records, lengths, L, HKV, rows, device="cuda")
+        assert torch.equal(on_gpu.evict, masks.evict.cuda())
+        with torch.no_grad():
+            x = [t.to("cuda", torch.bfloat16) for t in qkv]
+            o = sparse_packed_attention(*x, on_gpu.use(), 1, cu, scale=0.125, impl="flex")
+        a, b = o.float().cpu(), outs[1][0]  # another compiled graph: against the fp32 path
+        assert (a - b).abs().max() / b.abs().max() < 2e-2
+
+
+def _flex_on_gpu(lengths, grad: bool, g) -> None:
+    """Every layer of one pack through the compiled FlexAttention (bf16, masks built on the GPU)."""
+    records = [random_record(n, g) for n in lengths]
+    rows = sum(lengths) + 5
+    masks = EvictionMasks.from_records(records, lengths, L, HKV, rows, device="cuda").use()
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    with torch.set_grad_enabled(grad):
+        for layer in range(L):
+            x = [torch.randn(rows, h, 64, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+                 for h in (HQ, HKV, HKV)]
+            o = sparse_packed_attention(*x, masks, layer, cu, scale=0.125, impl="flex")
+            if grad:
+                o.float().sum().backward()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_flex_compiles_nothing_per_layer_or_per_pack_length():
+    """After two pack lengths (a static compile, then one with dynamic lengths), other lengths
+    and every layer run the kernels already compiled, with and without autograd: the layers'
+    mask_mods are one code object over same-shaped views."""
+    from torch._dynamo.utils import counters
+
+    g = torch.Generator().manual_seed(10)
+    for lengths in ([300, 200], [700, 90, 1300]):
+        _flex_on_gpu(lengths, False, g)
+        _flex_on_gpu(lengths, True, g)
+    compiled = counters["stats"]["unique_graphs"]
+    for lengths in ([257, 1024], [129, 640, 900], [2000, 33]):
+        _flex_on_gpu(lengths, False, g)
+        _flex_on_gpu(lengths, True, g)
+    assert counters["stats"]["unique_graphs"] == compiled
 
 
 def test_gradients_of_the_mask_path_match_the_per_query_reference():

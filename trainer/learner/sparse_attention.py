@@ -211,7 +211,8 @@ def block_classes(evict: torch.Tensor, seq_id: torch.Tensor) -> tuple[torch.Tens
 def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """BlockMask's ordered form of ``[..., rows, cols]`` tiles: (count ``[..., rows]`` int32,
     indices ``[..., rows, cols]``: the listed columns first, ascending, then the others, as
-    ``BlockMask.from_kv_blocks`` orders its transposes). int16 indices: a fifth of the cache."""
+    ``BlockMask.from_kv_blocks`` orders its transposes). int16 indices: they are kept for the
+    rollout (``replay_cache``), at half the size of the int32 that the kernels read."""
     order = torch.argsort((~tiles).to(torch.int8), dim=-1, stable=True)
     small = tiles.shape[-1] <= torch.iinfo(torch.int16).max
     return tiles.sum(-1, dtype=torch.int32), order.to(torch.int16 if small else torch.int32)

@@ -1,6 +1,13 @@
-"""Eviction replay's cost: π_old recompute and train-step tokens/s with the sampler's eviction
-masks (``--sparse-recompute`` / ``--train-sparse-policy``) against the dense packed attention
-(varlen on CUDA), on RL-shaped packed batches, plus the time to build one micro-batch's masks.
+"""Eviction replay's cost: π_old recompute, train-step and whole-rollout (recompute + update
+sharing their masks) tokens/s with the sampler's eviction masks (``--sparse-recompute`` /
+``--train-sparse-policy``) against the dense packed attention (varlen on CUDA), on RL-shaped
+packed batches, plus the time to build one micro-batch's masks: the first build (cold) apart,
+then min / median / max over warm builds of the step's micro-batches and the median per stage
+(records to the device, every layer's tiles, one training pass's BlockMasks; and the per-layer
+``from_kv_blocks`` build this replaced, ``legacy_layers``, on the same masks). Also how many
+graphs torch.compile made in the warm-up and during the timed steps (should be 0: a recompile
+there is a recompile per micro-batch), and with ``--profile`` the top CUDA kernels and CPU ops of
+one sparse recompute and one sparse train step (``TORCH_LOGS=recompiles`` names the guards).
 
     python benchmarks/bench_sparse_recompute.py                       # 0.5B shape, GPU
     python benchmarks/bench_sparse_recompute.py --shape tiny --response-len 300 --budget 64 \\
@@ -25,7 +32,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train import SHAPES, build_trainer, emit, nll_loss, sync, time_repeats  # noqa: E402
+from bench_train import (SHAPES, build_trainer, emit, nll_loss, spread, sync,  # noqa: E402
+                         time_repeats)
 
 
 def rkv_like_record(L: int, H: int, prompt: int, n: int, budget: int, divide: int, window: int,
@@ -66,19 +74,97 @@ def make_samples(args, arch) -> list:
     return out
 
 
-def mask_build_ms(samples, arch, max_tokens: int, device) -> float:
-    """Milliseconds to build every layer's masks of the first micro-batch (flex on CUDA)."""
-    from trainer.learner.packing import pack, split_by_token_budget
-    from trainer.learner.sparse_attention import block_mask
-
-    group = split_by_token_budget([s.length for s in samples], max_tokens)[0]
-    batch = pack(samples, group, sparse=True).to(device)
+def _timed_ms(fn):
     sync()
     start = time.perf_counter()
-    for layer in range(arch.num_layers):
-        block_mask(batch.eviction, layer, arch.num_attention_heads)
+    out = fn()
     sync()
-    return 1e3 * (time.perf_counter() - start)
+    return out, 1e3 * (time.perf_counter() - start)
+
+
+def build_masks_once(samples, group, arch, device) -> dict:
+    """One micro-batch's masks as the update builds them, stage by stage (ms): the records to
+    the device, every layer's block tiles, and one training pass's per-layer BlockMasks (the
+    backward's tiles too)."""
+    from trainer.learner.sparse_attention import EvictionMasks
+
+    picked = [samples[i] for i in group]
+    lengths = [s.length for s in picked]
+    masks, records = _timed_ms(lambda: EvictionMasks.from_records(
+        [s.eviction_record for s in picked], lengths, arch.num_layers, arch.num_query_groups,
+        sum(lengths), device))
+    _, tiles = _timed_ms(masks.tiles)
+    with torch.enable_grad():
+        _, layers = _timed_ms(lambda: masks.use().block_masks(arch.num_attention_heads))
+    _, legacy = _timed_ms(lambda: legacy_block_masks(masks, arch))
+    return dict(records=records, tiles=tiles, layers=layers, total=records + tiles + layers,
+                legacy_layers=legacy)
+
+
+def legacy_block_masks(masks, arch) -> list:
+    """The per-layer build this replaced, for a comparison on the same GPU: each layer's tiles
+    classified, repeated to query heads and sorted on their own, and ``from_kv_blocks``
+    deriving the backward's tiles (vmapped scatters, one more sort)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from trainer.learner.sparse_attention import BLOCK, _eviction_mask_mod, block_classes
+
+    group, n = arch.num_attention_heads // arch.num_query_groups, masks.seq_id.shape[0]
+    out = []
+    for layer in range(arch.num_layers):
+        ev = masks.evict[layer]
+        tiles = [x.repeat_interleave(group, dim=0) for x in block_classes(ev, masks.seq_id)]
+        ordered = [(x.sum(-1, dtype=torch.int32)[None], torch.argsort(
+            (~x).to(torch.int8), dim=-1, stable=True).to(torch.int32)[None]) for x in tiles]
+        out.append(BlockMask.from_kv_blocks(
+            *ordered[0], *ordered[1], BLOCK_SIZE=BLOCK, seq_lengths=(n, n),
+            mask_mod=_eviction_mask_mod(masks.seq_id, ev, group)))
+    return out
+
+
+def mask_build_ms(samples, arch, max_tokens: int, device, warm_builds: int = 6) -> dict:
+    """Every layer's masks of one micro-batch, built from scratch: the first build (cold:
+    kernels loaded, caches empty) apart, then min / median / max over at least ``warm_builds``
+    builds of the step's micro-batches, and the median of each stage."""
+    from trainer.learner.packing import split_by_token_budget
+
+    groups = split_by_token_budget([s.length for s in samples], max_tokens)
+    cold = build_masks_once(samples, groups[0], arch, device)
+    rounds = -(-warm_builds // len(groups))
+    warm = [build_masks_once(samples, g, arch, device) for _ in range(rounds) for g in groups]
+    total = [w["total"] for w in warm]
+    return dict(cold=round(cold["total"], 2), **spread(total),
+                **{f"{k}_median": round(statistics.median(w[k] for w in warm), 2)
+                   for k in ("records", "tiles", "layers", "legacy_layers")})
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has made so far in this process (FlexAttention, fused kernels)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def profile_phase(name: str, step) -> None:
+    """The top CUDA kernels and CPU ops of one call of ``step``, and how busy the GPU was."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync()
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        step()
+        sync()
+    elapsed = time.perf_counter() - start
+    events = prof.key_averages()
+    for key in (["self_device_time_total"] if cuda else []) + ["self_cpu_time_total"]:
+        print(f"--- {name}: top by {key} ---")
+        print(events.table(sort_by=key, row_limit=25, max_name_column_width=80))
+    if cuda:
+        busy = sum(e.self_device_time_total for e in events) / 1e3
+        print(f"{name}: GPU kernel time {busy:.0f} ms in {elapsed * 1e3:.0f} ms "
+              f"({busy / (elapsed * 1e3):.0%} busy, profiler overhead included)")
 
 
 def parse_args(argv=None):
@@ -99,7 +185,51 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", action="store_true",
+                   help="print the top CUDA kernels and CPU ops of one sparse recompute and one "
+                        "sparse train step (torch.profiler)")
     return p.parse_args(argv)
+
+
+def phases(trainer, samples, loss_fn, sparse: bool) -> dict:
+    """The timed calls. The recompute and the update each build their own masks (the update
+    alone is the fused on-policy step); ``rollout`` is one rollout's recompute then update
+    sharing them (``shared_replay_masks``, as the training loop runs it)."""
+    from trainer.learner.replay_cache import shared_replay_masks
+
+    def fwd():
+        with shared_replay_masks():
+            trainer.compute_logprobs(samples, sparse=sparse)
+
+    def train():
+        with shared_replay_masks():
+            trainer.train_step(samples, loss_fn, sparse=sparse)
+
+    def rollout():
+        with shared_replay_masks():
+            trainer.compute_logprobs(samples, sparse=sparse)
+            trainer.train_step(samples, loss_fn, sparse=sparse)
+
+    return {"recompute": fwd, "update": train, "rollout": rollout}
+
+
+def time_phases(calls: dict, args, tokens: int) -> dict:
+    """Tokens/s of every mode and phase after the warm-up rollouts, the sparse/dense time
+    ratios, and the graphs compiled in the warm-up and (should be none) while timing."""
+    for fns in calls.values():
+        for _ in range(args.warmup):
+            fns["rollout"]()
+    out = {"compiled_graphs_warmup": compiled_graphs()}  # FlexAttention: grad and no_grad
+    for mode, fns in calls.items():
+        for phase, fn in fns.items():
+            seconds = time_repeats(fn, args.steps, args.repeats)
+            out[f"{mode}_{phase}_tokens_per_s"] = round(tokens / statistics.median(seconds))
+            out[f"{mode}_{phase}_step_s"] = spread(seconds)  # min / median / max of --repeats
+    out["compiled_graphs_timed"] = compiled_graphs() - out["compiled_graphs_warmup"]
+    for phase in calls["dense"]:
+        out[f"{phase}_time_ratio"] = round(out[f"dense_{phase}_tokens_per_s"]
+                                           / out[f"sparse_{phase}_tokens_per_s"], 3)
+    return out
 
 
 def run(args) -> dict:
@@ -112,20 +242,13 @@ def run(args) -> dict:
     loss_fn = nll_loss(samples)
     result = dict(shape=args.shape, tokens_per_step=tokens, budget=args.budget,
                   response_len=args.response_len, seqs_per_step=args.seqs_per_step,
-                  mask_build_ms=round(mask_build_ms(samples, arch, args.max_tokens_per_gpu,
-                                                    cpu_megatron.default_device()), 2))
-    for mode, sparse in (("dense", False), ("sparse", True)):
-        fwd = lambda: trainer.compute_logprobs(samples, sparse=sparse)  # noqa: E731
-        train = lambda: trainer.train_step(samples, loss_fn, sparse=sparse)  # noqa: E731
-        for _ in range(args.warmup):
-            train()
-            fwd()
-        for phase, fn in (("recompute", fwd), ("update", train)):
-            s = statistics.median(time_repeats(fn, args.steps, args.repeats))
-            result[f"{mode}_{phase}_tokens_per_s"] = round(tokens / s)
-    for phase in ("recompute", "update"):
-        result[f"{phase}_time_ratio"] = round(result[f"dense_{phase}_tokens_per_s"]
-                                              / result[f"sparse_{phase}_tokens_per_s"], 3)
+                  mask_build_ms=mask_build_ms(samples, arch, args.max_tokens_per_gpu,
+                                              cpu_megatron.default_device()))
+    calls = {mode: phases(trainer, samples, loss_fn, mode == "sparse") for mode in ("dense", "sparse")}
+    result.update(time_phases(calls, args, tokens))
+    if args.profile:
+        for phase in ("recompute", "update"):
+            profile_phase(f"sparse {phase}", calls["sparse"][phase])
     cpu_megatron.teardown()
     return result
 

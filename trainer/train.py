@@ -37,6 +37,7 @@ from .learner.config import LearnerConfig, build_models, learner_config_from_arg
 from .learner.fused_old_logp import plan_old_logp
 from .learner.grpo_update import RolloutBatch, gather_dp, mismatch_inputs, prepare_update, run_updates
 from .learner.model_provider import rounds_checkpoint
+from .learner.replay_cache import shared_replay_masks
 from .rollout.backends import RolloutError
 from .rollout.config import RolloutSetup, rollout_setup_from_args
 from .rollout.data import DataError
@@ -160,7 +161,9 @@ class Run:
         shaped = training_rewards(result.traces, self.plan)
         batch = learner_batch(result, shaped, self.tokenizer.pad_token_id or 0,
                               self.algo.loss.kl_loss_coef)
-        with self.source.device_work():
+        # one rollout's eviction masks: the reference, π_old and the update pack the same
+        # micro-batches (one optimizer step) and build them once; dropped at the scope's end
+        with self.source.device_work(), shared_replay_masks():
             prep, t["time_recompute"] = _timed(self._prepare, batch)
             steps, t["time_update"] = _timed(run_updates, self.trainer, batch, prep, self.algo.loss,
                                              self.cfg.learner.global_batch_size)

@@ -16,9 +16,13 @@ def test_bench_sparse_recompute_tiny_on_cpu():
                           "--max-tokens-per-gpu", "512", "--steps", "1", "--vary-lengths",
                           timeout=300)
     for key in ("dense_recompute_tokens_per_s", "sparse_recompute_tokens_per_s",
-                "dense_update_tokens_per_s", "sparse_update_tokens_per_s", "mask_build_ms",
-                "recompute_time_ratio", "update_time_ratio"):
+                "dense_update_tokens_per_s", "sparse_update_tokens_per_s",
+                "dense_rollout_tokens_per_s", "sparse_rollout_tokens_per_s",
+                "recompute_time_ratio", "update_time_ratio", "rollout_time_ratio"):
         assert result[key] > 0, key
+    build = result["mask_build_ms"]
+    assert build["cold"] > 0 and 0 < build["min"] <= build["median"] <= build["max"]
+    assert build["tiles_median"] > 0 and result["compiled_graphs_timed"] >= 0
     assert "update_time_ratio" in stdout
 
 

@@ -12,6 +12,8 @@ import functools
 
 import torch
 
+from .transfer import to_device
+
 
 @dataclasses.dataclass
 class Sample:
@@ -65,7 +67,7 @@ class PackedBatch:
         # loop. Transformer Engine's kernels want cu_seqlens on the GPU.
         from .model_provider import transformer_engine_available
 
-        move = functools.partial(_to_device, device=torch.device(device))
+        move = functools.partial(to_device, device=torch.device(device))
         return dataclasses.replace(self, tokens=move(self.tokens), targets=move(self.targets),
                                    response_positions=move(self.response_positions),
                                    response_index=move(self.response_index),
@@ -80,17 +82,10 @@ class PackedBatch:
         return list(torch.split(picked, self.response_lengths))
 
 
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host -> device without blocking the host: a plain ``.to(cuda)`` of pageable memory waits
-    for the GPU to finish its queued work first (a sync); from pinned memory it does not."""
-    if device.type != "cuda" or t.device.type != "cpu":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
 def pack(samples: list[Sample], indices: list[int] | None = None, pad_to_multiple: int = 1,
-         sparse: bool = False) -> PackedBatch:
-    """``sparse``: attend under the samples' eviction records (samples without one: dense)."""
+         sparse: bool = False, device=None) -> PackedBatch:
+    """``sparse``: attend under the samples' eviction records (samples without one: dense),
+    built on ``device`` (default: the CPU; ``to`` moves the rest)."""
     indices = list(range(len(samples))) if indices is None else indices
     tokens, targets, is_response, lengths, records = [], [], [], [], []
     for i in indices:
@@ -117,7 +112,8 @@ def pack(samples: list[Sample], indices: list[int] | None = None, pad_to_multipl
         response_lengths=[len(samples[i].response_ids) for i in indices],
         sample_indices=indices,
         response_index=torch.tensor([j for j, r in enumerate(is_response) if r], dtype=torch.long),
-        eviction=_eviction_masks(records, lengths, padded) if sparse else None,
+        eviction=_eviction_masks([samples[i] for i in indices], records, lengths, padded,
+                                 device) if sparse else None,
     )
 
 
@@ -139,13 +135,18 @@ def packed_length(s: Sample, sparse: bool) -> int:
     return s.length * len(_copies(s, sparse))
 
 
-def _eviction_masks(records: list, lengths: list[int], total: int):
+def _eviction_masks(picked: list[Sample], records: list, lengths: list[int], total: int, device):
+    """The pack's masks, or the ones already built for the same pack in this rollout
+    (``replay_cache``): one pass of its own over them either way."""
+    from .replay_cache import cached_masks
     from .sparse_attention import EvictionMasks
 
     shaped = next((r for r in records if r is not None), None)
     if shaped is None:  # a dense sampler: nothing to replay
         return None
-    return EvictionMasks.from_records(records, lengths, shaped.shape[0], shaped.shape[1], total)
+    build = functools.partial(EvictionMasks.from_records, records, lengths, shaped.shape[0],
+                              shaped.shape[1], total, device)
+    return cached_masks(picked, (total, str(torch.device(device or "cpu"))), build).use()
 
 
 def split_by_token_budget(lengths: list[int], max_tokens: int) -> list[list[int]]:

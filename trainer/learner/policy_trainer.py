@@ -143,7 +143,10 @@ class PolicyTrainer:
         lengths = [packed_length(samples[i], sparse) for i in ids]
         groups = split_by_token_budget(lengths, self.train_cfg.max_tokens_per_gpu)
         device = cpu_megatron.default_device()
-        return [pack(samples, [ids[j] for j in g], sparse=sparse).to(device) for g in groups]
+        # masks built on the device; within a rollout's shared_replay_masks (replay_cache.py)
+        # the same micro-batch of another pass (reference, recompute, update) reuses them
+        return [pack(samples, [ids[j] for j in g], sparse=sparse, device=device).to(device)
+                for g in groups]
 
     def _check_replay_attention(self) -> None:
         """Eviction masks are applied by SDPACoreAttention only: any other core attention

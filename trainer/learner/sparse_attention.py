@@ -10,67 +10,88 @@ which is exactly the attention the sampler computed at every decode step: the tr
 recomputes π_sparse itself (``--sparse-recompute``) or trains it (``--train-sparse-policy``).
 
 Two paths: ``mask`` (one SDPA per sample with a dense boolean mask, the CPU / fp32 reference)
-and ``flex`` (FlexAttention on CUDA, one ``BlockMask`` per layer built once per micro-batch and
-reused by the backward: rebuilding it per call cost 12-19 ms per layer at 16k tokens on an H100,
-against 1.1 ms for the dense varlen kernel).
+and ``flex`` (FlexAttention on CUDA, one ``BlockMask`` per layer, reused by the backward:
+rebuilding it per call cost 12-19 ms per layer at 16k tokens on an H100, against 1.1 ms for the
+dense varlen kernel). The block tiles of all layers are classified and ordered in one vectorised
+pass on the device, once per pack; within a rollout (``replay_cache``) the π_old recompute, the
+reference's forward and the update share them when they pack the same micro-batches.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import torch
 import torch.nn.functional as F
+
+from .transfer import to_device
 
 SPARSE_IMPLS = ("auto", "mask", "flex")
 
 
 @dataclasses.dataclass(eq=False)
 class EvictionMasks:
-    """One pack's eviction positions, and the per-layer block masks built from them (cached)."""
+    """One pack's eviction positions and what FlexAttention builds from them.
+
+    One object per pack (``pack``; shared by every pass over the same pack within
+    ``replay_cache.shared_replay_masks``), viewed per pass (``use``): ``shared`` holds what is
+    built once per pack (the block tiles of all layers, compact: KV heads, int16), ``passes`` what
+    one forward (and its backward) builds from them (the per-layer ``BlockMask``s, expanded to
+    query heads), dropped with the pass's ``PackedBatch``."""
 
     # Rows are the pack's, rounded up to a FlexAttention tile (BLOCK); rows past the samples
     # (the pack's padding and this rounding) form one more sequence, never attended by samples.
     evict: torch.Tensor  # [L, Hkv, rows] int32: pack index of the first query that misses each key
     seq_id: torch.Tensor  # [rows] int32: the sample of each row (padding: the number of samples)
-    block_masks: dict = dataclasses.field(default_factory=dict)  # layer -> BlockMask (flex)
-    head_slices: dict = dataclasses.field(default_factory=dict)  # (start, count) -> EvictionMasks
+    head_start: int = 0  # the first of these KV heads among the record's (a TP rank's share)
+    shared: dict = dataclasses.field(default_factory=dict, repr=False)
+    passes: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def real(self) -> torch.Tensor:
-        """[rows] bool: the row belongs to a sample."""
-        return self.seq_id < self.seq_id[-1] if self.seq_id.numel() else self.seq_id.bool()
+        """[rows] bool: the row belongs to a sample (asked by every layer: computed once)."""
+        if "real" not in self.shared:
+            self.shared["real"] = self.seq_id < self.seq_id[-1]
+        return self.shared["real"]
 
     @classmethod
     def from_records(cls, records: list[torch.Tensor | None], lengths: list[int], num_layers: int,
-                     num_kv_heads: int, total: int) -> "EvictionMasks":
+                     num_kv_heads: int, total: int, device=None) -> "EvictionMasks":
         """Per-sample records ``[L, Hkv, n]`` (None: dense, every query sees every earlier key)
-        shifted to pack coordinates; ``total`` = the pack's row count (padding included)."""
-        rows = -(-(total + 1) // BLOCK) * BLOCK  # at least one padding row: the last seq_id
-        evict = torch.full((num_layers, num_kv_heads, rows), rows, dtype=torch.int32)
-        seq_id = torch.full((rows,), len(records), dtype=torch.int32)
-        start = 0
+        shifted to pack coordinates; ``total`` = the pack's row count (padding included).
+
+        Built where it is used: the records travel as one concatenated copy (their own dtype,
+        int16 for most) and are shifted there, instead of an int32 pack built row range by row
+        range on the host and copied whole."""
         for i, (rec, n) in enumerate(zip(records, lengths)):
-            seq_id[start:start + n] = i
             if rec is not None:
                 check_record(rec, num_layers, num_kv_heads, n, i)
-                evict[..., start:start + n] = rec.to(torch.int32) + start
-            start += n
-        return cls(evict, seq_id)
+        device = torch.device("cpu") if device is None else torch.device(device)
+        rows = -(-(total + 1) // BLOCK) * BLOCK  # at least one padding row: the last seq_id
+        local = _concat_records(records, lengths, (num_layers, num_kv_heads), rows, device)
+        cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        seq_id, start = _row_samples(to_device(cu, device), rows)
+        # -1: never evicted (a dense sample, padding); pack rows beyond any query
+        return cls(torch.where(local >= 0, local.to(torch.int32) + start, rows), seq_id)
 
     def to(self, device) -> "EvictionMasks":
-        return EvictionMasks(self.evict.to(device), self.seq_id.to(device))
+        if _on(self.evict, torch.device(device)):
+            return self
+        device = torch.device(device)
+        return EvictionMasks(to_device(self.evict, device), to_device(self.seq_id, device))
+
+    def use(self) -> "EvictionMasks":
+        """A view for one pass over the pack: the pack's shared state, its own block masks."""
+        return dataclasses.replace(self, passes={})
 
     def heads(self, start: int, count: int) -> "EvictionMasks":
-        """The masks of KV heads [start, start + count) (a tensor-parallel rank's), cached with
-        their own block masks."""
+        """The masks of KV heads [start, start + count) (a tensor-parallel rank's): a view with
+        the same shared and per-pass state (their keys name the heads)."""
         if start == 0 and count == self.evict.shape[1]:
             return self
-        sub = self.head_slices.get((start, count))
-        if sub is None:
-            sub = EvictionMasks(self.evict[:, start:start + count], self.seq_id)
-            self.head_slices[(start, count)] = sub
-        return sub
+        return dataclasses.replace(self, evict=self.evict[:, start:start + count],
+                                   head_start=self.head_start + start)
 
     def layer_mask(self, layer: int, a: int, b: int, q_heads: int) -> torch.Tensor:
         """``[Hq, n, n]`` bool for the sample at pack rows [a, b) in ``layer``."""
@@ -78,6 +99,50 @@ class EvictionMasks:
         i = torch.arange(a, b, device=ev.device)
         mask = (i[None, :] <= i[:, None])[None] & (i[None, :, None] < ev[:, None, :])
         return mask.repeat_interleave(q_heads // ev.shape[0], dim=0)
+
+    def tiles(self) -> "LayerTiles":
+        """Every layer's block tiles of these KV heads: built once per pack, kept with it."""
+        key = ("tiles", self.head_start, self.evict.shape[1])
+        if key not in self.shared:
+            self.shared[key] = LayerTiles.build(self.evict, self.seq_id)
+        return self.shared[key]
+
+    def block_masks(self, q_heads: int) -> list:
+        """This pass's ``BlockMask`` per layer, all built at the first layer's call. Without
+        autograd (the π_old recompute) the backward's transposed tiles are left out."""
+        backward = torch.is_grad_enabled()
+        key = (self.head_start, self.evict.shape[1], q_heads, backward)
+        if key not in self.passes:
+            self.passes[key] = self.tiles().block_masks(self.evict, self.seq_id, q_heads, backward)
+        return self.passes[key]
+
+
+def _on(t: torch.Tensor, device: torch.device) -> bool:
+    """Whether ``t`` is on ``device`` ("cuda" without an index: the current one)."""
+    if t.device.type != device.type:
+        return False
+    return device.index is None or device.index == t.device.index
+
+
+def _concat_records(records: list, lengths: list[int], heads: tuple[int, int], rows: int,
+                    device: torch.device) -> torch.Tensor:
+    """``[L, Hkv, rows]`` the records side by side in the records' dtype (int16 unless a sample
+    is longer than it holds), -1 for dense samples and padding, on ``device``; for a GPU,
+    concatenated straight into pinned memory so that the one copy does not block the host."""
+    dtype = torch.int16 if all(r is None or r.dtype == torch.int16 for r in records) else torch.int32
+    never = torch.tensor(-1, dtype=dtype)
+    parts = [never.expand(*heads, n) if r is None else r.to(dtype) for r, n in zip(records, lengths)]
+    parts.append(never.expand(*heads, rows - sum(lengths)))
+    out = torch.empty(*heads, rows, dtype=dtype, pin_memory=device.type == "cuda")
+    return to_device(torch.cat(parts, dim=-1, out=out), device)
+
+
+def _row_samples(cu: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([rows] the sample of each row, [rows] the row where that sample starts), int32, where
+    the bounds ``cu`` are (rows past the samples: sample ``len(cu) - 1``, the padding)."""
+    pos = torch.arange(rows, dtype=torch.int32, device=cu.device)
+    seq_id = torch.searchsorted(cu[1:].contiguous(), pos, right=True, out_int32=True)
+    return seq_id, cu[seq_id]
 
 
 def kv_head_offset(total: int, local: int) -> int:
@@ -123,67 +188,128 @@ def _block_extrema(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def block_classes(evict: torch.Tensor, seq_id: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(partial, full) ``[Hkv, QB, KB]`` bool tiles of one layer, from the record alone: no
-    T x T mask is ever evaluated (``create_block_mask`` would, for every query head). ``evict``
-    ``[Hkv, T]`` and ``seq_id`` ``[T]`` with T a multiple of BLOCK, padding a sequence of its own.
-    Conservative where it must be: a tile is empty only if no pair in it attends, full only if
-    every pair does; the rest are partial (mask_mod decides per element)."""
+    """(partial, full) ``[..., Hkv, QB, KB]`` bool tiles from the record alone, for ``evict``
+    ``[..., Hkv, T]`` (one layer or all of them at once) and ``seq_id`` ``[T]``, T a multiple of
+    BLOCK, padding a sequence of its own: no T x T mask is ever evaluated (``create_block_mask``
+    would, for every query head). Conservative where it must be: a tile is empty only if no pair
+    in it attends, full only if every pair does; the rest are partial (mask_mod decides per
+    element)."""
     t = torch.arange(seq_id.shape[0], device=seq_id.device)
     s_min, s_max = _block_extrema(seq_id)
     t_min, t_max = _block_extrema(t)
-    e_min, e_max = _block_extrema(evict)  # [Hkv, B]
-    q = (slice(None), None)  # query blocks along dim 0, key blocks along dim 1
+    e_min, e_max = _block_extrema(evict)  # [..., Hkv, KB]
+    q = (slice(None), None)  # query blocks along dim -2, key blocks along dim -1
     k = (None, slice(None))
     same_seq = (s_min[q] <= s_max[k]) & (s_min[k] <= s_max[q])
-    some = same_seq & (t_min[k] <= t_max[q])
-    some = some[None] & (e_max[:, None, :] > t_min[None, :, None])
+    some = same_seq & (t_min[k] <= t_max[q]) & (e_max[..., None, :] > t_min[q])
     one_seq = (s_min == s_max)
     every = one_seq[q] & one_seq[k] & (s_min[q] == s_min[k]) & (t_max[k] <= t_min[q])
-    every = every[None] & (e_min[:, None, :] > t_max[None, :, None])
+    every = every & (e_min[..., None, :] > t_max[q])
     return some & ~every, every
 
 
-def _indices(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """BlockMask's (num_blocks ``[1, H, QB]``, indices ``[1, H, QB, KB]``): listed tiles first."""
+def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """BlockMask's ordered form of ``[..., rows, cols]`` tiles: (count ``[..., rows]`` int32,
+    indices ``[..., rows, cols]``: the listed columns first, ascending, then the others, as
+    ``BlockMask.from_kv_blocks`` orders its transposes). int16 indices: they are kept for the
+    rollout (``replay_cache``), at half the size of the int32 that the kernels read."""
     order = torch.argsort((~tiles).to(torch.int8), dim=-1, stable=True)
-    return tiles.sum(-1, dtype=torch.int32)[None], order.to(torch.int32)[None]
+    small = tiles.shape[-1] <= torch.iinfo(torch.int16).max
+    return tiles.sum(-1, dtype=torch.int32), order.to(torch.int16 if small else torch.int32)
+
+
+@dataclasses.dataclass(eq=False)
+class LayerTiles:
+    """Every layer's FlexAttention tiles of one pack, per KV head, in BlockMask's ordered form:
+    the forward's (by query block) and the backward's (by key block), partial and full."""
+
+    kv: tuple[torch.Tensor, torch.Tensor]  # ([L, Hkv, QB], [L, Hkv, QB, KB])
+    full_kv: tuple[torch.Tensor, torch.Tensor]
+    q: tuple[torch.Tensor, torch.Tensor]  # ([L, Hkv, KB], [L, Hkv, KB, QB])
+    full_q: tuple[torch.Tensor, torch.Tensor]
+
+    @classmethod
+    def build(cls, evict: torch.Tensor, seq_id: torch.Tensor) -> "LayerTiles":
+        """One vectorised pass over all layers (a few dozen kernels, not a few dozen a layer)."""
+        partial, full = block_classes(evict, seq_id)
+        return cls(_ordered(partial), _ordered(full), _ordered(partial.mT), _ordered(full.mT))
+
+    def block_masks(self, evict: torch.Tensor, seq_id: torch.Tensor, q_heads: int,
+                    backward: bool) -> list:
+        """One ``BlockMask`` per layer, its tensors expanded to query heads."""
+        from torch.nn.attention.flex_attention import BlockMask
+
+        group = q_heads // evict.shape[1]
+        parts = (*self.kv, *self.full_kv, *(self.q + self.full_q if backward else ()))
+        per_layer = list(zip(*(_per_layer(x, group) for x in parts)))
+        n = seq_id.shape[0]
+        return [BlockMask(**_blocks(t), seq_lengths=(n, n), BLOCK_SIZE=(BLOCK, BLOCK),
+                          mask_mod=_eviction_mask_mod(seq_id, evict[layer], group))
+                for layer, t in enumerate(per_layer)]
+
+
+def _blocks(t: tuple) -> dict:
+    """BlockMask's tensor arguments from (kv num, kv idx, full ..., [q num, q idx, full ...])."""
+    names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+             "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+    return dict(itertools.zip_longest(names, t))
+
+
+def _per_layer(x: torch.Tensor, group: int) -> list[torch.Tensor]:
+    """``[L, Hkv, ...]`` -> L int32 ``[1, Hkv * group, ...]`` views. The kernels index a block
+    mask's heads by query head (``h % H``), so GQA groups are repeated; each view starts
+    16-byte aligned, since inductor clones an input misaligned against its compiled assumption on
+    every call."""
+    x = x.repeat_interleave(group, dim=1)
+    layers, n = x.shape[0], x[0].numel()
+    buf = torch.empty(layers, -(-n // 4) * 4, dtype=torch.int32, device=x.device)
+    buf[:, :n] = x.reshape(layers, n)
+    return [buf[i, :n].view(1, *x.shape[1:]) for i in range(layers)]
+
+
+def _eviction_mask_mod(seq: torch.Tensor, ev: torch.Tensor, group: int):
+    """The element mask of one layer. Every layer and pack gets a closure of this one code
+    object: dynamo guards a closure by its code, and the tensors it captures (lifted to graph
+    inputs) by dtype, shape and strides, not identity, so every layer's view of ``evict`` reuses
+    one compiled kernel (a layer index baked in as a Python int would compile one per layer)."""
+    def mask_mod(b, h, qi, kj):
+        return (seq[qi] == seq[kj]) & (kj <= qi) & (qi < ev[h // group, kj])
+
+    return mask_mod
 
 
 def block_mask(masks: EvictionMasks, layer: int, q_heads: int):
-    """The layer's FlexAttention ``BlockMask`` (built once per pack and layer, from the record)."""
-    bm = masks.block_masks.get(layer)
-    if bm is None:
-        from torch.nn.attention.flex_attention import BlockMask
-
-        ev, seq = masks.evict[layer], masks.seq_id
-        group = q_heads // ev.shape[0]
-        partial, full = (x.repeat_interleave(group, dim=0) for x in block_classes(ev, seq))
-
-        def mask_mod(b, h, qi, kj):
-            return (seq[qi] == seq[kj]) & (kj <= qi) & (qi < ev[h // group, kj])
-
-        n = seq.shape[0]
-        bm = BlockMask.from_kv_blocks(*_indices(partial), *_indices(full), BLOCK_SIZE=BLOCK,
-                                      mask_mod=mask_mod, seq_lengths=(n, n))
-        masks.block_masks[layer] = bm
-    return bm
+    """The layer's FlexAttention ``BlockMask`` in this pass (all layers' built at the first)."""
+    return masks.block_masks(q_heads)[layer]
 
 
 _compiled_flex = None
 
 
-def _flex(q, k, v, masks: EvictionMasks, layer: int, scale: float) -> torch.Tensor:
+def _flex_attention(cuda: bool):
+    """FlexAttention, compiled on CUDA (unfused it materialises the scores). One compile serves
+    every pack: pack lengths vary, and dynamo's automatic dynamic shapes turn the row counts
+    into symbols at the first pack of another length (one recompile, then none; a static compile
+    per length would hit ``recompile_limit`` and fall back to the unfused eager path). Grad
+    mode is guarded: the recompute (no_grad) and the update compile once each."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
+    if not cuda:
+        return flex_attention
     if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention) if q.is_cuda else flex_attention
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex
+
+
+def _flex(q, k, v, masks: EvictionMasks, layer: int, scale: float) -> torch.Tensor:
     rows = q.shape[0]
-    padded = masks.seq_id.shape[0]  # the pack's rows rounded up to BLOCK (EvictionMasks.padded)
+    padded = masks.seq_id.shape[0]  # the pack's rows rounded up to BLOCK
     qs, ks, vs = (F.pad(x, (0, 0, 0, 0, 0, padded - rows)).transpose(0, 1).unsqueeze(0)
                   for x in (q, k, v))
     bm = block_mask(masks, layer, q.shape[1])
-    o = _compiled_flex(qs, ks, vs, block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    o = _flex_attention(q.is_cuda)(qs, ks, vs, block_mask=bm, scale=scale,
+                                   enable_gqa=q.shape[1] != k.shape[1])
     out = o[0].transpose(0, 1)[:rows]
     return torch.where(masks.real[:rows, None, None], out, 0.0)  # padding rows: zeros
 

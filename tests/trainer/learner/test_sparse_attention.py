@@ -95,6 +95,141 @@ def test_block_classes_are_safe_and_sparse():
         assert full.any() and (~(partial | full)).any()
 
 
+def reference_from_records(records, lengths, total):
+    """The pack's eviction tensor row range by row range (how it was first built)."""
+    from trainer.learner.sparse_attention import BLOCK
+
+    rows = -(-(total + 1) // BLOCK) * BLOCK
+    evict = torch.full((L, HKV, rows), rows, dtype=torch.int32)
+    seq_id = torch.full((rows,), len(records), dtype=torch.int32)
+    start = 0
+    for i, (rec, n) in enumerate(zip(records, lengths)):
+        seq_id[start:start + n] = i
+        if rec is not None:
+            evict[..., start:start + n] = rec.to(torch.int32) + start
+        start += n
+    return evict, seq_id
+
+
+def test_from_records_equals_the_row_by_row_build():
+    """One concatenated copy shifted in place: the same int32 tensor, with int16, int32 and
+    missing (dense) records mixed, and padding past the samples."""
+    g = torch.Generator().manual_seed(7)
+    lengths = [40, 300, 9, 128]
+    records = [random_record(40, g), None, random_record(9, g).int(), random_record(128, g)]
+    masks = EvictionMasks.from_records(records, lengths, L, HKV, sum(lengths) + 20)
+    evict, seq_id = reference_from_records(records, lengths, sum(lengths) + 20)
+    assert masks.evict.dtype == torch.int32 and torch.equal(masks.evict, evict)
+    assert torch.equal(masks.seq_id, seq_id)
+
+
+def per_layer_block_classes(evict, seq_id):
+    """One layer's (partial, full) tiles as first written, the reference for the all-layer
+    pass: a tile may hold a visible pair if some query and key share a sequence, the key is not
+    after the query and some key's eviction comes after the tile's first query; every pair is
+    visible if both sides are one and the same sequence, every key precedes every query and no
+    key is evicted before the tile's last query."""
+    from trainer.learner.sparse_attention import BLOCK
+
+    lo = lambda x: x.unflatten(-1, (-1, BLOCK)).amin(-1)  # noqa: E731
+    hi = lambda x: x.unflatten(-1, (-1, BLOCK)).amax(-1)  # noqa: E731
+    t = torch.arange(seq_id.shape[0])
+    s_min, s_max, t_min, t_max = lo(seq_id), hi(seq_id), lo(t), hi(t)
+    e_min, e_max = lo(evict), hi(evict)  # [Hkv, B]
+    same_seq = (s_min[:, None] <= s_max[None, :]) & (s_min[None, :] <= s_max[:, None])
+    some = (same_seq & (t_min[None, :] <= t_max[:, None]))[None] \
+        & (e_max[:, None, :] > t_min[None, :, None])
+    one = s_min == s_max
+    every = (one[:, None] & one[None, :] & (s_min[:, None] == s_min[None, :])
+             & (t_max[None, :] <= t_min[:, None]))[None] & (e_min[:, None, :] > t_max[None, :, None])
+    return some & ~every, every
+
+
+def _random_pack(seed, lengths, dense=()):
+    g = torch.Generator().manual_seed(seed)
+    records = [None if i in dense else random_record(n, g) for i, n in enumerate(lengths)]
+    return EvictionMasks.from_records(records, lengths, L, HKV, sum(lengths) + 3)
+
+
+def test_all_layer_block_classes_equal_the_per_layer_reference():
+    from trainer.learner.sparse_attention import block_classes
+
+    masks = _random_pack(8, [150, 90, 300, 37], dense={2})
+    partial, full = block_classes(masks.evict, masks.seq_id)  # [L, Hkv, QB, KB], one pass
+    assert partial.shape == (L, HKV, 5, 5)
+    for layer in range(L):
+        ref_partial, ref_full = per_layer_block_classes(masks.evict[layer], masks.seq_id)
+        assert torch.equal(partial[layer], ref_partial) and torch.equal(full[layer], ref_full)
+    assert full.any() and partial.any() and (~(partial | full)).any()
+
+
+def _from_kv_blocks(masks, layer, q_heads, head_start=0, heads=HKV):
+    """The layer's BlockMask as ``BlockMask.from_kv_blocks`` makes it from the reference tiles
+    (its own transposes for the backward)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from trainer.learner.sparse_attention import BLOCK
+
+    ev = masks.evict[layer, head_start:head_start + heads]
+    tiles = [x.repeat_interleave(q_heads // heads, dim=0)
+             for x in per_layer_block_classes(ev, masks.seq_id)]
+    ordered = [(x.sum(-1, dtype=torch.int32)[None],
+                torch.argsort((~x).to(torch.int8), dim=-1, stable=True).to(torch.int32)[None])
+               for x in tiles]
+    n = masks.seq_id.shape[0]
+    return BlockMask.from_kv_blocks(*ordered[0], *ordered[1], BLOCK_SIZE=BLOCK, seq_lengths=(n, n))
+
+
+TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+           "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+
+
+@pytest.mark.parametrize("heads", [(0, HKV), (1, 1)])  # all KV heads, a TP rank's one
+def test_block_masks_equal_from_kv_blocks_with_and_without_autograd(heads):
+    """All layers' BlockMasks from the one vectorised pass hold exactly the tensors that
+    ``from_kv_blocks`` builds per layer (the backward's transposes too); without autograd the
+    transposes are left out."""
+    masks = _random_pack(9, [150, 90, 300, 37], dense={2}).use().heads(*heads)
+    with torch.enable_grad():
+        train = masks.block_masks(HQ)
+    with torch.no_grad():
+        recompute = masks.block_masks(HQ)
+    for layer in range(L):
+        want = _from_kv_blocks(masks, layer, HQ, 0, heads[1])  # the view's evict: its heads
+        for name in TENSORS:
+            got = getattr(train[layer], name)
+            assert got.dtype == torch.int32 and torch.equal(got, getattr(want, name)), name
+            forward = getattr(recompute[layer], name)
+            assert forward is None if name.startswith(("q_", "full_q")) else torch.equal(forward, got)
+        assert train[layer].seq_lengths == want.seq_lengths
+        assert train[layer].BLOCK_SIZE == want.BLOCK_SIZE
+
+
+def test_block_mask_equals_create_block_mask_where_tiles_are_exact():
+    """Sequences on tile bounds and evictions that empty or fill whole tiles: there the record's
+    tiles are exact, and the BlockMask is the one ``create_block_mask`` makes by evaluating the
+    mask element by element (tensors, order of the unlisted tiles included)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from trainer.learner.sparse_attention import BLOCK, _eviction_mask_mod
+
+    a = torch.full((L, HKV, 256), 256, dtype=torch.int16)  # never evicted: a full tile below
+    a[0, 0, :128] = a[1, 1, :128] = 128  # the first tile's keys gone from the second's queries
+    a[0, 1, :64] = a[2, 0, :64] = 200  # half of them from query 200 on: a mixed tile
+    masks = EvictionMasks.from_records([a, None], [256, 128], L, HKV, 384).use()
+    rows = masks.seq_id.shape[0]
+    with torch.enable_grad():
+        ours = masks.block_masks(HQ)
+    kinds = {(layer, int(bm.kv_num_blocks[0, h, 1]), int(bm.full_kv_num_blocks[0, h, 1]))
+             for layer, bm in enumerate(ours) for h in range(HQ)}  # the second tile's row
+    assert {k[1:] for k in kinds} == {(1, 0), (2, 0), (1, 1)}  # empty, partial, full (k0)
+    for layer in range(L):
+        mod = _eviction_mask_mod(masks.seq_id, masks.evict[layer], HQ // HKV)
+        want = create_block_mask(mod, None, HQ, rows, rows, device="cpu", BLOCK_SIZE=BLOCK)
+        for name in TENSORS:
+            assert torch.equal(getattr(ours[layer], name), getattr(want, name)), (layer, name)
+
+
 def test_flex_on_a_pack_of_several_tiles_matches_the_mask_path():
     g = torch.Generator().manual_seed(3)
     lengths = [150, 90, 200]
@@ -130,6 +265,49 @@ def test_compiled_flex_on_cuda_matches_the_mask_path_with_gradients():
             outs.append([o.float().cpu()] + [t.grad.float().cpu() for t in x])
         for a, b in zip(*outs):
             assert (a - b).abs().max() / b.abs().max() < 2e-2
+        # built on the GPU (one pinned copy, shifted there): the same masks, and the recompute's
+        # forward (no autograd: BlockMasks without the backward's tiles) the same output
+        on_gpu = EvictionMasks.from_records(records, lengths, L, HKV, rows, device="cuda")
+        assert torch.equal(on_gpu.evict, masks.evict.cuda())
+        with torch.no_grad():
+            x = [t.to("cuda", torch.bfloat16) for t in qkv]
+            o = sparse_packed_attention(*x, on_gpu.use(), 1, cu, scale=0.125, impl="flex")
+        a, b = o.float().cpu(), outs[1][0]  # another compiled graph: against the fp32 path
+        assert (a - b).abs().max() / b.abs().max() < 2e-2
+
+
+def _flex_on_gpu(lengths, grad: bool, g) -> None:
+    """Every layer of one pack through the compiled FlexAttention (bf16, masks built on the GPU)."""
+    records = [random_record(n, g) for n in lengths]
+    rows = sum(lengths) + 5
+    masks = EvictionMasks.from_records(records, lengths, L, HKV, rows, device="cuda").use()
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    with torch.set_grad_enabled(grad):
+        for layer in range(L):
+            x = [torch.randn(rows, h, 64, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+                 for h in (HQ, HKV, HKV)]
+            o = sparse_packed_attention(*x, masks, layer, cu, scale=0.125, impl="flex")
+            if grad:
+                o.float().sum().backward()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_flex_compiles_nothing_per_layer_or_per_pack_length():
+    """After two pack lengths (a static compile, then one with dynamic lengths), other lengths
+    and every layer run the kernels already compiled, with and without autograd: the layers'
+    mask_mods are one code object over same-shaped views."""
+    from torch._dynamo.utils import counters
+
+    g = torch.Generator().manual_seed(10)
+    for lengths in ([300, 200], [700, 90, 1300]):
+        _flex_on_gpu(lengths, False, g)
+        _flex_on_gpu(lengths, True, g)
+    compiled = counters["stats"]["unique_graphs"]
+    for lengths in ([257, 1024], [129, 640, 900], [2000, 33]):
+        _flex_on_gpu(lengths, False, g)
+        _flex_on_gpu(lengths, True, g)
+    assert counters["stats"]["unique_graphs"] == compiled
 
 
 def test_gradients_of_the_mask_path_match_the_per_query_reference():

@@ -54,7 +54,18 @@ def smollm2_135m_config():
                        rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
 
 
-SHAPES = {"qwen2.5-0.5b": qwen25_05b_config, "smollm2-135m": smollm2_135m_config}
+def tiny_config():
+    """Two layers of the Qwen2 family: CPU smoke runs (bench_decode_tail --device cpu)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, intermediate_size=128, vocab_size=512,
+                       tie_word_embeddings=True, max_position_embeddings=4096, rope_theta=1e6,
+                       rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=1)
+
+
+SHAPES = {"qwen2.5-0.5b": qwen25_05b_config, "smollm2-135m": smollm2_135m_config,
+          "tiny": tiny_config}
 
 
 def build_checkpoint(out_dir: str, seed: int, shape: str = "qwen2.5-0.5b") -> int:
@@ -198,8 +209,8 @@ def host_breakdown(engine, ids, params, args, steps: int = 64) -> dict:
         return fn
 
     originals = [(engine.scheduler, "schedule"), (r, "launch"), (r, "_decode"), (r, "sampler"),
-                 (r.rows, "record"), (r, "_sampling_batch"), (engine, "_process"), (r, "after_step"),
-                 (engine, "_complete_inflight")]
+                 (r.rows, "record"), (r, "_sampling_batch"), (engine.loop, "_process"),
+                 (r, "after_step"), (engine.loop, "_complete_inflight")]  # (the loop's, not Engine's)
     saved = [(o, n, wrap(o, n, n.strip("_"))) for o, n in originals]
     engine.step_stats.__init__()
     engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=steps + 1),

@@ -41,6 +41,22 @@ def check_model_dir(path: str, flag: str = "--model-path") -> str | None:
     return None
 
 
+def parse_batch_sizes(spec: str) -> list[int]:
+    """``--cuda-graph-bs``: comma-separated sizes and ranges, ``"1-8,12,16"`` -> [1, ..., 8, 12,
+    16] (sorted, each once); ValueError for anything else."""
+    sizes = set()
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            a, b = int(lo), int(hi or lo)
+        except ValueError:
+            raise ValueError(f"--cuda-graph-bs: {part.strip()!r} is not a size or a range a-b") from None
+        if a < 1 or b < a:
+            raise ValueError(f"--cuda-graph-bs: {part.strip()!r}: sizes are >= 1, ranges low-high")
+        sizes.update(range(a, b + 1))
+    return sorted(sizes)
+
+
 def _arg(default: Any, help: str, **kw) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
@@ -87,6 +103,10 @@ class ServerArgs:
         False, "read each step's tokens before launching the next (default: prepare step N+1 "
                "while the GPU runs step N)")
     cuda_graph_max_bs: int = _arg(256, "largest decode batch captured in a CUDA graph")
+    cuda_graph_bs: str | None = _arg(
+        None, "decode batch sizes with a CUDA graph, e.g. 1-32,48,64 (a batch runs in the "
+              "smallest one that holds it); default every size to 8, 12, 16, 24, 32, then every "
+              "16, up to --cuda-graph-max-bs")
     served_model_name: str | None = _arg(None, "model id shown by /v1/models; default the path")
     weight_version: str = _arg("default", "initial weight_version reported in meta_info")
     log_level: str = _arg("info", "uvicorn log level")
@@ -138,6 +158,8 @@ class ServerArgs:
                      "max_queued_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.cuda_graph_bs is not None:
+            parse_batch_sizes(self.cuda_graph_bs)
         if self.max_queued_tokens is not None and self.max_queued_tokens < 1:
             raise ValueError("--max-queued-tokens must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 2:

@@ -4,16 +4,27 @@ first use.
 A small model's decode step is hundreds of tiny kernels, and on the host every PyTorch op costs
 tens of microseconds: replaying the step as one graph removes both. The graph covers the slot-
 table write, the embedding of the rows' last tokens (row_state.py), the forward, the LM head,
-sampling, the stop-id check and the packing of the outputs; per step the host sends one small
-host->device copy (positions, lengths, draw indices, rows), copies the new slots in, replays,
-and starts the outputs' copy back. Sampling parameters live in static buffers rewritten only
-when the batch changes. Padding entries point at table row 0 / slot 0, which are reserved and
-never hold a request's KV, and sample greedily into row 0 of the row state.
-Compression runs eagerly between replays (model_runner.after_step).
+sampling, the stop-id check and the packing of the outputs. Per step the host writes the rows'
+positions, lengths, draw indices and table rows into a pinned buffer and sends them in one
+host->device copy (step_io.PinnedStage), copies the new slots (allocated on the device) into
+the static slot buffer, replays, and starts the outputs' copy back: four CUDA calls, no sync.
+Sampling parameters go the same way, only when the batch changes. Padding entries point at
+table row 0 / slot 0, which are reserved and never hold a request's KV, and sample greedily
+into row 0 of the row state. Compression runs eagerly between replays (model_runner.after_step).
+
+Which sizes get a graph (`graph_sizes`): every size to 8, then 12, 16, 24, 32, then every 16.
+At a small batch the step reads the weights once whatever the batch (~0.3 ms of the 0.5B
+model's ~1 GB on an H100), and a padding row costs only its own cheap work (attention over one
+slot, its logits row), so padding is nearly free; a capture is not (a warm-up step and a
+capture, tens of ms, again whenever the KV pool moves, e.g. per rollout with KV offload, and a
+long-tailed rollout's tail walks down through every size). Up to 32 this pads a batch by at
+most 41% of its rows (17 -> 24; none to 8) with 12 graphs instead of 32; `--cuda-graph-bs`
+sets other sizes (1-32 for every one).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import threading
 import time
@@ -26,9 +37,37 @@ from ..layers.attention import AttentionMetadata, TorchAttention
 from ..models.causal_lm import CausalLM
 from .row_state import RowState
 from .sampler import Sampler, SamplingBatch
-from .step_io import pack_outputs, sampling_columns
+from .step_io import PinnedStage, SamplingMode, pack_outputs
 
 _PAD_STEP = (0, 1, 0, 0)  # position, kv length, draw index, row of a padding entry
+_SMALL_LADDER = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)  # see the module docstring
+
+
+def graph_sizes(max_bs: int, sizes: list[int] | None = None) -> list[int]:
+    """The batch sizes that get a graph: `sizes` (--cuda-graph-bs) up to max_bs, else the
+    default ladder up to max_bs, which is always one of them (the largest batch a graph runs)."""
+    if sizes is not None:
+        chosen = sorted({s for s in sizes if 1 <= s <= max_bs})
+        if not chosen:
+            raise ValueError(f"--cuda-graph-bs: no size <= --cuda-graph-max-bs {max_bs}")
+        return chosen
+    ladder = {s for s in (*_SMALL_LADDER, *range(48, max_bs + 1, 16)) if s <= max_bs}
+    return sorted(ladder | {max_bs})
+
+
+def padded_size(sizes: list[int], bs: int) -> int:
+    """The smallest size with a graph that holds `bs` rows (bs <= sizes[-1])."""
+    return sizes[bisect.bisect_left(sizes, bs)]
+
+
+def _padded_rows(cols, pad_values, n: int) -> list:
+    """Columns of per-row values, each followed by n copies of its padding value, flattened:
+    the [len(cols), rows + n] layout of a graph's static buffer."""
+    flat = []
+    for col, pad in zip(cols, pad_values):
+        flat += col
+        flat += [pad] * n
+    return flat
 
 
 class CaptureGate:
@@ -82,18 +121,24 @@ class GraphParts:
 
 
 class DecodeGraphs:
-    def __init__(self, parts: GraphParts, max_bs: int):
+    def __init__(self, parts: GraphParts, max_bs: int, sizes: list[int] | None = None):
         self.parts = parts
-        self.sizes = [s for s in [1, 2, 4, 8] + list(range(16, max_bs + 1, 16)) if s <= max_bs]
+        self.sizes = graph_sizes(max_bs, sizes)
         self.max_bs = self.sizes[-1]
-        dev = parts.device
-        self.step_ints = torch.zeros(4, self.max_bs, dtype=torch.int64, device=dev)
-        self.out_slots = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
-        # temperature, top_p, min_p, divisor (0 -> 1), sampled; top_k, seed, filtered
-        self.params_f = torch.zeros(5, self.max_bs, dtype=torch.float32, device=dev)
-        self.params_i = torch.zeros(3, self.max_bs, dtype=torch.int64, device=dev)
+        dev, n = parts.device, self.max_bs
+        # Flat static buffers: a graph of gbs rows reads the first k * gbs entries as [k, gbs],
+        # so its inputs are one contiguous block (one copy). Rows: position, kv length (with the
+        # new token), draw index, table row. Floats: temperature, top_p, min_p, divisor (0 ->
+        # 1), sampled; ints: top_k, seed, filtered.
+        self.step_ints = torch.zeros(4 * n, dtype=torch.int64, device=dev)
+        self.params_f = torch.zeros(5 * n, dtype=torch.float32, device=dev)
+        self.params_i = torch.zeros(3 * n, dtype=torch.int64, device=dev)
+        self.out_slots = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.stages = {name: PinnedStage(getattr(self, name))
+                       for name in ("step_ints", "params_f", "params_i")}
         self.num_captures, self.capture_s = 0, 0.0  # over the engine's life (server info)
         self.deferred = 0  # steps run eagerly because another thread held CAPTURE_GATE
+        self.replays, self.replay_s = 0, 0.0  # host time launching replays (bench_decode_tail)
         self.capture_stream: torch.cuda.Stream | None = None
         self.clear()
 
@@ -101,8 +146,10 @@ class DecodeGraphs:
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
         self.kv_ptrs: tuple[int, int] | None = None  # the KV pool the graphs were captured on
-        self._params_key = None
-        self._slots_bs: dict[int, int] = {}
+        self._params_for: tuple | None = None  # (BatchTensors, gbs) the parameters were loaded for
+        self._slot_views: dict[int, torch.Tensor] = {}  # out_slots[:bs]
+        self._out_views: dict[tuple, torch.Tensor] = {}  # a graph's packed outputs[:bs]
+        self._slots_hi = self.max_bs  # out_slots[i] == 0 for every i >= _slots_hi (unknown: all)
 
     def pool_moved(self) -> bool:
         """Whether the KV pool now lives elsewhere than when the graphs were captured (their
@@ -112,19 +159,20 @@ class DecodeGraphs:
 
     def stats(self) -> dict:
         return {"graphs": len(self.graphs), "captures": self.num_captures,
-                "capture_s": self.capture_s, "deferred": self.deferred}
+                "capture_s": self.capture_s, "deferred": self.deferred,
+                "replays": self.replays, "replay_s": self.replay_s}
 
     def can_run(self, bs: int) -> bool:
         return bs <= self.max_bs
 
-    def _padded(self, bs: int) -> int:
-        return next(s for s in self.sizes if s >= bs)
+    def padded(self, bs: int) -> int:
+        return padded_size(self.sizes, bs)
 
     def step(self, seqs: list, bt) -> torch.Tensor | None:
-        """Run one decode step of `seqs` (batch tensors `bt`); returns the packed outputs
-        [bs, C] (model_runner.pack_outputs) on the device. Updates the requests' KV lengths.
-        None, with nothing done, when the step needs a capture and CAPTURE_GATE is held."""
-        bs, gbs, mode = len(seqs), self._padded(len(seqs)), self._mode(bt.sampling)
+        """Run one decode step of `seqs` (batch values `bt`, step_io.BatchTensors); returns the
+        packed outputs [bs, C] (step_io.pack_outputs) on the device. Updates the requests' KV
+        lengths. None, with nothing done, when the step needs a capture and CAPTURE_GATE is held."""
+        bs, gbs, mode = len(seqs), self.padded(len(seqs)), bt.mode
         if (gbs, mode) in self.graphs:
             self._load(seqs, bt, gbs)
         elif CAPTURE_GATE.try_capture():
@@ -136,56 +184,76 @@ class DecodeGraphs:
         else:
             self.deferred += 1
             return None
-        graph, packed = self.graphs[(gbs, mode)]
+        self._replay(self.graphs[(gbs, mode)][0])
+        return self._outputs((gbs, mode), bs)
+
+    def _replay(self, graph) -> None:
+        t = time.perf_counter()
         graph.replay()
-        return packed[:bs]
+        self.replay_s += time.perf_counter() - t
+        self.replays += 1
+
+    def _outputs(self, key: tuple, bs: int) -> torch.Tensor:
+        """The real rows of a graph's packed outputs (a slice made once, not per step)."""
+        out = self._out_views.get((key, bs))
+        if out is None:
+            out = self._out_views[(key, bs)] = self.graphs[key][1][:bs]
+        return out
 
     def _load(self, seqs: list, bt, gbs: int) -> None:
-        if self._params_key != (bt.key, gbs):
-            self._load_params(seqs, gbs)
-            self._params_key = (bt.key, gbs)
+        # The runner makes a new BatchTensors whenever the batch changes (identity, not its key:
+        # batches built outside the scheduler all have version -1).
+        if self._params_for != (bt, gbs):
+            self._load_params(bt, gbs)
+            self._params_for = (bt, gbs)
         self._load_step(seqs, gbs)
 
-    @staticmethod
-    def _mode(sb: SamplingBatch) -> tuple:
-        return sb.all_greedy, sb.need_filter, sb.need_logprobs, sb.top_logprobs_num
-
     def _load_step(self, seqs: list, gbs: int) -> None:
-        """One host->device copy of this step's per-row integers, and the new slots."""
-        pad = [[v] * (gbs - len(seqs)) for v in _PAD_STEP]
-        host = torch.tensor([[s.num_computed for s in seqs] + pad[0], [s.kv_len + 1 for s in seqs] + pad[1],
-                             [s.num_sampled for s in seqs] + pad[2], [s.row for s in seqs] + pad[3]],
-                            dtype=torch.int64)
-        self.step_ints[:, :gbs].copy_(host, non_blocking=True)
-        bs = len(seqs)
-        self.out_slots[:bs].copy_(self.parts.kv.alloc_one(seqs))
-        if bs < gbs and self._slots_bs.get(gbs) != bs:
-            self.out_slots[bs:gbs].zero_()
-        self._slots_bs[gbs] = bs
+        """This step's per-row integers in one host->device copy, then the new slots."""
+        cols = ([s.num_computed for s in seqs], [s.kv_len + 1 for s in seqs],
+                [s.num_sampled for s in seqs], [s.row for s in seqs])
+        self.stages["step_ints"].send(_padded_rows(cols, _PAD_STEP, gbs - len(seqs)))
+        self._load_slots(seqs, gbs)
         for s in seqs:
             s.num_computed += 1
 
-    def _load_params(self, seqs: list, gbs: int) -> None:
-        V, pad = self.parts.vocab_size, gbs - len(seqs)
-        floats, ints = sampling_columns(seqs, V)
-        # padding entries: greedy, no filter (top_k = vocabulary)
-        fl = [col + [v] * pad for col, v in zip(floats, (0.0, 1.0, 0.0, 1.0, 0.0))]
-        it = [col + [v] * pad for col, v in zip(ints, (V, 0, 0))]
-        self.params_f[:, :gbs].copy_(torch.tensor(fl, dtype=torch.float32), non_blocking=True)
-        self.params_i[:, :gbs].copy_(torch.tensor(it, dtype=torch.int64), non_blocking=True)
+    def _load_slots(self, seqs: list, gbs: int) -> None:
+        """The new slots (allocated on the device: one device copy), and slot 0 for padding
+        entries: a slot left there by a larger batch may since belong to another request, and
+        a padding entry writes its K/V into it."""
+        bs = len(seqs)
+        view = self._slot_views.get(bs)
+        if view is None:
+            view = self._slot_views[bs] = self.out_slots[:bs]
+        view.copy_(self.parts.kv.alloc_one(seqs))
+        if gbs > bs and self._slots_hi > bs:
+            self.out_slots[bs:self._slots_hi].zero_()
+            self._slots_hi = bs
+        self._slots_hi = max(self._slots_hi, bs)
 
-    def _sampling(self, gbs: int, mode: tuple) -> SamplingBatch:
-        all_greedy, need_filter, need_logprobs, top_n = mode
-        f, i = self.params_f[:, :gbs], self.params_i[:, :gbs]
+    def _load_params(self, bt, gbs: int) -> None:
+        """The batch's sampling parameters; padding entries greedy, no filter (top_k = the
+        vocabulary)."""
+        pad, V = gbs - len(bt.seqs), self.parts.vocab_size
+        self.stages["params_f"].send(_padded_rows(bt.floats, (0.0, 1.0, 0.0, 1.0, 0.0), pad))
+        self.stages["params_i"].send(_padded_rows(bt.ints, (V, 0, 0), pad))
+
+    def _inputs(self, gbs: int) -> tuple[torch.Tensor, ...]:
+        """The static buffers as a graph of gbs rows reads them: [4, gbs], [5, gbs], [3, gbs]."""
+        return (self.step_ints[:4 * gbs].view(4, gbs), self.params_f[:5 * gbs].view(5, gbs),
+                self.params_i[:3 * gbs].view(3, gbs))
+
+    def _sampling(self, gbs: int, mode: SamplingMode) -> SamplingBatch:
+        ints, f, i = self._inputs(gbs)
         return SamplingBatch(
-            temperatures=f[0], top_p=f[1], min_p=f[2], top_k=i[0], seeds=i[1],
-            steps=self.step_ints[2, :gbs], all_greedy=all_greedy, need_filter=need_filter,
-            need_logprobs=need_logprobs, top_logprobs_num=top_n, filtered=i[2] > 0,
-            divisors=f[3], sampled=f[4] > 0)
+            temperatures=f[0], top_p=f[1], min_p=f[2], top_k=i[0], seeds=i[1], steps=ints[2],
+            all_greedy=mode.all_greedy, need_filter=mode.need_filter,
+            need_logprobs=mode.need_logprobs, top_logprobs_num=mode.top_logprobs_num,
+            filtered=i[2] > 0, divisors=f[3], sampled=f[4] > 0)
 
-    def _body(self, gbs: int, mode: tuple) -> torch.Tensor:
+    def _body(self, gbs: int, mode: SamplingMode) -> torch.Tensor:
         p = self.parts
-        positions, kv_lens, _, rows = self.step_ints[:, :gbs]
+        positions, kv_lens, _, rows = self._inputs(gbs)[0]
         slots = self.out_slots[:gbs]
         p.kv.req_to_token.table[rows, kv_lens - 1] = slots.to(torch.int32)
         p.attn.meta = AttentionMetadata(False, slots, rows=rows, kv_lens=kv_lens.to(torch.int32),
@@ -195,7 +263,7 @@ class DecodeGraphs:
         out = p.sampler(p.model.logits(hidden, upcast=False), self._sampling(gbs, mode))
         return pack_outputs(out, p.rows.record(rows, out.ids))
 
-    def _capture(self, gbs: int, mode: tuple) -> None:
+    def _capture(self, gbs: int, mode: SamplingMode) -> None:
         t0 = time.perf_counter()
         self._capture_graph(gbs, mode)
         pool = self.parts.kv.pool
@@ -212,7 +280,7 @@ class DecodeGraphs:
             self.capture_stream = torch.cuda.Stream(device=self.parts.device)
         return self.capture_stream
 
-    def _capture_graph(self, gbs: int, mode: tuple) -> None:
+    def _capture_graph(self, gbs: int, mode: SamplingMode) -> None:
         # The warm-up runs the step for real (Triton compiles and autotunes outside capture);
         # the replay that follows recomputes the same values into the same places, once the
         # rows' input tokens, which the warm-up overwrote with its samples, are put back.

@@ -32,8 +32,8 @@ from .sampler import Sampler, SamplingBatch
 from .scheduler import Batch
 from .sequence import Sequence
 from .step_io import (_DTYPES, BatchTensors, HostRing, PendingStep, StepOutput, pack_outputs,
-                      prefill_layout, resolve_device, resolve_dtype, sampling_columns)
-from ..server_args import ServerArgs
+                      prefill_layout, resolve_device, resolve_dtype)
+from ..server_args import ServerArgs, parse_batch_sizes
 from ..weights.loader import iter_safetensors, load_named_tensors
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,8 @@ class ModelRunner:
         self._batch_cache: BatchTensors | None = None
         self.graphs = None
         if self.device.type == "cuda" and backend == "triton" and args.cuda_graph:
-            self.graphs = DecodeGraphs(self.graph_parts(), args.cuda_graph_max_bs)
+            sizes = parse_batch_sizes(args.cuda_graph_bs) if args.cuda_graph_bs else None
+            self.graphs = DecodeGraphs(self.graph_parts(), args.cuda_graph_max_bs, sizes)
         log.info("KV pool: %d slots (%.2f GB, %s), device %s, dtype %s, attention %s",
                  pool.num_slots - 1, pool.bytes / 1e9, kv_dtype, self.device, self.dtype, backend)
 
@@ -138,12 +139,12 @@ class ModelRunner:
         return step
 
     def _graphed_step(self, batch: Batch, bt: BatchTensors) -> PendingStep | None:
-        sb = bt.sampling
         packed = self.graphs.step(batch.seqs, bt)  # forward, sampling and outputs in one replay
         if packed is None:
             return None
-        top_k = sb.top_logprobs_num if sb.need_logprobs else 0
-        return PendingStep(batch, packed, sb.need_logprobs, top_k, {}, self.host_ring)
+        mode = bt.mode
+        top_k = mode.top_logprobs_num if mode.need_logprobs else 0
+        return PendingStep(batch, packed, mode.need_logprobs, top_k, {}, self.host_ring)
 
     def _eager_step(self, batch: Batch, bt: BatchTensors) -> PendingStep:
         seqs = batch.seqs
@@ -170,13 +171,17 @@ class ModelRunner:
             return False
         return all(s.num_sampled >= s.params.min_new_tokens for _, s in bt.min_new)
 
-    @torch.inference_mode()
     def after_step(self, batch: Batch) -> None:
         """Compress the requests whose trigger fired, once their fed tokens are known to the
-        host (after the previous step's outputs were read). Finished requests are skipped."""
+        host (after the previous step's outputs were read). Finished requests are skipped.
+        Without compression nothing, not even inference mode, is entered (every step calls it)."""
         if self.compressor is not None:
-            live = [s for s in batch.seqs if not s.finished]
-            self.compressor.after_step(live, batch.is_prefill)
+            self._compress(batch)
+
+    @torch.inference_mode()
+    def _compress(self, batch: Batch) -> None:
+        live = [s for s in batch.seqs if not s.finished]
+        self.compressor.after_step(live, batch.is_prefill)
 
     def run(self, batch: Batch) -> StepOutput:
         """One step, synchronously (launch, compress, wait)."""
@@ -260,25 +265,8 @@ class ModelRunner:
         key = (batch.version, batch.is_prefill, len(batch.seqs))
         bt = self._batch_cache
         if bt is None or bt.key != key or batch.version < 0:
-            seqs = batch.seqs
-            rows = torch.tensor([s.row for s in seqs], dtype=torch.int64).to(self.device, non_blocking=True)
-            min_new = [(i, s) for i, s in enumerate(seqs) if s.params.min_new_tokens > 0]
-            bt = BatchTensors(key, rows, self._sampling_params(seqs), min_new)
-            self._batch_cache = bt
+            bt = self._batch_cache = BatchTensors(key, batch.seqs, self.device, self.cfg.vocab_size)
         return bt
-
-    def _sampling_params(self, seqs: list[Sequence]) -> SamplingBatch:
-        dev = self.device
-        floats, ints = sampling_columns(seqs, self.cfg.vocab_size)
-        fl = torch.tensor(floats, dtype=torch.float32).to(dev, non_blocking=True)
-        it = torch.tensor(ints, dtype=torch.int64).to(dev, non_blocking=True)
-        filtered = ints[2]
-        return SamplingBatch(
-            temperatures=fl[0], top_p=fl[1], min_p=fl[2], top_k=it[0], seeds=it[1], steps=None,
-            all_greedy=all(s.params.greedy for s in seqs), need_filter=any(filtered),
-            need_logprobs=any(s.return_logprob for s in seqs),
-            top_logprobs_num=max(s.top_logprobs_num for s in seqs), divisors=fl[3], sampled=fl[4] > 0,
-            filtered=None if all(filtered) else it[2] > 0)
 
     def _sampling_batch(self, bt: BatchTensors, steps: torch.Tensor) -> SamplingBatch:
         """This step's draw indices and min_new_tokens bans on top of the cached parameters."""

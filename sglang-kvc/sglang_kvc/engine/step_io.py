@@ -1,12 +1,17 @@
 """What a step carries between host and device: the packed outputs of a launched step and
-their host copy (PendingStep, StepOutput, HostRing), the per-batch tensors decode steps reuse, and
-the layouts both the eager path (model_runner.py) and the graphed one (cuda_graph.py) build."""
+their host copy (PendingStep, StepOutput, HostRing), the pinned staging of a captured step's
+inputs (PinnedStage), the per-batch values decode steps reuse (BatchTensors), and the layouts
+both the eager path (model_runner.py) and the graphed one (cuda_graph.py) build."""
 
 from __future__ import annotations
 
+import functools
+import math
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from ..kvcache.kv_cache import segments
@@ -30,7 +35,8 @@ class StepOutput:
 class PendingStep:
     """A launched step. Its outputs are packed into one float64 [B, C] tensor (token id, stop
     flag, logprob, top values, top ids; all exact in float64) copied to pinned host memory
-    without blocking; `result()` waits for that copy alone."""
+    without blocking; `result()` waits for that copy alone and reads it through numpy (a torch
+    op per column cost more than the whole parse at small batch)."""
 
     def __init__(self, batch: Batch, packed: torch.Tensor, has_lp: bool, top_k: int,
                  input_lp: dict, host_ring: "HostRing | None"):
@@ -40,7 +46,7 @@ class PendingStep:
         if packed.is_cuda and host_ring is not None:
             self.host, self.event = host_ring.copy_from(packed)
         else:  # a copy: a graph's output buffer is rewritten by the next replay
-            self.host = packed.to("cpu", copy=True)
+            self.host = packed.to("cpu", copy=True).numpy()
         self.wait_s = 0.0
 
     def result(self) -> StepOutput:
@@ -48,16 +54,20 @@ class PendingStep:
             t = time.perf_counter()
             self.event.synchronize()
             self.wait_s = time.perf_counter() - t
-        cols = self.host.t()
-        ids = cols[0].long().tolist()
-        hits = cols[1].bool().tolist()
-        lps = cols[2].tolist() if self.has_lp else None
-        tops = None
-        if self.top_k:
-            c = 2 + self.has_lp
-            tv, ti = self.host[:, c:c + self.top_k].tolist(), self.host[:, c + self.top_k:].long().tolist()
-            tops = [list(zip(v, i)) for v, i in zip(tv, ti)]
-        return StepOutput(ids, lps, tops, self.input_lp, hits)
+        return parse_outputs(self.host, self.has_lp, self.top_k, self.input_lp)
+
+
+def parse_outputs(host: np.ndarray, has_lp: bool, top_k: int, input_lp: dict) -> StepOutput:
+    """The packed [B, C] float64 outputs (pack_outputs) as Python values."""
+    ids = host[:, 0].astype(np.int64).tolist()
+    hits = (host[:, 1] != 0).tolist()
+    lps = host[:, 2].tolist() if has_lp else None
+    tops = None
+    if top_k:
+        c = 2 + has_lp
+        tv, ti = host[:, c:c + top_k].tolist(), host[:, c + top_k:].astype(np.int64).tolist()
+        tops = [list(zip(v, i)) for v, i in zip(tv, ti)]
+    return StepOutput(ids, lps, tops, input_lp, hits)
 
 
 def pack_outputs(out: SampleOutput, hits: torch.Tensor) -> torch.Tensor:
@@ -101,35 +111,112 @@ def sampling_columns(seqs: list[Sequence], vocab: int) -> tuple[list[list[float]
 class HostRing:
     """Pinned host buffers taken round-robin for the steps' device->host copies. A fresh pinned
     allocation per step can cost milliseconds of host time; at most two steps are alive at once
-    (one running, one being launched), and a buffer is reused only once its copy has landed."""
+    (one running, one being launched), and a buffer is reused only once its copy has landed.
+    Its views (torch for the copy, numpy for the read) and its event are made once per slot
+    and shape: per step that leaves the copy and the event's record."""
 
     def __init__(self, size: int = 3):
         self.bufs: list[torch.Tensor | None] = [None] * size
-        self.events: list[torch.cuda.Event | None] = [None] * size
+        self.events = [torch.cuda.Event() for _ in range(size)]  # created on first record
+        self.views: dict[tuple, tuple[torch.Tensor, np.ndarray]] = {}
         self.next = 0
 
-    def copy_from(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+    def copy_from(self, packed: torch.Tensor) -> tuple[np.ndarray, torch.cuda.Event]:
         i, self.next = self.next, (self.next + 1) % len(self.bufs)
-        if self.events[i] is not None:
-            self.events[i].synchronize()  # already done in the engine's order of work
-        n = packed.numel()
-        if self.bufs[i] is None or self.bufs[i].numel() < n:
-            self.bufs[i] = torch.empty(max(n, 4096), dtype=torch.float64, pin_memory=True)
-        host = self.bufs[i][:n].view(packed.shape)
+        event = self.events[i]
+        event.synchronize()  # already done in the engine's order of work (never recorded: no-op)
+        host, array = self._view(i, tuple(packed.shape))
         host.copy_(packed, non_blocking=True)
-        event = torch.cuda.Event()
         event.record()
-        self.events[i] = event
-        return host, event
+        return array, event
+
+    def _view(self, i: int, shape: tuple) -> tuple[torch.Tensor, np.ndarray]:
+        view = self.views.get((i, shape))
+        if view is None:
+            n = math.prod(shape)
+            if self.bufs[i] is None or self.bufs[i].numel() < n:
+                self.bufs[i] = torch.empty(max(n, 4096), dtype=torch.float64, pin_memory=True)
+                self.views = {k: v for k, v in self.views.items() if k[0] != i}  # old buffer's
+            host = self.bufs[i][:n].view(shape)
+            view = self.views[(i, shape)] = (host, host.numpy())
+        return view
 
 
-@dataclass
+class PinnedStage:
+    """The host side of a static device buffer (a captured step's inputs). A step's values are
+    written into a pinned buffer through its numpy view (no torch op per field) and leave in
+    one host->device copy, which never waits for the GPU (from pageable memory the driver may
+    stage it and sync the stream). Buffers are taken in turn, each rewritten only once its last
+    copy has left (its event): with overlap scheduling the copy for step N+1 can still be queued
+    behind step N when step N+2 is prepared. On a CPU, plain memory and a plain copy."""
+
+    def __init__(self, dst: torch.Tensor, depth: int = 2):
+        self.dst = dst  # flat
+        cuda = dst.is_cuda
+        self.host = [torch.zeros(dst.numel(), dtype=dst.dtype, pin_memory=cuda) for _ in range(depth)]
+        self.arrays = [h.numpy() for h in self.host]
+        self.events = [torch.cuda.Event() if cuda else None for _ in range(depth)]
+        self.pairs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.next = 0
+
+    def send(self, values: list) -> None:
+        """dst[:len(values)] = values, in one copy that does not block the host."""
+        i, self.next = self.next, (self.next + 1) % len(self.host)
+        event, n = self.events[i], len(values)
+        if event is not None:
+            event.synchronize()
+        self.arrays[i][:n] = values
+        src, dst = self._pair(i, n)
+        dst.copy_(src, non_blocking=True)
+        if event is not None:
+            event.record()
+
+    def _pair(self, i: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pair = self.pairs.get((i, n))
+        if pair is None:  # two slices: torch ops worth keeping out of the step
+            pair = self.pairs[(i, n)] = (self.host[i][:n], self.dst[:n])
+        return pair
+
+
+class SamplingMode(NamedTuple):
+    """What picks a captured graph (and the sampler's code path) for a batch."""
+    all_greedy: bool
+    need_filter: bool  # some row uses top-k / top-p / min-p
+    need_logprobs: bool
+    top_logprobs_num: int  # max over the batch
+
+
 class BatchTensors:
-    """What stays the same across the decode steps of an unchanged batch."""
-    key: tuple
-    rows: torch.Tensor  # [B] int64 on the device
-    sampling: SamplingBatch  # without `steps` / bans, which change every step
-    min_new: list[tuple[int, Sequence]]  # (batch index, request) with min_new_tokens > 0
+    """What stays the same across the decode steps of an unchanged batch: host values at once,
+    device tensors (rows, sampling parameters) on first use. Graphed steps never use the latter
+    (the graphs keep static copies), so a batch change costs them no copies here."""
+
+    def __init__(self, key: tuple, seqs: list[Sequence], device: torch.device, vocab: int):
+        self.key, self.seqs, self.device = key, seqs, device
+        self.floats, self.ints = sampling_columns(seqs, vocab)
+        self.mode = SamplingMode(all(s.params.greedy for s in seqs), any(self.ints[2]),
+                                 any(s.return_logprob for s in seqs),
+                                 max(s.top_logprobs_num for s in seqs))
+        # (batch index, request) with min_new_tokens > 0
+        self.min_new = [(i, s) for i, s in enumerate(seqs) if s.params.min_new_tokens > 0]
+
+    @functools.cached_property
+    def rows(self) -> torch.Tensor:
+        rows = torch.tensor([s.row for s in self.seqs], dtype=torch.int64)
+        return rows.to(self.device, non_blocking=True)
+
+    @functools.cached_property
+    def sampling(self) -> SamplingBatch:
+        """The parameters as the eager sampler takes them (without `steps` and bans, which
+        change every step)."""
+        dev, m = self.device, self.mode
+        fl = torch.tensor(self.floats, dtype=torch.float32).to(dev, non_blocking=True)
+        it = torch.tensor(self.ints, dtype=torch.int64).to(dev, non_blocking=True)
+        return SamplingBatch(
+            temperatures=fl[0], top_p=fl[1], min_p=fl[2], top_k=it[0], seeds=it[1], steps=None,
+            all_greedy=m.all_greedy, need_filter=m.need_filter, need_logprobs=m.need_logprobs,
+            top_logprobs_num=m.top_logprobs_num, divisors=fl[3], sampled=fl[4] > 0,
+            filtered=None if all(self.ints[2]) else it[2] > 0)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -193,11 +193,12 @@ class StepLoop:
             self.finish(seq, error_reason(f"engine error: {e}", e))
 
     def _process(self, batch: Batch, out: StepOutput) -> None:
+        input_lp = out.input_logprobs  # prefill steps only: decode steps skip the lookup
         for i, seq in enumerate(batch.seqs):
             if seq.finished:  # ended at the step before (overlap) or aborted: token dropped
                 continue
-            if i in out.input_logprobs:
-                seq.input_logprobs, seq.input_top_logprobs = out.input_logprobs[i]
+            if input_lp and i in input_lp:
+                seq.input_logprobs, seq.input_top_logprobs = input_lp[i]
             if seq.params.max_new_tokens == 0:
                 self.finish(seq, {"type": "length", "length": 0})
                 continue

@@ -43,8 +43,10 @@ def test_graph_step_logic_matches_eager(tiny_models, extra):
         got = run_mix(eng, mix)
         sizes = {gbs for gbs, _ in eng.runner.graphs.graphs}
         modes = {mode for _, mode in eng.runner.graphs.graphs}
+        stats = eng.runner.graphs.stats()
     assert_same(got, want, tol=1e-5)
     assert len(sizes) > 1 and len(modes) > 1  # padded sizes and sampling modes really varied
+    assert stats["replays"] > stats["graphs"] > 0 and stats["replay_s"] > 0  # timed per replay
 
 
 def test_steps_needing_a_capture_run_eagerly_while_the_gate_is_held(tiny_models):

@@ -33,6 +33,7 @@ from .algorithms.argparse_flags import AlgorithmConfig, config_from_args
 from .arguments import parse_args
 from .launch import RendezvousError, init_parallel, parallel_config_from_args, phase
 from .learner.checkpoint import is_trainer_checkpoint, load_checkpoint, save_checkpoint
+from .learner.checkpoint_space import warn_if_short
 from .learner.config import LearnerConfig, build_models, learner_config_from_args
 from .learner.fused_old_logp import plan_old_logp
 from .learner.grpo_update import RolloutBatch, gather_dp, mismatch_inputs, prepare_update, run_updates
@@ -50,7 +51,7 @@ from .rollout.learner_batch import learner_batch
 from .rollout.shaping import training_rewards
 from .rollout.source import (RolloutGenerator, replace_dead_engines, rollout_source,
                              start_manager, tokens_per_s, weight_sync_for)
-from .tracking import (TrackingConfig, open_metrics_logger, print_summary,
+from .tracking import (TrackingConfig, open_metrics_logger, peak_memory_metrics, print_summary,
                        tracking_config_from_args)
 
 # Given ``WeightSync.resync``, the hook that replaces a dead engine, or None (it stays down).
@@ -118,6 +119,8 @@ class Run:
         self.trainer, self.reference = build_models(
             cfg.learner, resume, self.algo.loss.needs_ref_logp or needs_reference(self.plugin),
             cache_dir=self.work_dir / "hf_import")
+        if self.save_dir is not None:  # hours before the first save, while space can be freed
+            warn_if_short(self.save_dir, self.trainer)
         self.start_rollout = self._resume() if resume else 0
         self.rollouts = start_manager(cfg.rollout, self.tokenizer, self.plugin,
                                       self.prompts.prompts, _engine_device())
@@ -173,7 +176,7 @@ class Run:
         t["time_sync"] = sync.pop("time_sync")
         train = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
         return {**stats, **shaped.metrics, **prep.metrics, **{f"train/{k}": v for k, v in train.items()}, **sync,
-                **t, "time_total": time.perf_counter() - start}
+                **t, **peak_memory_metrics(), "time_total": time.perf_counter() - start}
 
     def _prepare(self, batch: RolloutBatch):
         """Advantages, the dense π_old (and reference) recompute, the sparse correction."""

@@ -19,6 +19,8 @@ import torch.distributed as dist
 from checkpoint_tools.torch_dist import (iteration_dir_name, read_common, read_tracker,
                                          resolve_checkpoint_dir, write_tracker)
 
+from .checkpoint_space import any_rank, check_room, write_failed
+
 
 def _rng_state() -> dict:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
@@ -119,10 +121,10 @@ def _load_optimizer_state(optimizer, saved: list[dict], file: Path) -> None:
 def save_checkpoint(trainer, save_dir: str | Path, iteration: int, *, args: Namespace | None = None,
                     extra: dict | None = None) -> Path:
     """Collective: every rank calls it. ``extra`` (e.g. rollout id, data position) goes to
-    ``common.pt`` and comes back from ``load_checkpoint``."""
-    from megatron.core import dist_checkpointing
-
+    ``common.pt`` and comes back from ``load_checkpoint``. A save that cannot fit raises
+    ``CheckpointSpaceError`` on every rank before writing; a write that fails raises it after."""
     out = Path(save_dir) / iteration_dir_name(iteration)
+    check_room(save_dir, out, trainer)
     if dist.get_rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
     dist.barrier()
@@ -130,17 +132,31 @@ def save_checkpoint(trainer, save_dir: str | Path, iteration: int, *, args: Name
     state.update(args=args or Namespace(), checkpoint_version=3.0, iteration=iteration,
                  opt_param_scheduler=trainer.scheduler.state_dict(), step=trainer.step,
                  extra=extra or {})
-    # Megatron's save goes first, into the empty folder: a folder that already holds files makes
-    # it warn "Overwriting old incomplete / corrupted checkpoint" on every save. The tracker is
-    # written last, so a save cut short between the two is never the latest.
-    dist_checkpointing.save(state, str(out))
-    (out / "optimizer").mkdir(exist_ok=True)
-    torch.save(_optimizer_state(trainer.optimizer), _optimizer_file(out))
-    dist.barrier()
+    _write(trainer, state, out, save_dir)
+    # The tracker is written last, so a save cut short before it is never the latest.
     if dist.get_rank() == 0:
         write_tracker(save_dir, iteration)
     dist.barrier()
     return out
+
+
+def _write(trainer, state: dict, out: Path, save_dir: str | Path) -> None:
+    """The model (torch_dist) then this rank's optimizer file; a failure on any rank raises on
+    every rank (a rank that raised alone would leave the others waiting in the next barrier)."""
+    from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    error = None
+    try:
+        # Megatron's save goes first, into the empty folder: a folder that already holds files
+        # makes it warn "Overwriting old incomplete / corrupted checkpoint" on every save.
+        dist_checkpointing.save(state, str(out))
+        (out / "optimizer").mkdir(exist_ok=True)
+        torch.save(_optimizer_state(trainer.optimizer), _optimizer_file(out))
+    except (OSError, RuntimeError, CheckpointException) as e:  # e.g. the disk filled up meanwhile
+        error = e
+    if any_rank(error is not None):  # also the barrier before the tracker: every rank is done
+        raise write_failed(out, save_dir, error) from error
 
 
 def load_checkpoint(trainer, load_dir: str | Path, *, load_optimizer: bool = True,

@@ -90,13 +90,18 @@ def run_argv(args, cfg: dict, layout: Layout, hf: Path, out: Path, work: Path) -
     """torchrun over bench_rl_step.py with the config's and the layout's flags (the layout's
     after the shared pool size). A full-GPU engine's pool holds its share of the batch at the
     cap; otherwise every engine has one GPU's pool (--dense-fraction), also under --weak-scaling."""
-    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(layout.trainer_gpus))
     scaled = argparse.Namespace(**{**vars(args), "prompts": prompts_for(args, layout)})
     pool = (-(-scaled.prompts * args.samples * (args.response_len + 64) // layout.engine_gpus)
             if layout.full_gpu else pool_tokens(args, args.response_len))
     more = ("--sglang-max-total-tokens", str(pool), *layout.flags)
-    return config_argv(scaled, cfg, args.response_len, hf, out, work, launcher, more)
+    return config_argv(scaled, cfg, args.response_len, hf, out, work, launcher(layout), more)
+
+
+def launcher(layout: Layout) -> tuple[str, ...]:
+    """``torch.distributed.run`` as users launch the trainer: a process per trainer GPU, and a
+    free port of its own (``--standalone``), so runs sharing a host do not collide."""
+    return (sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(layout.trainer_gpus))
 
 
 def visible_gpus() -> list[int] | None:

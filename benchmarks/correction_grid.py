@@ -140,14 +140,20 @@ def eval_file(out: Path, model: str, task: str, prompts: int, seed: int) -> Path
     return path
 
 
-def command(run: GridRun, args, evals: Path) -> list[str]:
+def eval_flags(run: GridRun, args, evals: Path) -> list[str]:
+    """The held-out prompts before training and every ``--eval-interval`` rollouts, greedy and
+    at T = 1, with the run's compression and dense."""
     modes = "train" if run.algorithm == "none" else "both"  # dense: both passes would be equal
+    return ["--eval-prompt-data", args.task, str(evals), "--eval-interval", str(args.eval_interval),
+            "--eval-before-train", "--eval-compression", modes, "--eval-temperature", "0", "1",
+            "--n-samples-per-eval-prompt", str(args.eval_samples)]
+
+
+def command(run: GridRun, args, evals: Path) -> list[str]:
     cmd = [sys.executable, "-m", "trainer.quickstart", "--model", args.model, "--task", args.task,
            "--workdir", str(args.out / run.name), "--seed", str(run.seed),
            "--num-rollout", str(args.num_rollout), "--lr", str(args.lr), *run.flags(),
-           "--eval-prompt-data", args.task, str(evals), "--eval-interval", str(args.eval_interval),
-           "--eval-before-train", "--eval-compression", modes, "--eval-temperature", "0", "1",
-           "--n-samples-per-eval-prompt", str(args.eval_samples)]
+           *eval_flags(run, args, evals)]
     if args.model_dir:
         cmd += ["--model-dir", str(args.model_dir)]
     cmd += args.extra

@@ -207,6 +207,18 @@ def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     return model_dir, task.rows(4000, args.seed), flags
 
 
+def train_argv(model_dir: Path, data: Path, work: Path, rollouts: int, lr: float, seed: int,
+               flags: list[str], save: bool = True) -> list[str]:
+    """``trainer.train``'s flags of a quickstart run: logs (and, with ``save``, the final
+    checkpoint) under ``work``, a cosine schedule over ``rollouts``, no KL, the setup's ``flags``."""
+    return ["--hf-checkpoint", str(model_dir), "--prompt-data", str(data),
+            *(["--save", str(work / "ckpt")] if save else []), "--log-dir", str(work / "logs"),
+            "--num-rollout", str(rollouts), "--rollout-temperature", "1.0", "--lr", str(lr),
+            "--min-lr", str(lr / 10), "--lr-decay-style", "cosine",
+            "--lr-decay-iters", str(rollouts), "--adam-beta2", "0.99", "--weight-decay", "0.0",
+            "--kl-loss-coef", "0", "--seed", str(seed), *flags]
+
+
 SETUPS = {"tiny": tiny_setup, "smollm2": smollm2_setup}
 DEFAULT_LR = {"tiny": 3e-4, "smollm2": 2e-6}
 
@@ -269,15 +281,7 @@ def main(argv=None) -> int:
 
     from .train import main as train_main
 
-    train_args = [
-        "--hf-checkpoint", str(model_dir), "--prompt-data", str(data),
-        "--save", str(work / "ckpt"), "--log-dir", str(work / "logs"),
-        "--num-rollout", str(rollouts), "--rollout-temperature", "1.0", "--lr", str(lr),
-        "--min-lr", str(lr / 10), "--lr-decay-style", "cosine",
-        "--lr-decay-iters", str(rollouts), "--adam-beta2", "0.99", "--weight-decay", "0.0",
-        "--kl-loss-coef", "0", "--seed", str(args.seed), *flags,
-    ]
-    rc = train_main(train_args + extra)
+    rc = train_main(train_argv(model_dir, data, work, rollouts, lr, args.seed, flags) + extra)
     if rc:
         return rc
     rows = [json.loads(line) for line in open(work / "logs" / "metrics.jsonl")]

@@ -8,6 +8,8 @@ pack of samples that becomes one ``[L, Hkv, T]`` tensor in pack coordinates, and
 
 which is exactly the attention the sampler computed at every decode step: the trainer then
 recomputes π_sparse itself (``--sparse-recompute``) or trains it (``--train-sparse-policy``).
+``evict`` never points past the key's own sample (a key never evicted: its sample's end), so
+``j <= i < evict`` alone implies the same sample: the kernel's mask needs no sample ids.
 
 Two paths: ``mask`` (one SDPA per sample with a dense boolean mask, the CPU / fp32 reference)
 and ``flex`` (FlexAttention on CUDA, one ``BlockMask`` per layer, reused by the backward:
@@ -43,6 +45,7 @@ class EvictionMasks:
     # Rows are the pack's, rounded up to a FlexAttention tile (BLOCK); rows past the samples
     # (the pack's padding and this rounding) form one more sequence, never attended by samples.
     evict: torch.Tensor  # [L, Hkv, rows] int32: pack index of the first query that misses each key
+    # (a key never evicted: its sample's end, so no value reaches past its own sample)
     seq_id: torch.Tensor  # [rows] int32: the sample of each row (padding: the number of samples)
     head_start: int = 0  # the first of these KV heads among the record's (a TP rank's share)
     shared: dict = dataclasses.field(default_factory=dict, repr=False)
@@ -71,9 +74,11 @@ class EvictionMasks:
         rows = -(-(total + 1) // BLOCK) * BLOCK  # at least one padding row: the last seq_id
         local = _concat_records(records, lengths, (num_layers, num_kv_heads), rows, device)
         cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        seq_id, start = _row_samples(to_device(cu, device), rows)
-        # -1: never evicted (a dense sample, padding); pack rows beyond any query
-        return cls(torch.where(local >= 0, local.to(torch.int32) + start, rows), seq_id)
+        seq_id, start, end = _row_samples(to_device(cu, device), rows)
+        # -1: never evicted (a dense sample, padding): seen until its sample's end. Every key's
+        # value is then <= its sample's end, so "j <= i < evict[j]" alone keeps each query in
+        # its own sample (no sample-id lookups per element in the attention kernel)
+        return cls(torch.where(local >= 0, local.to(torch.int32) + start, end), seq_id)
 
     def to(self, device) -> "EvictionMasks":
         if _on(self.evict, torch.device(device)):
@@ -137,12 +142,14 @@ def _concat_records(records: list, lengths: list[int], heads: tuple[int, int], r
     return to_device(torch.cat(parts, dim=-1, out=out), device)
 
 
-def _row_samples(cu: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """([rows] the sample of each row, [rows] the row where that sample starts), int32, where
-    the bounds ``cu`` are (rows past the samples: sample ``len(cu) - 1``, the padding)."""
+def _row_samples(cu: torch.Tensor, rows: int) -> tuple[torch.Tensor, ...]:
+    """([rows] the sample of each row, the row where that sample starts, the row after it ends),
+    int32, where the bounds ``cu`` are (rows past the samples: sample ``len(cu) - 1``, the
+    padding, which ends at ``rows``)."""
     pos = torch.arange(rows, dtype=torch.int32, device=cu.device)
     seq_id = torch.searchsorted(cu[1:].contiguous(), pos, right=True, out_int32=True)
-    return seq_id, cu[seq_id]
+    ends = torch.cat([cu[1:], cu.new_full((1,), rows)])
+    return seq_id, cu[seq_id], ends[seq_id]
 
 
 def kv_head_offset(total: int, local: int) -> int:
@@ -244,7 +251,7 @@ class LayerTiles:
         per_layer = list(zip(*(_per_layer(x, group) for x in parts)))
         n = seq_id.shape[0]
         return [BlockMask(**_blocks(t), seq_lengths=(n, n), BLOCK_SIZE=(BLOCK, BLOCK),
-                          mask_mod=_eviction_mask_mod(seq_id, evict[layer], group))
+                          mask_mod=_eviction_mask_mod(evict[layer], group))
                 for layer, t in enumerate(per_layer)]
 
 
@@ -267,13 +274,13 @@ def _per_layer(x: torch.Tensor, group: int) -> list[torch.Tensor]:
     return [buf[i, :n].view(1, *x.shape[1:]) for i in range(layers)]
 
 
-def _eviction_mask_mod(seq: torch.Tensor, ev: torch.Tensor, group: int):
+def _eviction_mask_mod(ev: torch.Tensor, group: int):
     """The element mask of one layer. Every layer and pack gets a closure of this one code
     object: dynamo guards a closure by its code, and the tensors it captures (lifted to graph
     inputs) by dtype, shape and strides, not identity, so every layer's view of ``evict`` reuses
     one compiled kernel (a layer index baked in as a Python int would compile one per layer)."""
-    def mask_mod(b, h, qi, kj):
-        return (seq[qi] == seq[kj]) & (kj <= qi) & (qi < ev[h // group, kj])
+    def mask_mod(b, h, qi, kj):  # ev[., kj] <= the end of kj's sample (from_records)
+        return (kj <= qi) & (qi < ev[h // group, kj])
 
     return mask_mod
 

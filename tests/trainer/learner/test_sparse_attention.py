@@ -61,7 +61,8 @@ def test_pack_carries_records_only_when_sparse_and_checks_shapes():
     masks = pack(samples, sparse=True, pad_to_multiple=4).eviction
     assert masks.evict.shape == (L, HKV, 128)  # rounded up to a FlexAttention tile
     assert torch.equal(masks.evict[..., :5], samples[0].eviction_record.int())
-    assert (masks.evict[..., 5:8] == 128).all()  # the dense sample: never evicted
+    assert (masks.evict[..., 5:8] == 8).all()  # the dense sample: never evicted, seen to its end
+    assert (masks.evict[..., 8:] == 128).all()  # the padding: one more sequence, to the last row
     assert masks.seq_id.tolist() == [0] * 5 + [1] * 3 + [2] * 120
     assert masks.real.tolist() == [True] * 8 + [False] * 120
     bad = [Sample([1, 2, 3], [4, 5], random_record(4, g))]
@@ -105,8 +106,8 @@ def reference_from_records(records, lengths, total):
     start = 0
     for i, (rec, n) in enumerate(zip(records, lengths)):
         seq_id[start:start + n] = i
-        if rec is not None:
-            evict[..., start:start + n] = rec.to(torch.int32) + start
+        # a dense sample's keys are seen until its end (the padding's: until the last row)
+        evict[..., start:start + n] = start + n if rec is None else rec.to(torch.int32) + start
         start += n
     return evict, seq_id
 
@@ -211,7 +212,7 @@ def test_block_mask_equals_create_block_mask_where_tiles_are_exact():
     mask element by element (tensors, order of the unlisted tiles included)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from trainer.learner.sparse_attention import BLOCK, _eviction_mask_mod
+    from trainer.learner.sparse_attention import BLOCK
 
     a = torch.full((L, HKV, 256), 256, dtype=torch.int16)  # never evicted: a full tile below
     a[0, 0, :128] = a[1, 1, :128] = 128  # the first tile's keys gone from the second's queries
@@ -224,7 +225,10 @@ def test_block_mask_equals_create_block_mask_where_tiles_are_exact():
              for layer, bm in enumerate(ours) for h in range(HQ)}  # the second tile's row
     assert {k[1:] for k in kinds} == {(1, 0), (2, 0), (1, 1)}  # empty, partial, full (k0)
     for layer in range(L):
-        mod = _eviction_mask_mod(masks.seq_id, masks.evict[layer], HQ // HKV)
+        seq, ev, group = masks.seq_id, masks.evict[layer], HQ // HKV
+
+        def mod(b, h, qi, kj):  # the definition, sample ids included (the kernel's omits them)
+            return (seq[qi] == seq[kj]) & (kj <= qi) & (qi < ev[h // group, kj])
         want = create_block_mask(mod, None, HQ, rows, rows, device="cpu", BLOCK_SIZE=BLOCK)
         for name in TENSORS:
             assert torch.equal(getattr(ours[layer], name), getattr(want, name)), (layer, name)
@@ -336,7 +340,7 @@ def test_a_densely_recomputed_sample_is_packed_twice_and_split_back():
     batch = pack([other, s], sparse=True)
     assert batch.cu_seqlens.tolist() == [0, 3, 11, 19]
     assert batch.eviction.seq_id[:19].tolist() == [0] * 3 + [1] * 8 + [2] * 8
-    assert (batch.eviction.evict[..., 11:19] == 128).all()  # the second copy attends densely
+    assert (batch.eviction.evict[..., 11:19] == 19).all()  # the second copy attends densely
     # response log-probs sit at queries 2..6 of s: 2, 3, 4 masked (rows 5-7), 5, 6 dense (16, 17)
     assert batch.response_index.tolist() == [0, 1, 5, 6, 7, 16, 17]
     values = torch.arange(19.0)

@@ -289,10 +289,10 @@ class RolloutManager:
             return int(self.plugin.context_length)
         if self.engine is not None:
             return self.engine.max_seq_len
+        info = _remote_info(self.backend.urls[0]) or {}
         try:
-            info = requests.get(self.backend.urls[0] + "/get_server_info", timeout=10).json()
             return int(info["context_length"])
-        except Exception:  # noqa: BLE001 - a stock server may not say; plug-ins then do not clamp
+        except (KeyError, TypeError, ValueError):  # a stock server may not say: no clamping
             return None
 
     @contextlib.contextmanager

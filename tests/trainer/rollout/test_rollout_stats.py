@@ -58,3 +58,27 @@ def test_remote_servers_report_the_fullest_pool(monkeypatch):
     stats = manager.engine_stats([manager.Shard([], 1.0, 0.0, {"peak_used": 30, "bytes_per_slot": 4,
                                                                  "capacity": 90})])
     assert stats["kv_pool_peak_bytes"] == 120.0 and stats["kv_pool_capacity"] == 90.0
+
+
+def test_remote_context_length_from_the_first_server(monkeypatch):
+    """A remote engine's context length comes from its /get_server_info; a server that does not
+    answer, or does not say, leaves it unknown (plug-ins then do not clamp)."""
+    import types
+
+    from trainer.rollout import manager
+
+    infos = {"http://a": {"context_length": "4096"}, "http://stock": {"model": "x"}}
+
+    def fake_get(url, timeout):
+        base = url.removesuffix("/get_server_info")
+        if base == "http://down":
+            raise ConnectionError("refused")
+        return types.SimpleNamespace(json=lambda: infos[base])
+
+    monkeypatch.setattr(manager.requests, "get", fake_get)
+    rm = manager.RolloutManager.__new__(manager.RolloutManager)
+    rm.engine, rm.plugin = None, None
+    for urls, want in ((["http://a", "http://down"], 4096), (["http://down"], None),
+                       (["http://stock"], None)):
+        rm.backend = types.SimpleNamespace(urls=urls)
+        assert rm._ask_context_length() == want

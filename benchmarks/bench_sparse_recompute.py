@@ -107,7 +107,7 @@ def legacy_block_masks(masks, arch) -> list:
     deriving the backward's tiles (vmapped scatters, one more sort)."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    from trainer.learner.sparse_attention import BLOCK, _eviction_mask_mod, block_classes
+    from trainer.learner.sparse_attention import BLOCK, block_classes
 
     group, n = arch.num_attention_heads // arch.num_query_groups, masks.seq_id.shape[0]
     out = []
@@ -118,8 +118,16 @@ def legacy_block_masks(masks, arch) -> list:
             (~x).to(torch.int8), dim=-1, stable=True).to(torch.int32)[None]) for x in tiles]
         out.append(BlockMask.from_kv_blocks(
             *ordered[0], *ordered[1], BLOCK_SIZE=BLOCK, seq_lengths=(n, n),
-            mask_mod=_eviction_mask_mod(masks.seq_id, ev, group)))
+            mask_mod=_legacy_mask_mod(masks.seq_id, ev, group)))
     return out
+
+
+def _legacy_mask_mod(seq_id: torch.Tensor, ev: torch.Tensor, group: int):
+    """The element mask the per-layer build used: same sample, causal, not yet evicted."""
+    def mask_mod(b, h, qi, kj):
+        return (seq_id[qi] == seq_id[kj]) & (kj <= qi) & (qi < ev[h // group, kj])
+
+    return mask_mod
 
 
 def mask_build_ms(samples, arch, max_tokens: int, device, warm_builds: int = 6) -> dict:

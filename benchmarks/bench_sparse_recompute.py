@@ -97,8 +97,14 @@ def build_masks_once(samples, group, arch, device) -> dict:
     with torch.enable_grad():
         _, layers = _timed_ms(lambda: masks.use().block_masks(arch.num_attention_heads))
     _, legacy = _timed_ms(lambda: legacy_block_masks(masks, arch))
+    _, gathered = _timed_ms(masks.gathered)
+    with torch.enable_grad():
+        _, gathered_layers = _timed_ms(
+            lambda: masks.use().gathered_block_masks(arch.num_attention_heads))
     return dict(records=records, tiles=tiles, layers=layers, total=records + tiles + layers,
-                legacy_layers=legacy)
+                legacy_layers=legacy, gathered=gathered, gathered_layers=gathered_layers,
+                gathered_total=records + gathered + gathered_layers,
+                gathered_slots=masks.gathered().slots)
 
 
 def legacy_block_masks(masks, arch) -> list:
@@ -143,7 +149,9 @@ def mask_build_ms(samples, arch, max_tokens: int, device, warm_builds: int = 6) 
     total = [w["total"] for w in warm]
     return dict(cold=round(cold["total"], 2), **spread(total),
                 **{f"{k}_median": round(statistics.median(w[k] for w in warm), 2)
-                   for k in ("records", "tiles", "layers", "legacy_layers")})
+                   for k in ("records", "tiles", "layers", "legacy_layers", "gathered",
+                             "gathered_layers", "gathered_total")},
+                gathered_slots_max=max(w["gathered_slots"] for w in warm))
 
 
 def compiled_graphs() -> int:
@@ -192,6 +200,10 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sparse-impl", nargs="+", default=None, choices=["auto", "mask", "flex", "gather"],
+                   help="the replay attention(s) to time against dense (default: flex and "
+                        "gather on CUDA, the mask path on the CPU); the first is reported as "
+                        "'sparse', the others as 'sparse_<impl>'")
     p.add_argument("--json", default=None)
     p.add_argument("--profile", action="store_true",
                    help="print the top CUDA kernels and CPU ops of one sparse recompute and one "
@@ -199,20 +211,31 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def phases(trainer, samples, loss_fn, sparse: bool) -> dict:
+def phases(trainer, samples, loss_fn, sparse: bool, impl: str = "auto") -> dict:
     """The timed calls. The recompute and the update each build their own masks (the update
     alone is the fused on-policy step); ``rollout`` is one rollout's recompute then update
-    sharing them (``shared_replay_masks``, as the training loop runs it)."""
+    sharing them (``shared_replay_masks``, as the training loop runs it). ``impl``: the replay
+    attention (``sparse_attention.SPARSE_IMPLS``)."""
+    from trainer.learner.attention import SDPACoreAttention
     from trainer.learner.replay_cache import shared_replay_masks
 
+    def with_impl(fn):
+        def call():
+            SDPACoreAttention.sparse_impl = impl
+            fn()
+        return call
+
+    @with_impl
     def fwd():
         with shared_replay_masks():
             trainer.compute_logprobs(samples, sparse=sparse)
 
+    @with_impl
     def train():
         with shared_replay_masks():
             trainer.train_step(samples, loss_fn, sparse=sparse)
 
+    @with_impl
     def rollout():
         with shared_replay_masks():
             trainer.compute_logprobs(samples, sparse=sparse)
@@ -234,9 +257,11 @@ def time_phases(calls: dict, args, tokens: int) -> dict:
             out[f"{mode}_{phase}_tokens_per_s"] = round(tokens / statistics.median(seconds))
             out[f"{mode}_{phase}_step_s"] = spread(seconds)  # min / median / max of --repeats
     out["compiled_graphs_timed"] = compiled_graphs() - out["compiled_graphs_warmup"]
-    for phase in calls["dense"]:
-        out[f"{phase}_time_ratio"] = round(out[f"dense_{phase}_tokens_per_s"]
-                                           / out[f"sparse_{phase}_tokens_per_s"], 3)
+    for mode in calls:
+        prefix = "" if mode == "sparse" else f"{mode.removeprefix('sparse_')}_"
+        for phase in calls["dense"] if mode != "dense" else ():
+            out[f"{prefix}{phase}_time_ratio"] = round(out[f"dense_{phase}_tokens_per_s"]
+                                                       / out[f"{mode}_{phase}_tokens_per_s"], 3)
     return out
 
 
@@ -252,11 +277,16 @@ def run(args) -> dict:
                   response_len=args.response_len, seqs_per_step=args.seqs_per_step,
                   mask_build_ms=mask_build_ms(samples, arch, args.max_tokens_per_gpu,
                                               cpu_megatron.default_device()))
-    calls = {mode: phases(trainer, samples, loss_fn, mode == "sparse") for mode in ("dense", "sparse")}
-    result.update(time_phases(calls, args, tokens))
+    impls = args.sparse_impl or (["flex", "gather"] if torch.cuda.is_available() else ["auto"])
+    calls = {"dense": phases(trainer, samples, loss_fn, False)}
+    for i, impl in enumerate(impls):
+        calls["sparse" if i == 0 else f"sparse_{impl}"] = phases(trainer, samples, loss_fn, True,
+                                                                 impl)
+    result.update(sparse_impls=impls, **time_phases(calls, args, tokens))
     if args.profile:
-        for phase in ("recompute", "update"):
-            profile_phase(f"sparse {phase}", calls["sparse"][phase])
+        for mode in calls:
+            for phase in ("recompute", "update") if mode != "dense" else ():
+                profile_phase(f"{mode} {phase}", calls[mode][phase])
     cpu_megatron.teardown()
     return result
 

@@ -14,7 +14,7 @@ def test_bench_sparse_recompute_tiny_on_cpu():
     result, stdout = _run("bench_sparse_recompute.py", "--shape", "tiny", "--response-len", "200",
                           "--budget", "32", "--divide-length", "8", "--seqs-per-step", "3",
                           "--max-tokens-per-gpu", "512", "--steps", "1", "--vary-lengths",
-                          timeout=300)
+                          "--sparse-impl", "auto", "mask", timeout=300)
     for key in ("dense_recompute_tokens_per_s", "sparse_recompute_tokens_per_s",
                 "dense_update_tokens_per_s", "sparse_update_tokens_per_s",
                 "dense_rollout_tokens_per_s", "sparse_rollout_tokens_per_s",
@@ -24,6 +24,9 @@ def test_bench_sparse_recompute_tiny_on_cpu():
     assert build["cold"] > 0 and 0 < build["min"] <= build["median"] <= build["max"]
     assert build["tiles_median"] > 0 and result["compiled_graphs_timed"] >= 0
     assert "update_time_ratio" in stdout
+    # a second replay attention is timed beside the first, under its own name
+    assert result["sparse_mask_update_tokens_per_s"] > 0 and result["mask_update_time_ratio"] > 0
+    assert build["gathered_total_median"] > 0 and build["gathered_slots_max"] % 128 == 0
 
 
 def test_synthetic_records_keep_budget_plus_growth():

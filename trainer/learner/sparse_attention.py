@@ -27,9 +27,11 @@ import itertools
 import torch
 import torch.nn.functional as F
 
+from . import gathered_replay
+from .gathered_replay import GatheredKeys
 from .transfer import to_device
 
-SPARSE_IMPLS = ("auto", "mask", "flex")
+SPARSE_IMPLS = ("auto", "mask", "flex", "gather")
 
 
 @dataclasses.dataclass(eq=False)
@@ -119,6 +121,21 @@ class EvictionMasks:
         key = (self.head_start, self.evict.shape[1], q_heads, backward)
         if key not in self.passes:
             self.passes[key] = self.tiles().block_masks(self.evict, self.seq_id, q_heads, backward)
+        return self.passes[key]
+
+    def gathered(self) -> "GatheredKeys":
+        """Every layer's gathered keys per query block (``gathered_replay``), once per pack."""
+        key = ("gathered", self.head_start, self.evict.shape[1])
+        if key not in self.shared:
+            self.shared[key] = GatheredKeys.build(self.evict)
+        return self.shared[key]
+
+    def gathered_block_masks(self, q_heads: int) -> list:
+        """This pass's ``BlockMask`` per layer over the gathered keys."""
+        backward = torch.is_grad_enabled()
+        key = ("gathered", self.head_start, self.evict.shape[1], q_heads, backward)
+        if key not in self.passes:
+            self.passes[key] = gathered_replay.block_masks(self.gathered(), q_heads, backward)
         return self.passes[key]
 
 
@@ -321,6 +338,13 @@ def _flex(q, k, v, masks: EvictionMasks, layer: int, scale: float) -> torch.Tens
     return torch.where(masks.real[:rows, None, None], out, 0.0)  # padding rows: zeros
 
 
+def _gather(q, k, v, masks: EvictionMasks, layer: int, scale: float) -> torch.Tensor:
+    bm = masks.gathered_block_masks(q.shape[1])[layer]
+    out = gathered_replay.gathered_attention(q, k, v, masks.gathered(), bm, layer, scale,
+                             _flex_attention(q.is_cuda))
+    return torch.where(masks.real[:q.shape[0], None, None], out, 0.0)  # padding rows: zeros
+
+
 def choose_sparse_impl(q: torch.Tensor, requested: str = "auto") -> str:
     if requested not in SPARSE_IMPLS:
         raise ValueError(f"unknown sparse attention {requested!r} ({', '.join(SPARSE_IMPLS)})")
@@ -333,8 +357,11 @@ def sparse_packed_attention(q, k, v, masks: EvictionMasks, layer: int, cu_host: 
                             *, scale: float, impl: str = "auto") -> torch.Tensor:
     """``thd`` q ``[t, hq, d]``, k/v ``[t, hkv, d]`` -> ``[t, hq * d]`` under the layer's
     eviction mask (padding rows after the last sample are zeros)."""
-    if choose_sparse_impl(q, impl) == "flex":
+    impl = choose_sparse_impl(q, impl)
+    if impl == "flex":
         out = _flex(q, k, v, masks, layer, scale)
+    elif impl == "gather":
+        out = _gather(q, k, v, masks, layer, scale)
     else:
         out = _masked_loop(q, k, v, masks, layer, cu_host.tolist(), scale)
     return out.reshape(q.shape[0], -1)

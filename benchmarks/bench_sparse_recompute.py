@@ -154,6 +154,44 @@ def mask_build_ms(samples, arch, max_tokens: int, device, warm_builds: int = 6) 
                 gathered_slots_max=max(w["gathered_slots"] for w in warm))
 
 
+def tile_work(samples, arch, max_tokens: int) -> dict:
+    """The 128 x 128 tiles each attention computes per layer and KV head, summed over the
+    step's micro-batches (CPU-countable, what a kernel's time mostly follows): dense causal
+    (what the varlen kernel covers), FlexAttention replay over the pack's grid, and replay over
+    gathered keys; partial tiles are masked per element, full ones not. ``pairs``: the
+    (query, key) pairs replay really attends (the floor)."""
+    from trainer.learner.packing import split_by_token_budget
+    from trainer.learner.sparse_attention import EvictionMasks
+
+    count = {"dense": [0, 0], "flex": [0, 0], "gather": [0, 0]}
+    pairs = 0
+    for group in split_by_token_budget([s.length for s in samples], max_tokens):
+        picked = [samples[i] for i in group]
+        lengths = [s.length for s in picked]
+        args = (lengths, arch.num_layers, arch.num_query_groups, sum(lengths))
+        masks = EvictionMasks.from_records([s.eviction_record for s in picked], *args)
+        dense = EvictionMasks.from_records([None] * len(picked), *args)
+        tiles = {"dense": dense.tiles(), "flex": masks.tiles()}
+        for name, t in tiles.items():
+            count[name][0] += int(t.kv[0].sum())
+            count[name][1] += int(t.full_kv[0].sum())
+        partial, full = masks.gathered().tiles()
+        count["gather"][0] += int(partial.sum())
+        count["gather"][1] += int(full.sum())
+        rows = torch.arange(masks.evict.shape[-1])
+        pairs += int((masks.evict - rows).clamp(min=0)[..., masks.real].sum())
+    per = arch.num_layers * arch.num_query_groups
+    out = {name: dict(partial=round(p / per), full=round(f / per), total=round((p + f) / per))
+           for name, (p, f) in count.items()}
+    out["pairs_per_tile_area"] = round(pairs / per / BLOCK_AREA)
+    for name in ("flex", "gather"):
+        out[f"{name}_over_dense"] = round(out[name]["total"] / out["dense"]["total"], 3)
+    return out
+
+
+BLOCK_AREA = 128 * 128
+
+
 def compiled_graphs() -> int:
     """Graphs torch.compile has made so far in this process (FlexAttention, fused kernels)."""
     from torch._dynamo.utils import counters
@@ -204,6 +242,9 @@ def parse_args(argv=None):
                    help="the replay attention(s) to time against dense (default: flex and "
                         "gather on CUDA, the mask path on the CPU); the first is reported as "
                         "'sparse', the others as 'sparse_<impl>'")
+    p.add_argument("--tiles-only", action="store_true",
+                   help="count the attention tiles of dense, flex and gather replay on the "
+                        "step's micro-batches (no model, no timing: runs anywhere)")
     p.add_argument("--json", default=None)
     p.add_argument("--profile", action="store_true",
                    help="print the top CUDA kernels and CPU ops of one sparse recompute and one "
@@ -265,8 +306,25 @@ def time_phases(calls: dict, args, tokens: int) -> dict:
     return out
 
 
+def shape_arch(shape: str):
+    """The attention shape of ``--shape`` (what the records and tiles need), without a model."""
+    from types import SimpleNamespace
+
+    c = SHAPES[shape]
+    return SimpleNamespace(num_layers=c["num_hidden_layers"], vocab_size=c["vocab_size"],
+                           num_query_groups=c["num_key_value_heads"],
+                           num_attention_heads=c["num_attention_heads"])
+
+
 def run(args) -> dict:
     from checkpoint_tools import cpu_megatron
+
+    if args.tiles_only:
+        arch = shape_arch(args.shape)
+        samples = make_samples(args, arch)
+        return dict(shape=args.shape, tokens_per_step=sum(s.length for s in samples),
+                    budget=args.budget, response_len=args.response_len,
+                    tile_work=tile_work(samples, arch, args.max_tokens_per_gpu))
 
     trainer = build_trainer(args)
     arch = trainer.arch
@@ -278,6 +336,7 @@ def run(args) -> dict:
                   mask_build_ms=mask_build_ms(samples, arch, args.max_tokens_per_gpu,
                                               cpu_megatron.default_device()))
     impls = args.sparse_impl or (["flex", "gather"] if torch.cuda.is_available() else ["auto"])
+    result["tile_work"] = tile_work(samples, arch, args.max_tokens_per_gpu)
     calls = {"dense": phases(trainer, samples, loss_fn, False)}
     for i, impl in enumerate(impls):
         calls["sparse" if i == 0 else f"sparse_{impl}"] = phases(trainer, samples, loss_fn, True,

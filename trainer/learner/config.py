@@ -12,6 +12,7 @@ import dataclasses
 
 from .model_provider import ModelConfig
 from .policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
+from .sparse_attention import SPARSE_IMPLS
 
 
 @dataclasses.dataclass
@@ -75,7 +76,8 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
                        # training the sparse policy needs its π_old: the sparse recompute
                        sparse_recompute=getattr(args, "sparse_recompute", False) or train_sparse,
                        train_sparse_policy=train_sparse,
-                       fused_old_logprobs=getattr(args, "fused_old_logprobs", True))
+                       fused_old_logprobs=getattr(args, "fused_old_logprobs", True),
+                       sparse_attention=getattr(args, "sparse_attention", "auto"))
 
 
 def _replays(args: argparse.Namespace) -> bool:
@@ -100,6 +102,11 @@ def add_sparse_replay_args(parser: argparse.ArgumentParser) -> None:
                    help="the update's forward uses the same eviction masks: GRPO optimises the "
                         "compressed policy itself, on-policy (implies --sparse-recompute; the "
                         "reference's log-probs are replayed too)")
+    g.add_argument("--sparse-attention", default="auto", choices=list(SPARSE_IMPLS),
+                   help="how replay attends: flex (FlexAttention over the pack's 128 x 128 "
+                        "tiles; auto's choice on a GPU), gather (over the keys each block of 128 "
+                        "queries sees: far fewer tiles under small budgets), mask (one SDPA per "
+                        "sample with a dense mask; auto's choice on the CPU)")
 
 
 def add_learner_args(parser: argparse.ArgumentParser) -> None:

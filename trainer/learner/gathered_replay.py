@@ -9,7 +9,8 @@ keys of query block ``b`` (rows ``[128 b, 128 b + 128)``)
 
     K_b = { j : j < 128 b + 128  and  evict[j] > 128 b }      (per layer and KV head)
 
-are gathered, in position order, into ``U`` slots (the largest ``|K_b|``, rounded up to a tile;
+are gathered into ``U`` slots (those every query of the block sees first, so that they fill
+full tiles, then the rest; each part in position order) (the largest ``|K_b|``, rounded up to a tile;
 unused slots point nowhere and are masked), and FlexAttention runs on ``[QB, H, 128, U]``
 batches: one query tile against ``U / 128`` key tiles, most of them full. ``|K_b|`` is about
 budget + buffer + 128, against the sample's whole prefix for dense attention. The element mask is
@@ -23,6 +24,7 @@ syncs for the sizes) and shared like the block tiles of ``sparse_attention``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +51,9 @@ class GatheredKeys:
         qb = rows // BLOCK
         key, block = _key_block_pairs(evict, qb)
         group = key // rows * qb + block  # (layer, head, block), in key order within each
-        order = torch.sort(group, stable=True).indices
+        # the keys every query of the block sees first: they fill full tiles (no element mask)
+        seen_by_all = (key % rows <= block * BLOCK) & (evict.flatten()[key] >= block * BLOCK + BLOCK)
+        order = torch.sort(group * 2 + (~seen_by_all).long(), stable=True).indices
         key, group = key[order], group[order]
         sizes = torch.bincount(group, minlength=L * H * qb)
         slots = -(-max(int(sizes.max()), 1) // BLOCK) * BLOCK
@@ -101,7 +105,7 @@ def block_masks(keys: GatheredKeys, q_heads: int, backward: bool) -> list:
     names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
              "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
     per_layer = list(zip(*(_aligned_layers(t) for pair in parts for t in pair)))
-    return [BlockMask(**dict(zip(names, per_layer[layer])),
+    return [BlockMask(**dict(itertools.zip_longest(names, per_layer[layer])),
                       seq_lengths=(BLOCK, keys.slots), BLOCK_SIZE=(BLOCK, BLOCK),
                       mask_mod=_gathered_mask_mod(keys.pos[layer], keys.evict[layer], group))
             for layer in range(partial.shape[0])]

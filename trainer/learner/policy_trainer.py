@@ -53,6 +53,7 @@ class TrainConfig:
     sparse_recompute: bool = False  # π_old (and π_ref) attend as the sampler did (its records)
     train_sparse_policy: bool = False  # the update's forward too: GRPO on the compressed policy
     fused_old_logprobs: bool = True  # on-policy: π_old from the update's forward (fused_old_logp.py)
+    sparse_attention: str = "auto"  # replay's attention (sparse_attention.SPARSE_IMPLS)
 
 
 # loss_fn(logp, entropy, sample_ids) -> (loss, metrics): logp/entropy are per-sample response
@@ -82,6 +83,9 @@ class PolicyTrainer:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         self.model_cfg, self.optim_cfg, self.train_cfg = model_cfg, optim_cfg, train_cfg
+        from .attention import SDPACoreAttention
+
+        SDPACoreAttention.sparse_impl = train_cfg.sparse_attention  # replay's, for every layer
         # fp32 weight gradients accumulate inside the GEMMs (needs DDP's main_grad buffers)
         if trainable:
             fusions_wgrad.install()

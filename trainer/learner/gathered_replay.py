@@ -49,16 +49,8 @@ class GatheredKeys:
         """From ``evict`` ``[L, Hkv, rows]`` (rows a multiple of BLOCK)."""
         L, H, rows = evict.shape
         qb = rows // BLOCK
-        key, block = _key_block_pairs(evict, qb)
-        group = key // rows * qb + block  # (layer, head, block), in key order within each
-        # the keys every query of the block sees first: they fill full tiles (no element mask)
-        seen_by_all = (key % rows <= block * BLOCK) & (evict.flatten()[key] >= block * BLOCK + BLOCK)
-        order = torch.sort(group * 2 + (~seen_by_all).long(), stable=True).indices
-        key, group = key[order], group[order]
-        sizes = torch.bincount(group, minlength=L * H * qb)
-        slots = -(-max(int(sizes.max()), 1) // BLOCK) * BLOCK
-        first = torch.cumsum(sizes, 0) - sizes
-        at = group * slots + torch.arange(key.numel(), device=key.device) - first[group]
+        key, group = _grouped_pairs(evict, qb)
+        at, slots = _slot_positions(group, L * H * qb)
         return cls(*(_scatter(at, v, L * H * qb * slots, fill).view(L, H, qb, slots)
                      .transpose(1, 2).contiguous()
                      for v, fill in ((key % rows, _NOWHERE), (evict.flatten()[key], 0))))
@@ -85,6 +77,28 @@ def _key_block_pairs(evict: torch.Tensor, qb: int) -> tuple[torch.Tensor, torch.
     key = torch.repeat_interleave(torch.arange(count.numel(), device=evict.device), count)
     step = torch.arange(key.numel(), device=evict.device) - (torch.cumsum(count, 0) - count)[key]
     return key, (key % rows) // BLOCK + step
+
+
+def _grouped_pairs(evict: torch.Tensor, qb: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (flat key, group) pairs sorted by group (layer, KV head, query block); within a
+    group the keys every query of the block sees first (they fill full tiles, which skip the
+    element mask), then the others, each part in key order."""
+    rows = evict.shape[-1]
+    key, block = _key_block_pairs(evict, qb)
+    group = key // rows * qb + block
+    start = block * BLOCK
+    seen_by_all = (key % rows <= start) & (evict.flatten()[key] >= start + BLOCK)
+    order = torch.sort(group * 2 + (~seen_by_all).long(), stable=True).indices
+    return key[order], group[order]
+
+
+def _slot_positions(group: torch.Tensor, groups: int) -> tuple[torch.Tensor, int]:
+    """Each pair's flat slot (its group's row of ``slots``, its rank in the group) and
+    ``slots``: the largest group, rounded up to a tile."""
+    sizes = torch.bincount(group, minlength=groups)
+    slots = -(-max(int(sizes.max()), 1) // BLOCK) * BLOCK
+    rank = torch.arange(group.numel(), device=group.device) - (torch.cumsum(sizes, 0) - sizes)[group]
+    return group * slots + rank, slots
 
 
 def _scatter(at: torch.Tensor, values: torch.Tensor, size: int, fill: int) -> torch.Tensor:

@@ -16,7 +16,11 @@ and ``flex`` (FlexAttention on CUDA, one ``BlockMask`` per layer, reused by the 
 rebuilding it per call cost 12-19 ms per layer at 16k tokens on an H100, against 1.1 ms for the
 dense varlen kernel). The block tiles of all layers are classified and ordered in one vectorised
 pass on the device, once per pack; within a rollout (``replay_cache``) the π_old recompute, the
-reference's forward and the update share them when they pack the same micro-batches.
+reference's forward and the update share them when they pack the same micro-batches. A third,
+``gather`` (``gathered_replay``), runs FlexAttention over the keys each block of 128 queries sees,
+gathered: about a third of the tiles of dense causal attention under R-KV 512 at 4k tokens
+(``bench_sparse_recompute.py --tiles-only``), where ``flex`` covers the whole causal triangle with
+partial tiles; chosen by ``--sparse-attention``.
 """
 
 from __future__ import annotations

@@ -161,31 +161,33 @@ def tile_work(samples, arch, max_tokens: int) -> dict:
     gathered keys; partial tiles are masked per element, full ones not. ``pairs``: the
     (query, key) pairs replay really attends (the floor)."""
     from trainer.learner.packing import split_by_token_budget
-    from trainer.learner.sparse_attention import EvictionMasks
 
-    count = {"dense": [0, 0], "flex": [0, 0], "gather": [0, 0]}
-    pairs = 0
+    total = {"dense": [0, 0], "flex": [0, 0], "gather": [0, 0], "pairs": [0]}
     for group in split_by_token_budget([s.length for s in samples], max_tokens):
-        picked = [samples[i] for i in group]
-        lengths = [s.length for s in picked]
-        args = (lengths, arch.num_layers, arch.num_query_groups, sum(lengths))
-        masks = EvictionMasks.from_records([s.eviction_record for s in picked], *args)
-        dense = EvictionMasks.from_records([None] * len(picked), *args)
-        tiles = {"dense": dense.tiles(), "flex": masks.tiles()}
-        for name, t in tiles.items():
-            count[name][0] += int(t.kv[0].sum())
-            count[name][1] += int(t.full_kv[0].sum())
-        partial, full = masks.gathered().tiles()
-        count["gather"][0] += int(partial.sum())
-        count["gather"][1] += int(full.sum())
-        rows = torch.arange(masks.evict.shape[-1])
-        pairs += int((masks.evict - rows).clamp(min=0)[..., masks.real].sum())
+        for name, counts in pack_tiles([samples[i] for i in group], arch).items():
+            total[name] = [a + b for a, b in zip(total[name], counts)]
     per = arch.num_layers * arch.num_query_groups
     out = {name: dict(partial=round(p / per), full=round(f / per), total=round((p + f) / per))
-           for name, (p, f) in count.items()}
-    out["pairs_per_tile_area"] = round(pairs / per / BLOCK_AREA)
+           for name, (p, f) in ((k, v) for k, v in total.items() if k != "pairs")}
+    out["pairs_per_tile_area"] = round(total["pairs"][0] / per / BLOCK_AREA)
     for name in ("flex", "gather"):
         out[f"{name}_over_dense"] = round(out[name]["total"] / out["dense"]["total"], 3)
+    return out
+
+
+def pack_tiles(picked: list, arch) -> dict:
+    """One micro-batch's (partial, full) tile counts of each attention, and its attended pairs."""
+    from trainer.learner.sparse_attention import EvictionMasks
+
+    lengths = [s.length for s in picked]
+    args = (lengths, arch.num_layers, arch.num_query_groups, sum(lengths))
+    masks = EvictionMasks.from_records([s.eviction_record for s in picked], *args)
+    dense = EvictionMasks.from_records([None] * len(picked), *args)
+    out = {name: (int(t.kv[0].sum()), int(t.full_kv[0].sum()))
+           for name, t in (("dense", dense.tiles()), ("flex", masks.tiles()))}
+    out["gather"] = tuple(int(x.sum()) for x in masks.gathered().tiles())
+    rows = torch.arange(masks.evict.shape[-1])
+    out["pairs"] = (int((masks.evict - rows).clamp(min=0)[..., masks.real].sum()),)
     return out
 
 

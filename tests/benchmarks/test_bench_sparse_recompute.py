@@ -27,6 +27,10 @@ def test_bench_sparse_recompute_tiny_on_cpu():
     # a second replay attention is timed beside the first, under its own name
     assert result["sparse_mask_update_tokens_per_s"] > 0 and result["mask_update_time_ratio"] > 0
     assert build["gathered_total_median"] > 0 and build["gathered_slots_max"] % 128 == 0
+    # a block's gathered keys fill ceil(|keys| / 128) tiles, never more than the pack's tiles
+    # that hold them; and no attention computes fewer tiles than the pairs attended fill
+    tiles = result["tile_work"]
+    assert tiles["pairs_per_tile_area"] <= tiles["gather"]["total"] <= tiles["flex"]["total"]
 
 
 def test_synthetic_records_keep_budget_plus_growth():

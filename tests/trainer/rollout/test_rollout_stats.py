@@ -31,16 +31,12 @@ def test_preemptions_are_summed():
     assert stats["rollout_tail_fraction"] == 0.0
 
 
-def test_remote_servers_report_the_fullest_pool(monkeypatch):
-    """Disaggregated rank 0 asks each server's /get_server_info; one that does not answer (or a
-    stock server without kv_pool) is skipped, and none answering gives no pool metric."""
+def _remote_manager(monkeypatch, infos: dict):
+    """A bare RolloutManager of remote servers whose /get_server_info answers ``infos[url]``
+    (``http://down`` refuses the connection)."""
     import types
 
     from trainer.rollout import manager
-
-    infos = {"http://a": {"kv_pool": {"peak_used": 10, "bytes_per_slot": 4, "capacity": 100}},
-             "http://b": {"kv_pool": {"peak_used": 30, "bytes_per_slot": 4, "capacity": 90}},
-             "http://c": {"model": "stock"}}
 
     def fake_get(url, timeout):
         base = url.removesuffix("/get_server_info")
@@ -50,7 +46,21 @@ def test_remote_servers_report_the_fullest_pool(monkeypatch):
 
     monkeypatch.setattr(manager.requests, "get", fake_get)
     rm = manager.RolloutManager.__new__(manager.RolloutManager)
-    rm.engine = None
+    rm.engine, rm.plugin = None, None
+    return rm
+
+
+def test_remote_servers_report_the_fullest_pool(monkeypatch):
+    """Disaggregated rank 0 asks each server's /get_server_info; one that does not answer (or a
+    stock server without kv_pool) is skipped, and none answering gives no pool metric."""
+    import types
+
+    from trainer.rollout import manager
+
+    rm = _remote_manager(monkeypatch, {
+        "http://a": {"kv_pool": {"peak_used": 10, "bytes_per_slot": 4, "capacity": 100}},
+        "http://b": {"kv_pool": {"peak_used": 30, "bytes_per_slot": 4, "capacity": 90}},
+        "http://c": {"model": "stock"}})
     rm.backend = types.SimpleNamespace(urls=["http://a", "http://down", "http://b", "http://c"])
     assert rm.pool_stats() == {"peak_used": 30, "bytes_per_slot": 4, "capacity": 90}
     rm.backend = types.SimpleNamespace(urls=["http://down", "http://c"])
@@ -65,19 +75,8 @@ def test_remote_context_length_from_the_first_server(monkeypatch):
     answer, or does not say, leaves it unknown (plug-ins then do not clamp)."""
     import types
 
-    from trainer.rollout import manager
-
-    infos = {"http://a": {"context_length": "4096"}, "http://stock": {"model": "x"}}
-
-    def fake_get(url, timeout):
-        base = url.removesuffix("/get_server_info")
-        if base == "http://down":
-            raise ConnectionError("refused")
-        return types.SimpleNamespace(json=lambda: infos[base])
-
-    monkeypatch.setattr(manager.requests, "get", fake_get)
-    rm = manager.RolloutManager.__new__(manager.RolloutManager)
-    rm.engine, rm.plugin = None, None
+    rm = _remote_manager(monkeypatch, {"http://a": {"context_length": "4096"},
+                                       "http://stock": {"model": "x"}})
     for urls, want in ((["http://a", "http://down"], 4096), (["http://down"], None),
                        (["http://stock"], None)):
         rm.backend = types.SimpleNamespace(urls=urls)

@@ -9,9 +9,9 @@ keys of query block ``b`` (rows ``[128 b, 128 b + 128)``)
 
     K_b = { j : j < 128 b + 128  and  evict[j] > 128 b }      (per layer and KV head)
 
-are gathered into ``U`` slots (those every query of the block sees first, so that they fill
-full tiles, then the rest; each part in position order) (the largest ``|K_b|``, rounded up to a tile;
-unused slots point nowhere and are masked), and FlexAttention runs on ``[QB, H, 128, U]``
+are gathered into ``U`` slots, ``U`` the largest ``|K_b|`` rounded up to a tile (the keys every
+query of the block sees first, so that they fill full tiles, then the rest, each part in position
+order; unused slots point nowhere and are masked), and FlexAttention runs on ``[QB, H, 128, U]``
 batches: one query tile against ``U / 128`` key tiles, most of them full. ``|K_b|`` is about
 budget + buffer + 128, against the sample's whole prefix for dense attention. The element mask is
 the same rule, ``kpos <= i < evict``; the gather's backward (``index_select``) adds the keys'
@@ -24,12 +24,12 @@ syncs for the sizes) and shared like the block tiles of ``sparse_attention``.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import torch
 import torch.nn.functional as F
 
-BLOCK = 128  # queries per block and keys per tile (FlexAttention's tile)
+from .block_tiles import BLOCK, aligned_layers, block_mask_tensors, ordered
+
 _NOWHERE = torch.iinfo(torch.int32).max  # an unused slot's key position: after every query
 
 
@@ -49,11 +49,11 @@ class GatheredKeys:
         """From ``evict`` ``[L, Hkv, rows]`` (rows a multiple of BLOCK)."""
         L, H, rows = evict.shape
         qb = rows // BLOCK
-        key, group = _grouped_pairs(evict, qb)
+        pos, ev, group = _grouped_pairs(evict, qb)
         at, slots = _slot_positions(group, L * H * qb)
         return cls(*(_scatter(at, v, L * H * qb * slots, fill).view(L, H, qb, slots)
                      .transpose(1, 2).contiguous()
-                     for v, fill in ((key % rows, _NOWHERE), (evict.flatten()[key], 0))))
+                     for v, fill in ((pos, _NOWHERE), (ev, 0))))
 
     def tiles(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(partial, full) ``[L, QB, Hkv, U / BLOCK]`` bool: conservative like ``block_classes``
@@ -75,21 +75,21 @@ def _key_block_pairs(evict: torch.Tensor, qb: int) -> tuple[torch.Tensor, torch.
     last = torch.clamp((evict.to(torch.int64) - 1).div(BLOCK, rounding_mode="floor"), max=qb - 1)
     count = (last - first + 1).clamp(min=0).flatten()
     key = torch.repeat_interleave(torch.arange(count.numel(), device=evict.device), count)
-    step = torch.arange(key.numel(), device=evict.device) - (torch.cumsum(count, 0) - count)[key]
-    return key, (key % rows) // BLOCK + step
+    return key, (key % rows) // BLOCK + _rank_in_run(count, key)
 
 
-def _grouped_pairs(evict: torch.Tensor, qb: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (flat key, group) pairs sorted by group (layer, KV head, query block); within a
-    group the keys every query of the block sees first (they fill full tiles, which skip the
-    element mask), then the others, each part in key order."""
+def _grouped_pairs(evict: torch.Tensor, qb: int) -> tuple[torch.Tensor, ...]:
+    """(key position, its evict, group) of every (key, block) pair, sorted by group (layer,
+    KV head, query block); within a group the keys every query of the block sees first (they
+    fill full tiles, which skip the element mask), then the others, each part in key order."""
     rows = evict.shape[-1]
     key, block = _key_block_pairs(evict, qb)
     group = key // rows * qb + block
+    pos, ev = key % rows, evict.flatten()[key]
     start = block * BLOCK
-    seen_by_all = (key % rows <= start) & (evict.flatten()[key] >= start + BLOCK)
+    seen_by_all = (pos <= start) & (ev >= start + BLOCK)
     order = torch.sort(group * 2 + (~seen_by_all).long(), stable=True).indices
-    return key[order], group[order]
+    return pos[order], ev[order], group[order]
 
 
 def _slot_positions(group: torch.Tensor, groups: int) -> tuple[torch.Tensor, int]:
@@ -97,8 +97,14 @@ def _slot_positions(group: torch.Tensor, groups: int) -> tuple[torch.Tensor, int
     ``slots``: the largest group, rounded up to a tile."""
     sizes = torch.bincount(group, minlength=groups)
     slots = -(-max(int(sizes.max()), 1) // BLOCK) * BLOCK
-    rank = torch.arange(group.numel(), device=group.device) - (torch.cumsum(sizes, 0) - sizes)[group]
-    return group * slots + rank, slots
+    return group * slots + _rank_in_run(sizes, group), slots
+
+
+def _rank_in_run(counts: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
+    """For entries laid out in runs (``counts[i]`` consecutive entries owned by ``i``, in
+    order; ``owner`` names each entry's run): each entry's index within its run."""
+    run_start = torch.cumsum(counts, 0) - counts
+    return torch.arange(owner.numel(), device=owner.device) - run_start[owner]
 
 
 def _scatter(at: torch.Tensor, values: torch.Tensor, size: int, fill: int) -> torch.Tensor:
@@ -116,29 +122,18 @@ def block_masks(keys: GatheredKeys, q_heads: int, backward: bool) -> list:
     parts = [_kv_ordered(partial), _kv_ordered(full)]
     if backward:
         parts += [_q_ordered(partial), _q_ordered(full)]
-    names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
-             "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
-    per_layer = list(zip(*(_aligned_layers(t) for pair in parts for t in pair)))
-    return [BlockMask(**dict(itertools.zip_longest(names, per_layer[layer])),
+    per_layer = list(zip(*(aligned_layers(t) for pair in parts for t in pair)))
+    return [BlockMask(**block_mask_tensors(per_layer[layer]),
                       seq_lengths=(BLOCK, keys.slots), BLOCK_SIZE=(BLOCK, BLOCK),
                       mask_mod=_gathered_mask_mod(keys.pos[layer], keys.evict[layer], group))
             for layer in range(partial.shape[0])]
 
 
-def _aligned_layers(x: torch.Tensor) -> list[torch.Tensor]:
-    """``[L, ...]`` int32 -> L views each starting 16-byte aligned (inductor clones an input
-    misaligned against its compiled assumption on every call)."""
-    layers, n = x.shape[0], x[0].numel()
-    buf = torch.empty(layers, -(-n // 4) * 4, dtype=torch.int32, device=x.device)
-    buf[:, :n] = x.reshape(layers, n)
-    return [buf[i, :n].view(x.shape[1:]) for i in range(layers)]
-
-
 def _kv_ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``[L, QB, H, KB]`` -> (``[L, QB, H, 1]`` count, ``[L, QB, H, 1, KB]`` listed tiles
-    first), int32."""
-    order = torch.argsort((~tiles).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-    return tiles.sum(-1, dtype=torch.int32)[..., None], order[..., None, :].contiguous()
+    first): BlockMask's ordered form for the one query tile of each batch."""
+    count, order = ordered(tiles)
+    return count[..., None], order[..., None, :]
 
 
 def _q_ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

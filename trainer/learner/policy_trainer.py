@@ -82,9 +82,9 @@ class PolicyTrainer:
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-        self.model_cfg, self.optim_cfg, self.train_cfg = model_cfg, optim_cfg, train_cfg
         from .attention import SDPACoreAttention
 
+        self.model_cfg, self.optim_cfg, self.train_cfg = model_cfg, optim_cfg, train_cfg
         SDPACoreAttention.sparse_impl = train_cfg.sparse_attention  # replay's, for every layer
         # fp32 weight gradients accumulate inside the GEMMs (needs DDP's main_grad buffers)
         if trainable:

@@ -26,12 +26,12 @@ partial tiles; chosen by ``--sparse-attention``.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import torch
 import torch.nn.functional as F
 
 from . import gathered_replay
+from .block_tiles import BLOCK, aligned_layers, block_mask_tensors, ordered
 from .gathered_replay import GatheredKeys
 from .transfer import to_device
 
@@ -206,8 +206,6 @@ def _masked_loop(q, k, v, masks: EvictionMasks, layer: int, cu: list[int], scale
     return out
 
 
-BLOCK = 128  # FlexAttention's tile: the block mask classifies 128 x 128 tiles
-
 
 def _block_extrema(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per 128-block (min, max) of the last dimension of ``x`` (a multiple of BLOCK long)."""
@@ -236,16 +234,6 @@ def block_classes(evict: torch.Tensor, seq_id: torch.Tensor) -> tuple[torch.Tens
     return some & ~every, every
 
 
-def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """BlockMask's ordered form of ``[..., rows, cols]`` tiles: (count ``[..., rows]`` int32,
-    indices ``[..., rows, cols]``: the listed columns first, ascending, then the others, as
-    ``BlockMask.from_kv_blocks`` orders its transposes). int16 indices: they are kept for the
-    rollout (``replay_cache``), at half the size of the int32 that the kernels read."""
-    order = torch.argsort((~tiles).to(torch.int8), dim=-1, stable=True)
-    small = tiles.shape[-1] <= torch.iinfo(torch.int16).max
-    return tiles.sum(-1, dtype=torch.int32), order.to(torch.int16 if small else torch.int32)
-
-
 @dataclasses.dataclass(eq=False)
 class LayerTiles:
     """Every layer's FlexAttention tiles of one pack, per KV head, in BlockMask's ordered form:
@@ -260,7 +248,7 @@ class LayerTiles:
     def build(cls, evict: torch.Tensor, seq_id: torch.Tensor) -> "LayerTiles":
         """One vectorised pass over all layers (a few dozen kernels, not a few dozen a layer)."""
         partial, full = block_classes(evict, seq_id)
-        return cls(_ordered(partial), _ordered(full), _ordered(partial.mT), _ordered(full.mT))
+        return cls(ordered(partial), ordered(full), ordered(partial.mT), ordered(full.mT))
 
     def block_masks(self, evict: torch.Tensor, seq_id: torch.Tensor, q_heads: int,
                     backward: bool) -> list:
@@ -271,28 +259,16 @@ class LayerTiles:
         parts = (*self.kv, *self.full_kv, *(self.q + self.full_q if backward else ()))
         per_layer = list(zip(*(_per_layer(x, group) for x in parts)))
         n = seq_id.shape[0]
-        return [BlockMask(**_blocks(t), seq_lengths=(n, n), BLOCK_SIZE=(BLOCK, BLOCK),
+        return [BlockMask(**block_mask_tensors(t), seq_lengths=(n, n), BLOCK_SIZE=(BLOCK, BLOCK),
                           mask_mod=_eviction_mask_mod(evict[layer], group))
                 for layer, t in enumerate(per_layer)]
 
 
-def _blocks(t: tuple) -> dict:
-    """BlockMask's tensor arguments from (kv num, kv idx, full ..., [q num, q idx, full ...])."""
-    names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
-             "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
-    return dict(itertools.zip_longest(names, t))
-
-
 def _per_layer(x: torch.Tensor, group: int) -> list[torch.Tensor]:
     """``[L, Hkv, ...]`` -> L int32 ``[1, Hkv * group, ...]`` views. The kernels index a block
-    mask's heads by query head (``h % H``), so GQA groups are repeated; each view starts
-    16-byte aligned, since inductor clones an input misaligned against its compiled assumption on
-    every call."""
-    x = x.repeat_interleave(group, dim=1)
-    layers, n = x.shape[0], x[0].numel()
-    buf = torch.empty(layers, -(-n // 4) * 4, dtype=torch.int32, device=x.device)
-    buf[:, :n] = x.reshape(layers, n)
-    return [buf[i, :n].view(1, *x.shape[1:]) for i in range(layers)]
+    mask's heads by query head (``h % H``), so GQA groups are repeated (views aligned:
+    ``aligned_layers``)."""
+    return [v[None] for v in aligned_layers(x.repeat_interleave(group, dim=1))]
 
 
 def _eviction_mask_mod(ev: torch.Tensor, group: int):

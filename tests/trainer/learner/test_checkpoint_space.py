@@ -1,6 +1,11 @@
 """A checkpoint that cannot fit is one line on every rank before anything is written; a write
 that fails midway is one line and leaves the previous checkpoint the latest; the size estimate
-matches a real save. Two spawned gloo ranks (DP=2) run every case on one tiny trainer."""
+matches a real save. Two spawned gloo ranks (DP=2) run every case on one tiny trainer.
+
+Where space runs short, only rank 1 is short (rank 0 sees a petabyte free): the decision must
+take the least free space over the ranks. Mutation check: ``room`` reducing the free bytes with
+``ReduceOp.MAX`` instead of ``MIN`` fails the no-room and the startup-warning tests (no error on
+any rank, no warning)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import torch
 from checkpoint_tools import cpu_megatron
 
 POLICY_TESTS = str(Path(__file__).with_name("test_policy_model.py"))
+SHORT, AMPLE = 1 << 20, 1 << 50  # free bytes on the short rank (1) and on the other (0)
 DISK_FULL = ("[enforce fail at inline_container.cc:672] . unexpected pos 1195426112 vs "
              "1195426000")
 
@@ -36,20 +42,29 @@ def _folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def _error_of(fn) -> str:
+def _error_of(fn) -> str | None:
+    """The CheckpointSpaceError's message, None if nothing was raised (checked by the test:
+    asserting here, in a spawned rank, would leave the other rank alone in a collective)."""
     from trainer.learner.checkpoint_space import CheckpointSpaceError
 
-    with pytest.raises(CheckpointSpaceError) as e:
+    try:
         fn()
-    return str(e.value)
+    except CheckpointSpaceError as e:
+        return str(e)
+    return None
 
 
-def _no_room(trainer, save_dir, monkeypatch):
+def _short_on_rank_1(monkeypatch, rank):
     import shutil
 
+    free = SHORT if rank == 1 else AMPLE
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=free))
+
+
+def _no_room(trainer, save_dir, monkeypatch, rank):
     from trainer.learner.checkpoint import save_checkpoint
 
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=1 << 20))
+    _short_on_rank_1(monkeypatch, rank)
     return _error_of(lambda: save_checkpoint(trainer, save_dir, 2, extra={"it": 2}))
 
 
@@ -69,14 +84,13 @@ def _optimizer_write_fails(trainer, save_dir, monkeypatch, rank):
     return _error_of(lambda: save_checkpoint(trainer, save_dir, 3, extra={"it": 3}))
 
 
-def _startup_warning(trainer, save_dir, monkeypatch) -> str:
+def _startup_warning(trainer, save_dir, monkeypatch, rank) -> str:
     import contextlib
     import io
-    import shutil
 
     from trainer.learner.checkpoint_space import warn_if_short
 
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=1 << 20))
+    _short_on_rank_1(monkeypatch, rank)
     with contextlib.redirect_stderr(io.StringIO()) as err:
         warn_if_short(save_dir, trainer)
     return err.getvalue()
@@ -94,12 +108,12 @@ def space_task(rank, world, port, hf_dir, cache, save_dir):
     trainer = _trained(hf_dir, cache)
     estimate = room(save_dir, trainer)[0]
     with pytest.MonkeyPatch().context() as m:
-        warning = _startup_warning(trainer, save_dir, m)
+        warning = _startup_warning(trainer, save_dir, m, rank)
     out = save_checkpoint(trainer, save_dir, 1, extra={"it": 1})
     written = _folder_bytes(out)
     mp = pytest.MonkeyPatch()
     with mp.context() as m:
-        no_room = _no_room(trainer, save_dir, m)
+        no_room = _no_room(trainer, save_dir, m, rank)
     after_no_room = (read_tracker(save_dir), (Path(save_dir) / "iter_0000002").exists())
     with mp.context() as m:
         failed = _optimizer_write_fails(trainer, save_dir, m, rank)
@@ -126,10 +140,14 @@ def test_estimate_is_within_20_percent_of_a_real_save(ranks):
 
 
 def test_no_room_is_one_line_on_every_rank_and_writes_nothing(ranks):
+    """Only rank 1 is short: both raise, naming rank 1's free space."""
+    from trainer.learner.checkpoint_space import size
+
     results, save_dir = ranks
     for r in results:
         msg = r["no_room"]
-        assert "\n" not in msg
+        assert msg is not None, "a save that cannot fit on rank 1 went ahead"
+        assert "\n" not in msg and f"has {size(SHORT)} free" in msg
         assert f"{save_dir}" in msg and "GiB free" in msg and "--save" in msg
         assert "GiB but" in msg and "still iteration 1" in msg
         assert r["after_no_room"] == ("1", False)  # tracker unchanged, no iter_0000002 at all
@@ -147,8 +165,12 @@ def test_a_failed_write_is_one_line_and_the_previous_checkpoint_stays_latest(ran
 
 
 def test_startup_warns_once_when_save_cannot_hold_a_checkpoint(ranks):
+    """Rank 0 speaks for the job, though rank 1 is the one short of space."""
+    from trainer.learner.checkpoint_space import size
+
     results, save_dir = ranks
     warning = results[0]["warning"]
+    assert f"has {size(SHORT)} free" in warning
     assert warning.count("\n") == 1 and "warning:" in warning and f"--save {save_dir}" in warning
     assert "GiB free" in warning and "needs" in warning
     assert results[1]["warning"] == ""  # rank 0 speaks for the job

@@ -11,8 +11,10 @@ in a temp dir unless ``--hf-checkpoint`` is given. One warm-up step, then ``--st
 steps: min / median / max of each phase's seconds, tokens/s and efficiency.
 
 * recompute MFU: forward FLOPs (a third of ``bench_train.flops_per_token``) of every sequence
-  the policy (and reference) recomputed, over the phase's seconds and the dense bf16 peak;
-* update MFU: forward + backward FLOPs (``flops_per_token``) of every trained sequence;
+  the policy (and reference) recomputed, over the phase's seconds and the dense bf16 peak of
+  every learner GPU (``learner_gpus``: the trainer's ranks, which share the batch): per GPU;
+* update MFU: forward + backward FLOPs (``flops_per_token``) of every trained sequence, the same
+  way;
 * rollout, fraction of the HBM roofline: bytes a decode must read at least, over HBM peak
   (H100 3.35e12 B/s, H200 4.8e12), divided by the rollout seconds, with
   bytes = S x W + sum_i sum_{j < r_i} min(p_i + j, C) x K, where
@@ -127,15 +129,21 @@ class Machine:
     """What the efficiency numbers are measured against."""
 
     name: str
-    peak_flops: float | None
+    peak_flops: float | None  # one GPU's
     peak_hbm: float | None
+    learner_gpus: int = 1  # the trainer's ranks: the GPUs the recompute and the update run on
 
     @classmethod
     def detect(cls, args) -> "Machine":
         name = device_name()
         hbm = args.peak_hbm_gbps * 1e9 if args.peak_hbm_gbps else next(
             (v for k, v in HBM_PEAK.items() if k in name), None)
-        return cls(name, peak_flops(args.peak_tflops), hbm)
+        return cls(name, peak_flops(args.peak_tflops), hbm, _world_size())
+
+    def mfu(self, flops: float, seconds: float) -> float:
+        """Per learner GPU: ``flops`` are the whole batch's (every rank's share), so they are
+        set against the peak of all the ranks that shared them."""
+        return flops / seconds / (self.peak_flops * self.learner_gpus)
 
 
 @dataclasses.dataclass
@@ -187,8 +195,8 @@ def step_numbers(m: dict, rec: Recorder, arch, decode: DecodeModel, machine: Mac
                                   "kv_pool_peak_used", "kv_pool_peak_bytes", "kv_pool_capacity",
                                   "rollout_preemptions", "rollout_tail_fraction") if k in m})
     if machine.peak_flops:
-        out["recompute_mfu"] = fwd / m["time_recompute"] / machine.peak_flops
-        out["update_mfu"] = train / m["time_update"] / machine.peak_flops
+        out["recompute_mfu"] = machine.mfu(fwd, m["time_recompute"])
+        out["update_mfu"] = machine.mfu(train, m["time_update"])
     if machine.peak_hbm and m["time_rollout"] > 0:  # async: 0 when the rollout was ready
         floor = decode.bytes([len(s.prompt_ids) for s in rec.update], responses) / machine.peak_hbm
         out["rollout_hbm_roofline_fraction"] = floor / m["time_rollout"]
@@ -292,6 +300,12 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 def _clock() -> str:
     """Wall-clock time to the millisecond (to line steps up with e.g. nvidia-smi samples)."""
     now = time.time()
@@ -307,7 +321,7 @@ def main(argv=None) -> dict:
     targs, run, fleet = start_run(args, extra, work)
     try:
         steps, trace = measure(args, targs, run)
-        rank = _rank()
+        rank, machine = _rank(), Machine.detect(args)  # the ranks: before the teardown
     finally:
         run.close()
         if fleet is not None:
@@ -315,14 +329,14 @@ def main(argv=None) -> dict:
         cpu_megatron.teardown()
     if rank != 0:  # torchrun: rank 0 reports for the job
         return {}
-    machine = Machine.detect(args)
     summary = summarize(steps)
     print_table(summary, len(steps))
     result = dict(gpu=machine.name, shape=None if args.hf_checkpoint else args.shape,
                   hf_checkpoint=targs.hf_checkpoint, prompts=args.prompts, samples=args.samples,
                   response_len=args.response_len, compress=args.compress,
                   packed_attention=args.packed_attention,
-                  peak_flops=machine.peak_flops, peak_hbm_bytes_per_s=machine.peak_hbm,
+                  peak_flops=machine.peak_flops, learner_gpus=machine.learner_gpus,
+                  peak_hbm_bytes_per_s=machine.peak_hbm,
                   steps=steps, summary=summary, profile_trace=str(trace) if trace else None)
     return emit(result, args.json)
 

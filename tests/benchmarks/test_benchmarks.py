@@ -47,7 +47,7 @@ def test_bench_rl_step_tiny_on_cpu(tmp_path):
                           "--json", str(out),
                           "--no-fused-old-logprobs")  # the π_old recompute as a phase of its own
     assert json.loads(out.read_text()) == result
-    assert result["gpu"] and len(result["steps"]) == 2
+    assert result["gpu"] and len(result["steps"]) == 2 and result["learner_gpus"] == 1
     positive = ["rollout_s", "recompute_s", "update_s", "sync_s", "total_s", "rollout_tokens",
                 "rollout_tokens_per_s", "recompute_tokens_per_s", "update_tokens_per_s",
                 "recompute_mfu", "update_mfu", "rollout_hbm_roofline_fraction"]
@@ -101,6 +101,42 @@ def test_decode_bytes_formula():
     capped = rl.DecodeModel(1000.0, 10.0, max_running=1, kv_cap=5)
     # steps = max(3, 5) = 5; KV tokens: min(4,5) + min(5,5) + min(6,5) + 1 + 2 = 17
     assert capped.bytes([4, 1], [3, 2]) == 5 * 1000 + 17 * 10
+
+
+def _phase_metrics(recompute_s: float, update_s: float) -> dict:
+    """The trainer's step metrics that ``step_numbers`` reads (rollout ready: no roofline)."""
+    times = {f"time_{p}": 1.0 for p in ("rollout", "reward", "sync", "total")}
+    return {**times, "time_rollout": 0.0, "time_recompute": recompute_s, "time_update": update_s,
+            "rollout_tokens_per_s": 1.0, "response_len_mean": 3.0, "reward_mean": 0.0,
+            "aborted": 0.0}
+
+
+def test_rl_step_mfu_is_per_learner_gpu(monkeypatch):
+    """The recorded sequences are the whole batch (every rank's share): its FLOPs are set against
+    the peak of every learner GPU. Hand-computed: SmolLM2-135M, two sequences of 10 and 30
+    tokens, 6 x matmul params per token plus attention, 2 s of update and 0.5 s of recompute on
+    4 ranks of 1e12 FLOP/s each. (Mutation check: dividing by one GPU's peak, as before, gives
+    4x these and fails.)"""
+    import torch.distributed as dist
+
+    from checkpoint_tools.model_config import arch_from_hf_config
+    from trainer.learner.packing import Sample
+
+    rl, bench = _load("bench_rl_step"), _load("bench_train")
+    arch = arch_from_hf_config(dict(bench.SMOLLM2_135M), source="test")
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    machine = rl.Machine.detect(rl.parse_args(["--peak-tflops", "1"])[0])
+    assert machine.learner_gpus == 4 and machine.peak_flops == 1e12
+    seqs = [Sample([1] * 7, [2] * 3), Sample([1] * 10, [2] * 20)]
+    rec = rl.Recorder(recompute=seqs, update=seqs)
+    out = rl.step_numbers(_phase_metrics(0.5, 2.0), rec, arch, None, machine)
+    d, f, hd, L = 576, 1536, 64, 30
+    params = L * (d * (9 + 2 * 3) * hd + 9 * hd * d + 3 * d * f) + 49152 * d
+    flops = sum(n * (6 * params + 6 * L * n * 9 * hd) for n in (10, 30))
+    assert out["update_mfu"] == pytest.approx(flops / 2.0 / 4e12, rel=1e-12)
+    assert out["recompute_mfu"] == pytest.approx(flops / 3 / 0.5 / 4e12, rel=1e-12)
+    assert "rollout_hbm_roofline_fraction" not in out
 
 
 @pytest.mark.parametrize("shape", ["smollm2-135m", "qwen2.5-0.5b"])

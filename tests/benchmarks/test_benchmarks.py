@@ -139,6 +139,31 @@ def test_rl_step_mfu_is_per_learner_gpu(monkeypatch):
     assert "rollout_hbm_roofline_fraction" not in out
 
 
+def _committed_rl_steps():
+    """Every committed ``bench_rl_step`` result (its summary holds an update MFU)."""
+    for path in sorted((ROOT / "docs" / "data").rglob("*.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "update_mfu" in data.get("summary", {}):
+            yield path, data
+
+
+def test_committed_rl_step_mfus_are_per_learner_gpu():
+    """Each committed result names its learner GPUs (a layout run: its layout's trainer GPUs)
+    and holds MFUs a GPU can reach (the whole-batch ones reached 1.2 on DP 4)."""
+    layouts = _load("bench_layouts").LAYOUTS
+    paths = []
+    for path, data in _committed_rl_steps():
+        named = [k for k in layouts if path.stem.endswith("-" + k)]
+        if path.parent.name.startswith("layouts"):
+            assert data["learner_gpus"] == layouts[max(named, key=len)].trainer_gpus, path
+        assert data["learner_gpus"] >= 1, path
+        steps = data.get("steps", [data["summary"]])
+        values = [s[k] for s in steps for k in ("recompute_mfu", "update_mfu")]
+        assert all(0 <= (v if isinstance(v, float) else v["max"]) < 0.6 for v in values), path
+        paths.append(path)
+    assert len(paths) >= 30
+
+
 @pytest.mark.parametrize("shape", ["smollm2-135m", "qwen2.5-0.5b"])
 def test_rl_step_shapes_match_bench_train(shape):
     """The random checkpoint bench_rl_step builds has the architecture bench_train measures."""

@@ -1,6 +1,7 @@
 """The docs name files that exist: every repository path in ``README.md``, ``*/README.md`` and
 ``docs/*.md`` (inline code, code blocks, links) is checked, so a moved or renamed module shows up
-here rather than in a reader's failed ``ls``."""
+here rather than in a reader's failed ``ls``. A file removed since is named with the commit that
+has it, ``<commit>:<path>`` (as ``git show`` takes it), and checked in the history."""
 
 from __future__ import annotations
 
@@ -29,21 +30,12 @@ NOT_IN_REPO_PREFIXES = (
 NOT_IN_REPO_NAMES = {
     "my_reward.py", "draft_answer.py",  # plug-ins the reader writes (recipes/README.md)
     "summary.md",  # evaluation's output
-    "bench_gemm.py",  # removed; docs/benchmarks.md names the commit that has it
-}
-# Drift in a doc being rewritten on another branch: the fix lands with that rewrite. Each entry
-# must still be missing, so a fixed one is noticed and removed here.
-KNOWN_DRIFT = {
-    "docs/benchmarks.md": {
-        "tests/sglang_kvc/test_compression_gpu.py", "tests/sglang_kvc/test_compression_kernels.py",
-        "tests/sglang_kvc/test_engine_gpu.py", "tests/sglang_kvc/test_real_clients.py",
-        "tests/trainer/test_fusions_gpu.py", "tests/trainer/test_policy_model.py",
-    },
 }
 
 _INLINE = re.compile(r"`([^`\n]+)`")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+_HISTORIC = re.compile(r"^([0-9a-f]{7,40}):([\w./-]+)$")  # `git show 26f0fbe:benchmarks/x.py`
 _SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", "node_modules", ".pytest_cache"}
 
 
@@ -115,6 +107,30 @@ def _missing(doc: Path, text: str, repo: set[str]) -> set[str]:
     return missing | {t for t in _links(text) if not (doc.parent / t).exists()}
 
 
+def _git(*args: str) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return None
+
+
+def _missing_historic(text: str) -> set[str]:
+    """``<commit>:<path>`` words whose commit lacks the path. Unchecked (not missing) only where
+    the history is not here: no git, or a shallow clone without the commit."""
+    named = {m.group(0) for w in _words(text) if (m := _HISTORIC.match(w.strip("\"',;()")))}
+    out = set()
+    for spec in named:
+        found = _git("cat-file", "-e", spec)
+        if found is None or found.returncode == 0:
+            continue
+        commit_here = _git("cat-file", "-e", spec.split(":")[0] + "^{commit}")
+        shallow = _git("rev-parse", "--is-shallow-repository")
+        if commit_here.returncode != 0 and shallow.stdout.strip() == "true":
+            continue
+        out.add(spec)
+    return out
+
+
 # `python -m` targets of this repository's packages (others, e.g. `lm_eval`, are not ours)
 _PACKAGES = {"trainer": "trainer", "sglang_kvc": "sglang-kvc/sglang_kvc", "evaluation": "evaluation",
              "dataset": "dataset", "recipes": "recipes", "checkpoint_tools": "checkpoint_tools",
@@ -142,9 +158,9 @@ def repo() -> set[str]:
 def test_named_paths_exist(doc, repo):
     rel = doc.relative_to(ROOT).as_posix()
     missing = _missing(doc, doc.read_text(), repo)
-    known = KNOWN_DRIFT.get(rel, set())
-    assert not missing - known, f"{rel} names paths that do not exist: {sorted(missing - known)}"
-    assert not known - missing, f"{rel}: fixed, remove from KNOWN_DRIFT: {sorted(known - missing)}"
+    assert not missing, f"{rel} names paths that do not exist: {sorted(missing)}"
+    gone_then = _missing_historic(doc.read_text())
+    assert not gone_then, f"{rel} names commits without these paths: {sorted(gone_then)}"
     gone = _missing_modules(doc.read_text())
     assert not gone, f"{rel} runs modules that do not exist: python -m {sorted(gone)}"
 
@@ -159,5 +175,15 @@ def test_the_checker_sees_paths_and_skips_the_rest(repo):
     doc = ROOT / "docs" / "probe.md"  # paths resolve beside docs/; the file is never written
     assert _missing(doc, text, repo) == {"server/generate_routes.py", "trainer/nope", "gone.py",
                                          "missing.md", "scripts/nope.sh"}
+    # a removed file, named with a commit: checked in the history, not in the checkout
+    assert _missing(doc, "`git show 26f0fbe:benchmarks/bench_gemm.py`", repo) == set()
     assert _missing_modules("`python -m trainer.train`, `python -m trainer.nope`, `python -m lm_eval`"
                             " `python -m sglang_kvc.launch_server`") == {"trainer.nope"}
+
+
+def test_the_checker_looks_removed_files_up_in_the_history():
+    found = _git("cat-file", "-e", "26f0fbe^{commit}")
+    if found is None or found.returncode != 0:
+        pytest.skip("no git history here (a shallow clone)")
+    assert _missing_historic("`git show 26f0fbe:benchmarks/bench_gemm.py` `26f0fbe:nope.py` "
+                             "`abc1234:x.py`") == {"26f0fbe:nope.py", "abc1234:x.py"}

@@ -159,10 +159,12 @@ def tile_work(samples, arch, max_tokens: int) -> dict:
     step's micro-batches (CPU-countable, what a kernel's time mostly follows): dense causal
     (what the varlen kernel covers), FlexAttention replay over the pack's grid, and replay over
     gathered keys; partial tiles are masked per element, full ones not. ``pairs``: the
-    (query, key) pairs replay really attends (the floor)."""
+    (query, key) pairs replay really attends (the floor). ``gather_position_order``: the same
+    gathered keys with each block's slots in key order, not those every query sees first."""
     from trainer.learner.packing import split_by_token_budget
 
-    total = {"dense": [0, 0], "flex": [0, 0], "gather": [0, 0], "pairs": [0]}
+    total = {"dense": [0, 0], "flex": [0, 0], "gather": [0, 0], "gather_position_order": [0, 0],
+             "pairs": [0]}
     for group in split_by_token_budget([s.length for s in samples], max_tokens):
         for name, counts in pack_tiles([samples[i] for i in group], arch).items():
             total[name] = [a + b for a, b in zip(total[name], counts)]
@@ -186,9 +188,18 @@ def pack_tiles(picked: list, arch) -> dict:
     out = {name: (int(t.kv[0].sum()), int(t.full_kv[0].sum()))
            for name, t in (("dense", dense.tiles()), ("flex", masks.tiles()))}
     out["gather"] = tuple(int(x.sum()) for x in masks.gathered().tiles())
+    out["gather_position_order"] = tuple(int(x.sum())
+                                         for x in position_order(masks.gathered()).tiles())
     rows = torch.arange(masks.evict.shape[-1])
     out["pairs"] = (int((masks.evict - rows).clamp(min=0)[..., masks.real].sum()),)
     return out
+
+
+def position_order(keys):
+    """``GatheredKeys`` with each block's slots sorted by key position (unused slots, at
+    ``_NOWHERE``, stay last): the slot order before the keys every query sees came first."""
+    order = keys.pos.argsort(dim=-1, stable=True)
+    return type(keys)(keys.pos.gather(-1, order), keys.evict.gather(-1, order))
 
 
 BLOCK_AREA = 128 * 128

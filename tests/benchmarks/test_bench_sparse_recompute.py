@@ -44,3 +44,25 @@ def test_synthetic_records_keep_budget_plus_growth():
     assert seen[..., P:].max() <= B + N and seen[..., P:].min() >= min(P + 1, B + 1)
     assert (seen[..., P:] == B + 1).any()  # right after each compaction
     assert (rec[0, 0] != rec[1, 2]).any()  # kept sets differ per layer and head
+
+
+def test_position_order_keeps_the_gathered_keys_and_their_tiles():
+    """The tile count's "slots in position order" row: the same keys per block, sorted by
+    position (unused slots last), so the same tiles in total; the default order (keys every
+    query of the block sees first) makes at least as many of them full."""
+    from trainer.learner.sparse_attention import EvictionMasks
+
+    bench = _load("bench_sparse_recompute")
+    g = torch.Generator().manual_seed(1)
+    records = [bench.rkv_like_record(2, 2, 160, n, 256, 64, 8, g) for n in (700, 600)]
+    masks = EvictionMasks.from_records(records, [700, 600], 2, 2, 1300)
+    keys = masks.gathered()
+    moved = bench.position_order(keys)
+    assert torch.equal(moved.pos, keys.pos.sort(-1).values)
+    used = moved.pos < masks.evict.shape[-1]
+    layer, _, head, _ = torch.nonzero(used, as_tuple=True)
+    want = masks.evict[layer, head, moved.pos[used].long()]
+    assert torch.equal(moved.evict[used], want)  # each key's evict moved with it
+    (p0, f0), (p1, f1) = keys.tiles(), moved.tiles()
+    assert int((p0 | f0).sum()) == int((p1 | f1).sum())
+    assert int(f0.sum()) > int(f1.sum())

@@ -114,10 +114,13 @@ class Engine:
         self.context_length = self.runner.context_length
         # A request never grows past what the pool can hold alone, so it can always run.
         self.max_seq_len = min(self.context_length, self.kv.capacity)
+        ring = self.runner.attn.ring
         self.scheduler = Scheduler(
             SchedulerConfig(args.max_running_requests, args.max_prefill_tokens,
-                            max_seq_len=self.max_seq_len), self.kv,
-            bound=self.compressor.bound if self.compressor is not None else None)
+                            max_seq_len=self.max_seq_len,
+                            match_tail=ring.window if ring is not None else 1), self.kv,
+            bound=self.compressor.bound if self.compressor is not None else None,
+            cow=self.compressor.cow_slots if self.compressor is not None else None)
         self.detok = Detokenizer(self.tokenizer)
         self.overlap = not args.disable_overlap_schedule
         self.outputs = OutputBuilder(self.tokenizer, self.detok, self.compressor, args.weight_version)
@@ -211,8 +214,8 @@ class Engine:
         self.loop.call(self._continue)
 
     def flush_cache(self) -> bool:
-        """No prefix cache to drop; succeeds only when idle, as SGLang's does."""
-        return self.loop.call(lambda: not (self.scheduler.running or self.scheduler.waiting))
+        """Empty the prefix cache; succeeds only when idle, as SGLang's does."""
+        return self.loop.call(self._flush)
 
     # ================================================================ weights (weights/updates.py)
 
@@ -311,6 +314,12 @@ class Engine:
         for seq in victims:
             self.loop.finish(seq, abort_reason(message))
         return len(victims)
+
+    def _flush(self) -> bool:
+        if self.scheduler.running or self.scheduler.waiting:
+            return False
+        self.kv.flush()
+        return True
 
     def _set_version(self, version: str) -> None:
         self.outputs.weight_version = version

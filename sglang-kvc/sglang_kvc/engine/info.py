@@ -34,6 +34,7 @@ def server_info(engine) -> dict:
         "num_running_reqs": len(sch.running),
         "num_waiting_reqs": len(sch.waiting),
         "num_preemptions": sch.num_preemptions,
+        "prefill_tokens": runner.prefill_tokens,
         "paused": sch.paused,
         "weight_version": engine.weight_version,
         "resolved_device": str(runner.device),

@@ -112,6 +112,7 @@ class ModelRunner:
         self.rows = RowState(args.max_running_requests + 1, self.device)
         self.host_ring = HostRing() if self.device.type == "cuda" else None
         self._batch_cache: BatchTensors | None = None
+        self.prefill_tokens = 0  # tokens computed by prefills (a cached prefix is not)
         self.graphs = None
         if self.device.type == "cuda" and backend == "triton" and args.cuda_graph:
             sizes = parse_batch_sizes(args.cuda_graph_bs) if args.cuda_graph_bs else None
@@ -217,6 +218,7 @@ class ModelRunner:
         dev = self.device
         chunks = [s.pending_ids() for s in seqs]
         counts = [len(c) for c in chunks]
+        self.prefill_tokens += sum(counts)
         flat = [t for c in chunks for t in c]
         prefix = [s.num_computed for s in seqs]  # cached slots at the head of each row
         out_slots = self.kv.extend(seqs, counts)

@@ -17,7 +17,7 @@ from typing import Iterator
 from ..models.config import ModelConfig
 from ..server_args import ServerArgs, check_model_dir
 from ..weights.updates import WeightUpdater
-from .admission import Admission, Demand, QueueFull, check_n, counted, demand_of, limits_from_args
+from .admission import Admission, Demand, QueueFull, check_n, counted, limits_from_args, token_shares
 from .detokenizer import Detokenizer
 from .finish import abort_reason
 from .info import server_info
@@ -174,12 +174,11 @@ class Engine:
         check_n(items, self.admission.limits.max_n)  # before n samples are built
         self.admission.check_alone(Demand(sum(it.params.n for it in items), 0))
         seqs = [s for it in items for s in make_sequences(it, self.tokenizer, self._limits, self._rng)]
-        demand = demand_of(seqs, self.max_seq_len)
-        self.admission.admit(demand)
+        shares = token_shares(seqs, self.max_seq_len, shared=self.kv.prefix is not None)
+        self.admission.admit(Demand(len(seqs), sum(shares)))
         futures = []
-        for seq in seqs:
+        for seq, tokens in zip(seqs, shares):
             fut: concurrent.futures.Future = concurrent.futures.Future()
-            tokens = demand_of([seq], self.max_seq_len).tokens
             seq.on_update = counted(notifier(fut, on_update), self.admission, tokens)
             futures.append(fut)
         self.loop.put(seqs)

@@ -53,6 +53,12 @@ class SchedulerConfig:
     match_tail: int = 1  # prompt tokens always computed by a compressing request (its query ring)
 
 
+def _group_key(seq: Sequence) -> tuple:
+    """Requests that may share one prefill: the same prompt, and the same query-ring needs (a
+    compressing leader computes its last w tokens, which its followers' rings copy)."""
+    return seq.compress, tuple(seq.prompt_ids)
+
+
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, kv: KVCache, bound=None, cow=None):
         """`bound(seq, held) -> slots`: the most a request will hold from now on (compression);
@@ -122,7 +128,7 @@ class Scheduler:
             return None, None, 0
         fresh = seq.num_computed == 0 and not seq.output_ids
         wants_input_lp = seq.return_logprob and seq.logprob_start_len >= 0
-        leader = leaders.get(tuple(seq.prompt_ids)) if fresh and not wants_input_lp else None
+        leader = leaders.get(_group_key(seq)) if fresh and not wants_input_lp else None
         if leader is not None:
             return leader, None, len(seq.prompt_ids)
         match = self.kv.match(seq.prompt_ids[:self._match_cap(seq)])
@@ -156,7 +162,7 @@ class Scheduler:
             self.kv.attach(seq, match)
             seq.leader = leader
             if leader is None and self.kv.prefix is not None and not seq.output_ids:
-                leaders.setdefault(tuple(seq.prompt_ids), seq)
+                leaders.setdefault(_group_key(seq), seq)
             seq.status = Status.RUNNING
             admitted.append(seq)
             budget -= need

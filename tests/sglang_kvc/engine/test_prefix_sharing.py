@@ -138,6 +138,19 @@ def test_flush_cache_empties_the_tree_only_when_idle(tiny_models):
         assert eng.kv.allocator.num_free == eng.kv.capacity
 
 
+def test_queue_bound_counts_a_shared_prompt_once(tiny_models):
+    """--max-queued-tokens: 8 samples of a 40-token prompt with 24 new tokens each need
+    40 + 8 * 24 = 232 tokens with sharing, 8 * 64 = 512 without; the bound is 300. After the
+    request the count is back to 0 (each sample gave back its own share)."""
+    body = {"input_ids": prompt(), "sampling_params": dict(GREEDY, n=8)}
+    with make(tiny_models, False, max_queued_tokens=300) as ref:
+        with pytest.raises(ValueError, match="max-queued-tokens"):
+            ref.submit_generate(body)
+    with make(tiny_models, True, max_queued_tokens=300) as eng:
+        assert len([f.result() for f in eng.submit_generate(body)]) == 8
+        assert eng.admission.tokens == 0 and eng.admission.samples == 0
+
+
 def test_preemption_abort_and_retract_release_shared_slots(tiny_models):
     """A pool too small for 8 samples of a 40-token prompt at once (preemptions), an abort of a
     group mid-run, and a retract: outputs equal the reference's and no slot is lost."""

@@ -6,8 +6,9 @@ length, all submitted at once, as the long-tail plug-in makes the trainer send t
 `--response-cap`, ~12% at the cap), on random weights of the 0.5B shape (bench_engine.py). Prompts
 are chain tasks (dataset/long_arith.py) as character ids, cut to `--prompt-lens`; past the chain
 question's length a few-shot block of worked chain answers, the same for every group, comes first
-(a shared system / few-shot prompt). Each (prompt length, config) is a fresh engine with the pool
-at `--pool-tokens` slots, warmed up before the timed rollout. Reported per run:
+(a shared system / few-shot prompt). Each config is one engine (pool at `--pool-tokens` slots,
+warmed up) that runs every workload in turn, its prefix cache flushed in between. Reported per
+rollout:
 
     pool_peak        most slots requests held at once (shared slots once), and per group
     held_at_once     most samples running at once
@@ -15,8 +16,8 @@ at `--pool-tokens` slots, warmed up before the timed rollout. Reported per run:
     rollout_s        wall seconds of the rollout
     vs_dense         pool_peak / dense-without-sharing's at the same prompt length
 
-plus an n = 1 pass (`--n1-groups` distinct prompts of the first length) showing that sharing
-costs nothing when nothing is shared. RL step seconds are not measured here (bench_rl_step.py
+plus an n = 1 pass (`--n1-groups` distinct prompts of the first length, responses up to
+`--n1-response-cap`) showing that sharing costs nothing when nothing is shared. RL step seconds are not measured here (bench_rl_step.py
 runs the whole loop; its trainer runs with sharing on by default).
 
     PYTHONPATH=sglang-kvc:. python benchmarks/bench_prefix_sharing.py --json runs/prefix.json
@@ -77,18 +78,23 @@ def engine_kwargs(config: str, args) -> dict:
     return kw
 
 
-def run(path: str, config: str, prompts: list[list[int]], n: int, args) -> dict:
+def run(path: str, config: str, workloads: list[tuple[list[list[int]], int, int]], args) -> list[dict]:
+    """One engine for `config` (one start-up, one set of graph captures) and every (prompts,
+    n, response cap) workload in turn, the prefix cache flushed in between."""
     from sglang_kvc import Engine
 
-    ctx = max(len(p) for p in prompts) + args.response_cap + 16
+    ctx = max(len(p) + cap for prompts, _, cap in workloads for p in prompts) + 16
     engine = Engine(model_path=path, device=args.device, context_length=ctx,
                     max_running_requests=args.max_running, **engine_kwargs(config, args))
     try:
-        engine.generate(input_ids=prompts[0], sampling_params={"max_new_tokens": 8, "n": n,
-                                                               "ignore_eos": True})  # warm-up
-        engine.flush_cache()
-        lengths = response_lengths(len(prompts) * n, args.response_cap, args.seed)
-        return timed(engine, prompts, n, lengths)
+        engine.generate(input_ids=workloads[0][0][0], sampling_params={
+            "max_new_tokens": 8, "n": workloads[0][1], "ignore_eos": True})  # warm-up
+        out = []
+        for prompts, n, cap in workloads:
+            engine.flush_cache()
+            lengths = response_lengths(len(prompts) * n, cap, args.seed)
+            out.append(timed(engine, prompts, n, lengths))
+        return out
     finally:
         engine.shutdown()
 
@@ -120,14 +126,15 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="qwen2.5-0.5b")
     p.add_argument("--prompt-lens", type=int, nargs="+", default=[200, 1000, 2000])
-    p.add_argument("--groups", type=int, default=4)
+    p.add_argument("--groups", type=int, default=8)
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--n1-groups", type=int, default=32, help="distinct prompts of the n = 1 pass")
     p.add_argument("--response-cap", type=int, default=4096)
-    p.add_argument("--pool-tokens", type=int, default=65536)
+    p.add_argument("--n1-response-cap", type=int, default=1024, help="the n = 1 pass's cap")
+    p.add_argument("--pool-tokens", type=int, default=32768)
     p.add_argument("--budget", type=int, default=128)
     p.add_argument("--divide-length", type=int, default=32)
-    p.add_argument("--max-running", type=int, default=64)
+    p.add_argument("--max-running", type=int, default=128)
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
@@ -137,16 +144,20 @@ def main(argv: list[str] | None = None) -> dict:
     if args.smoke:
         args.shape, args.device, args.prompt_lens, args.groups, args.n = "tiny", "cpu", [24, 60], 2, 4
         args.n1_groups, args.response_cap, args.pool_tokens, args.budget = 4, 32, 600, 16
+        args.n1_response_cap = 16
         args.divide_length = 8
     with tempfile.TemporaryDirectory() as tmp:
         build_checkpoint(tmp, args.seed, args.shape)
         vocab = json.loads((Path(tmp) / "config.json").read_text())["vocab_size"]
-        rows = []
-        for length in args.prompt_lens:
-            prompts = make_prompts(args.groups, length, vocab, args.seed)
-            rows += measure(tmp, prompts, args.n, length, args)
-        prompts = make_prompts(args.n1_groups, args.prompt_lens[0], vocab, args.seed + 1)
-        rows += measure(tmp, prompts, 1, args.prompt_lens[0], args)
+        workloads = [(make_prompts(args.groups, length, vocab, args.seed), args.n, args.response_cap)
+                     for length in args.prompt_lens]
+        workloads.append((make_prompts(args.n1_groups, args.prompt_lens[0], vocab, args.seed + 1), 1,
+                          args.n1_response_cap))
+        runs = {config: run(tmp, config, workloads, args) for config in args.configs}
+    rows = []
+    for i, (prompts, n, _) in enumerate(workloads):
+        rows += report([{"config": c, "prompt_len": len(prompts[0]), "n": n, **runs[c][i]}
+                        for c in args.configs])
     result = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "rows": rows}
     if args.json:
@@ -155,15 +166,12 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def measure(path: str, prompts: list[list[int]], n: int, length: int, args) -> list[dict]:
-    rows = []
-    for config in args.configs:
-        row = {"config": config, "prompt_len": length, "n": n, **run(path, config, prompts, n, args)}
-        rows.append(row)
+def report(rows: list[dict]) -> list[dict]:
+    """One workload's rows, with each pool peak relative to dense-without-sharing's, printed."""
     base = next((r["pool_peak"] for r in rows if r["config"] == "dense"), None)
     for r in rows:
         r["vs_dense"] = r["pool_peak"] / base if base else None
-        print(f"P={length:5d} n={n} {r['config']:12s} peak {r['pool_peak']:7d} "
+        print(f"P={r['prompt_len']:5d} n={r['n']} {r['config']:12s} peak {r['pool_peak']:7d} "
               f"({r['pool_peak_per_group']:8.0f}/group, {r['vs_dense'] or 0:.2f} of dense) "
               f"held {r['held_at_once']:3d}  prefill {r['prefill_tokens']:7d}  "
               f"preempt {r['preemptions']:3d}  {r['rollout_s']:6.1f} s", flush=True)

@@ -41,7 +41,8 @@ CONFIGS = {
 
 
 def make(tiny_models, sharing: bool, name="qwen2.5", **kw):
-    return Engine(model_path=str(tiny_models[name]), device="cpu", disable_radix_cache=not sharing,
+    kw = {"device": "cpu", **kw}
+    return Engine(model_path=str(tiny_models[name]), disable_radix_cache=not sharing,
                   random_seed=0, **kw)
 
 
@@ -203,3 +204,17 @@ def test_random_mixes_keep_tokens_and_pool(tiny_models, seed):
                 if g["meta_info"]["finish_reason"]["type"] != "abort":
                     assert g["output_ids"] == w["output_ids"], (b["rid"], kw)
         assert_clean(eng)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("config", ["dense", "rkv", "snapkv-keep"])
+def test_cuda_sharing_matches_no_sharing(tiny_models, config):
+    """CUDA, fp32: the Triton backend's prefill with cached prefixes (gather + masked SDPA) and
+    CUDA-graph decode over shared slots give the tokens of --disable-radix-cache."""
+    outs = {}
+    for sharing in (False, True):
+        with make(tiny_models, sharing, device="cuda", dtype="float32", **CONFIGS[config]) as eng:
+            outs[sharing] = run_modes(eng, 8)
+    for mode in outs[False]:
+        assert_same(outs[True][mode], outs[False][mode])

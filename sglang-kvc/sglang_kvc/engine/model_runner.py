@@ -197,24 +197,25 @@ class ModelRunner:
 
     def _prefill(self, seqs: list[Sequence]):
         """Forward the requests that compute (a cached prefix at the head of a row is read, not
-        recomputed); followers (`seq.leader`) then share their leader's slots and logits row."""
+        recomputed); followers (`seq.leader`) then share their leader's slots and its last
+        hidden state, so the LM head still runs on one row per request (as without sharing)."""
         computed = [s for s in seqs if s.leader is None]
-        logits, input_lp = self._forward_prefill(computed)
+        at = {id(s): i for i, s in enumerate(computed)}
+        logits, input_lp = self._forward_prefill(computed, [at[id(s.leader or s)] for s in seqs])
         if self.kv.prefix is None:
             return logits, input_lp
         for s in computed:
             self.kv.cache_prompt(s)
-        at = {id(s): i for i, s in enumerate(computed)}
         followers = [s for s in seqs if s.leader is not None]
         for f in followers:
             self.kv.share(f, f.leader)
         if followers and self.attn.ring is not None:
             self.attn.ring.copy_rows([f.row for f in followers], [f.leader.row for f in followers])
-        index = [at[id(s.leader or s)] for s in seqs]
-        input_lp = {seqs.index(computed[i]): lp for i, lp in input_lp.items()}
-        return logits[torch.tensor(index, device=logits.device)], input_lp
+        return logits, {seqs.index(computed[i]): lp for i, lp in input_lp.items()}
 
-    def _forward_prefill(self, seqs: list[Sequence]):
+    def _forward_prefill(self, seqs: list[Sequence], order: list[int]):
+        """The prefill forward of `seqs`; logits of their last tokens in the order `order`
+        (indices into seqs, one per request of the batch)."""
         dev = self.device
         chunks = [s.pending_ids() for s in seqs]
         counts = [len(c) for c in chunks]
@@ -235,8 +236,8 @@ class ModelRunner:
             meta.rec_index, meta.rec_rows, meta.rec_pos = idx, rows, pos
         self.attn.meta = meta
         hidden = self.model(torch.tensor(flat, device=dev), positions, self.attn)
-        last = torch.tensor([st + n - 1 for st, n in zip(starts, counts)], device=dev)
-        logits = self.model.logits(hidden[last], upcast=False)
+        last = [st + n - 1 for st, n in zip(starts, counts)]
+        logits = self.model.logits(hidden[torch.tensor([last[i] for i in order], device=dev)], upcast=False)
         input_lp = {}
         for i, s in enumerate(seqs):
             if s.return_logprob and s.logprob_start_len >= 0 and s.input_logprobs is None:

@@ -4,12 +4,15 @@ eviction records, for dense, R-KV (prompt compressed at decode), SnapKV with the
 SnapKV compressing the prompt at prefill; n = 1 and 8, one request with n, n requests submitted
 together and one after another. After every mix no lock is left and, flushed, the pool is empty.
 
-Where the outputs are not bit for bit equal on CPU, and the bound the tests hold them to (1e-5
-on log-probs; measured <= 1e-6 on the tiny models): the reference prefills n copies of a prompt
-in one batch, sharing prefills it once, and a cache hit computes only the prompt's tail (1
-token, or the last w with a query-scoring policy) against the cached slots. Same math, but CPU
-GEMMs and SDPA sum in an order that depends on the number of rows (a 1-row matmul takes another
-kernel than a 40-row one), so the last bits differ; tokens and eviction records are equal.
+Bit for bit: the n samples of one request, and n identical prompts in one batch, are prefilled
+once and the LM head still runs on one row per sample, so they equal the reference exactly. A
+cache hit (one after another) computes only the prompt's tail against the cached slots: same
+math, but a CPU GEMM with 1 row takes another kernel than one with 40 (and the reference itself
+moves by as much with its batch-mates: a prompt alone vs after a 3-token batch-mate differs by
+4.8e-7 in its log-probs on the tiny model), so there the tests bound log-probs by 1e-5 (measured
+<= 1e-6); tokens and eviction records are equal. (Exactness of the one-prefill modes also needs
+the reference's n copies to be bit-identical to each other, which holds here: the prompt length,
+40, keeps every copy on the same GEMM row tiling.)
 
 Mutation checks: dropping the flush from `ModelRunner.load_weights` fails
 `test_weight_update_never_reuses_stale_kv`; freeing `row[:kv_len]` in `KVCache.release` fails
@@ -81,12 +84,12 @@ def run_modes(eng, n: int) -> dict:
     return {k: v if isinstance(v, list) else [v] for k, v in out.items()}
 
 
-def assert_same(got: list, want: list) -> None:
+def assert_same(got: list, want: list, exact: bool = False) -> None:
     for g, w in zip(got, want, strict=True):
         assert g["output_ids"] == w["output_ids"]
         a = [x[0] for x in g["meta_info"]["output_token_logprobs"]]
         b = [x[0] for x in w["meta_info"]["output_token_logprobs"]]
-        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5
+        assert a == b if exact else max(abs(x - y) for x, y in zip(a, b)) < 1e-5
         if "eviction_record" in w["meta_info"]:
             assert torch.equal(g["meta_info"]["eviction_record"], w["meta_info"]["eviction_record"])
 
@@ -101,7 +104,7 @@ def test_sharing_matches_no_sharing(tiny_models, config, n):
         got = run_modes(eng, n)
         stats = eng.get_server_info()["prefix_cache"]
     for mode in want:
-        assert_same(got[mode], want[mode])
+        assert_same(got[mode], want[mode], exact=mode != "sequential")
     P = len(prompt())
     if n > 1:  # the followers of one request and of one batch took the whole prompt
         assert [o["meta_info"]["cached_tokens"] for o in got["n"]] == [0] + [P] * (n - 1)

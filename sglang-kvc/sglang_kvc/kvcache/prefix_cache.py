@@ -165,7 +165,11 @@ class PrefixCache:
 
 
 def _common(edge: list[int], tokens: list[int], start: int) -> int:
+    """Length of the common head of `edge` and tokens[start:] (a whole-slice compare first: the
+    usual full match of a long prompt edge then costs no Python loop)."""
     n = min(len(edge), len(tokens) - start)
+    if edge[:n] == tokens[start:start + n]:
+        return n
     for j in range(n):
         if edge[j] != tokens[start + j]:
             return j

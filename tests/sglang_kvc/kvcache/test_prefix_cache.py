@@ -3,14 +3,15 @@ which slots a prompt matches, which are freed when, and that nothing a request r
 freed. Mutation checks: dropping `_split` (match ends mid-edge) fails the split test; freeing
 `row[:kv_len]` instead of `row[prefix_len:kv_len]` in `KVCache.release` fails the release test;
 unlock not walking the ancestors fails the eviction test; reset freeing locked nodes fails the
-reset test."""
+reset test; evict taking locked leaves too, or `_split` giving the upper node no lock count,
+fails the random-operations test."""
 
 from __future__ import annotations
 
 import torch
 
 from sglang_kvc.kvcache.kv_cache import KVCache, KVPool
-from sglang_kvc.kvcache.prefix_cache import PrefixCache
+from sglang_kvc.kvcache.prefix_cache import PrefixCache, _descendants
 
 
 class Req:
@@ -122,3 +123,54 @@ def test_share_and_copy_on_write_compaction_never_writes_a_shared_slot():
     kv.release(lead)
     kv.flush()
     assert kv.allocator.num_free == 31
+
+
+def test_random_operations_against_a_prefix_dict():
+    """300 seeded random sequences of insert / match / lock / unlock / evict / reset on short
+    token strings over a 3-letter alphabet (many shared heads), checked against a dict of every
+    cached prefix -> its slot: matches are the longest cached prefix with its slots, a locked
+    path is never freed, and at the end every slot the tree took is freed exactly once."""
+    import random
+
+    for seed in range(300):
+        rng = random.Random(seed)
+        freed: list[int] = []
+        c, ref, locks, taken, next_slot = tree(freed), {}, [], [], 1
+        for _ in range(30):
+            toks = [rng.randint(0, 2) for _ in range(rng.randint(1, 6))]
+            op = rng.random()
+            if op < 0.4:
+                slots = torch.arange(next_slot, next_slot + len(toks))
+                next_slot += len(toks)
+                m, existed = c.insert(toks, slots)
+                taken += slots[existed:].tolist()
+                for i in range(existed, len(toks)):
+                    ref[tuple(toks[:i + 1])] = int(slots[i])
+                if rng.random() < 0.5:
+                    c.lock(m.node)
+                    locks.append((m.node, [ref[tuple(toks[:i + 1])] for i in range(len(toks))]))
+            elif op < 0.6 and locks:
+                c.unlock(locks.pop(rng.randrange(len(locks)))[0])
+            elif op < 0.8:
+                before = len(freed)
+                c.evict(rng.randint(1, 6))
+                gone = set(freed[before:])
+                ref = {k: v for k, v in ref.items() if v not in gone}
+            elif op < 0.85:
+                c.reset()
+                ref = {}
+            n = 0
+            while n < len(toks) and tuple(toks[:n + 1]) in ref:
+                n += 1
+            m = c.match(toks)
+            assert m.slots.tolist() == [ref[tuple(toks[:i + 1])] for i in range(n)], seed
+            held = {s for _, path in locks for s in path}
+            assert not held & set(freed), seed
+            nodes = list(_descendants(c.root))
+            assert c.evictable == sum(x.slots.numel() for x in nodes if x.lock_ref == 0), seed
+            assert c.cached_tokens == sum(x.slots.numel() for x in nodes), seed
+        for node, _ in locks:
+            c.unlock(node)
+        c.reset()
+        assert sorted(freed) == sorted(taken), seed
+        assert c.cached_tokens == 0 and c.evictable == 0

@@ -2,8 +2,8 @@
 (`--disable-radix-cache`), in one process on one GPU.
 
 A rollout is `--groups` GRPO groups of `--n` samples (each sample its own request, with its own
-length, all submitted at once, as the long-tail plug-in makes the trainer send them) with long-tailed response lengths (long_tail.py: log-normal around a quarter of
-`--response-cap`, ~12% at the cap), on random weights of the 0.5B shape (bench_engine.py). Prompts
+length, all in one batched call) with long-tailed response lengths (long_tail.py: log-normal
+around a quarter of `--response-cap`, ~12% at the cap), on random weights of the 0.5B shape (bench_engine.py). Prompts
 are chain tasks (dataset/long_arith.py) as character ids, cut to `--prompt-lens`; past the chain
 question's length a few-shot block of worked chain answers, the same for every group, comes first
 (a shared system / few-shot prompt). Each config is one engine (pool at `--pool-tokens` slots,
@@ -105,13 +105,11 @@ def timed(engine, prompts: list[list[int]], n: int, lengths: list[int]) -> dict:
     sch.max_running = sch.num_preemptions = 0
     engine.kv.allocator.peak_used = 0
     runner.prefill_tokens = 0
+    ids = [p for p in prompts for _ in range(n)]  # a group's samples share a prompt
+    params = [{"max_new_tokens": m, "ignore_eos": True, "temperature": 1.0, "sampling_seed": i}
+              for i, m in enumerate(lengths)]
     t0 = time.perf_counter()
-    futures = []
-    for g, p in enumerate(prompts):  # a group's samples share a prompt, each its own length
-        for j in range(n):
-            futures += engine.submit_generate({"input_ids": p, "sampling_params": {
-                "max_new_tokens": lengths[g * n + j], "ignore_eos": True, "temperature": 1.0,
-                "sampling_seed": g * n + j}})
+    futures = engine.submit_generate({"input_ids": ids, "sampling_params": params})
     outs = [f.result() for f in futures]
     seconds = time.perf_counter() - t0
     peak = engine.kv.allocator.peak_used
@@ -143,9 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.smoke:
         args.shape, args.device, args.prompt_lens, args.groups, args.n = "tiny", "cpu", [24, 60], 2, 4
-        args.n1_groups, args.response_cap, args.pool_tokens, args.budget = 4, 32, 600, 16
-        args.n1_response_cap = 16
-        args.divide_length = 8
+        args.n1_groups, args.response_cap, args.pool_tokens, args.budget = 4, 32, 600, 10
+        args.n1_response_cap, args.divide_length = 16, 4
     with tempfile.TemporaryDirectory() as tmp:
         build_checkpoint(tmp, args.seed, args.shape)
         vocab = json.loads((Path(tmp) / "config.json").read_text())["vocab_size"]

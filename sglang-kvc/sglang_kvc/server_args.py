@@ -99,6 +99,9 @@ class ServerArgs:
         choices=["auto", "torch", "triton"])
     cuda_graph: bool = _arg(True, "capture decode steps in CUDA graphs (CUDA + triton only)",
                             negatable=True)
+    disable_radix_cache: bool = _arg(
+        False, "no prefix sharing: every request computes and holds its whole prompt (default: "
+               "prompts' KV is cached and shared, docs/engine.md 'Prefix sharing')")
     disable_overlap_schedule: bool = _arg(
         False, "read each step's tokens before launching the next (default: prepare step N+1 "
                "while the GPU runs step N)")

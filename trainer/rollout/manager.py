@@ -122,6 +122,9 @@ def sample_stats(gens: list[Generation], rewards: list[float]) -> dict:
             "aborted": float(sum(g.finish_reason == "abort" for g in gens)),
             # samples preempted (their KV dropped and recomputed) because the pool ran out
             "rollout_preemptions": float(sum(g.meta.get("num_preemptions", 0) for g in gens)),
+            # prompt tokens served from the engine's prefix cache (a group's prompt prefilled once)
+            "prefix_hit_fraction": sum(g.meta.get("cached_tokens", 0) for g in gens)
+            / max(sum(g.meta.get("prompt_tokens", 0) for g in gens), 1),
             **tail_stats(gens)}
 
 

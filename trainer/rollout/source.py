@@ -179,7 +179,8 @@ def start_manager(setup, tokenizer, plugin, prompts: list, device: str) -> Rollo
             tokenizer=tokenizer, offload=engines.offloads())
         pool = manager.pool_stats()
         info["detail"] = pool and (f"{pool_detail(pool)}; " + run_capacity(
-            pool["capacity"], engines.engine_flags, prompts, setup.plan.sampling.max_response_len))
+            pool["capacity"], engines.engine_flags, prompts, setup.plan.sampling.max_response_len,
+            setup.plan.n_samples))
     return manager
 
 

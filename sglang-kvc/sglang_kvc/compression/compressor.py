@@ -34,6 +34,13 @@ class Compressor:
     def bound(self, seq, held: int) -> int:
         return self.trigger.bound(seq, held)
 
+    def cow_slots(self, seq, shared: int) -> int:
+        """Slots a compaction may take from the pool to copy `shared` shared slots at the head of
+        the request's row (copy-on-write, KVCache.compact): none while they stay pinned."""
+        if shared <= self.trigger.pinned(seq):
+            return 0
+        return min(shared, self.trigger.floor(seq))
+
     def after_step(self, seqs: list, is_prefill: bool) -> None:
         groups: dict[tuple[int, int, int], list] = defaultdict(list)
         trigger = self.trigger

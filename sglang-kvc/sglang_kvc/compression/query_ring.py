@@ -31,3 +31,8 @@ class QueryRing:
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
         """[R, L, Hq, w, D] for table rows [R]."""
         return self.buf[:, rows].permute(1, 0, 3, 2, 4)
+
+    def copy_rows(self, dst: list[int], src: list[int]) -> None:
+        """Rows `dst` get the queries of rows `src` (a request sharing another's prefill)."""
+        dev = self.buf.device
+        self.buf[:, torch.tensor(dst, device=dev)] = self.buf[:, torch.tensor(src, device=dev)]

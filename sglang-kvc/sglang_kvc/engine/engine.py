@@ -17,7 +17,7 @@ from typing import Iterator
 from ..models.config import ModelConfig
 from ..server_args import ServerArgs, check_model_dir
 from ..weights.updates import WeightUpdater
-from .admission import Admission, Demand, QueueFull, check_n, counted, demand_of, limits_from_args
+from .admission import Admission, Demand, QueueFull, check_n, counted, limits_from_args, token_shares
 from .detokenizer import Detokenizer
 from .finish import abort_reason
 from .info import server_info
@@ -114,10 +114,13 @@ class Engine:
         self.context_length = self.runner.context_length
         # A request never grows past what the pool can hold alone, so it can always run.
         self.max_seq_len = min(self.context_length, self.kv.capacity)
+        ring = self.runner.attn.ring
         self.scheduler = Scheduler(
             SchedulerConfig(args.max_running_requests, args.max_prefill_tokens,
-                            max_seq_len=self.max_seq_len), self.kv,
-            bound=self.compressor.bound if self.compressor is not None else None)
+                            max_seq_len=self.max_seq_len,
+                            match_tail=ring.window if ring is not None else 1), self.kv,
+            bound=self.compressor.bound if self.compressor is not None else None,
+            cow=self.compressor.cow_slots if self.compressor is not None else None)
         self.detok = Detokenizer(self.tokenizer)
         self.overlap = not args.disable_overlap_schedule
         self.outputs = OutputBuilder(self.tokenizer, self.detok, self.compressor, args.weight_version)
@@ -171,12 +174,11 @@ class Engine:
         check_n(items, self.admission.limits.max_n)  # before n samples are built
         self.admission.check_alone(Demand(sum(it.params.n for it in items), 0))
         seqs = [s for it in items for s in make_sequences(it, self.tokenizer, self._limits, self._rng)]
-        demand = demand_of(seqs, self.max_seq_len)
-        self.admission.admit(demand)
+        shares = token_shares(seqs, self.max_seq_len, shared=self.kv.prefix is not None)
+        self.admission.admit(Demand(len(seqs), sum(shares)))
         futures = []
-        for seq in seqs:
+        for seq, tokens in zip(seqs, shares):
             fut: concurrent.futures.Future = concurrent.futures.Future()
-            tokens = demand_of([seq], self.max_seq_len).tokens
             seq.on_update = counted(notifier(fut, on_update), self.admission, tokens)
             futures.append(fut)
         self.loop.put(seqs)
@@ -211,8 +213,8 @@ class Engine:
         self.loop.call(self._continue)
 
     def flush_cache(self) -> bool:
-        """No prefix cache to drop; succeeds only when idle, as SGLang's does."""
-        return self.loop.call(lambda: not (self.scheduler.running or self.scheduler.waiting))
+        """Empty the prefix cache; succeeds only when idle, as SGLang's does."""
+        return self.loop.call(self._flush)
 
     # ================================================================ weights (weights/updates.py)
 
@@ -311,6 +313,12 @@ class Engine:
         for seq in victims:
             self.loop.finish(seq, abort_reason(message))
         return len(victims)
+
+    def _flush(self) -> bool:
+        if self.scheduler.running or self.scheduler.waiting:
+            return False
+        self.kv.flush()
+        return True
 
     def _set_version(self, version: str) -> None:
         self.outputs.weight_version = version

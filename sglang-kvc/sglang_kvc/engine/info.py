@@ -7,6 +7,8 @@ from .. import __version__
 
 
 def pool_info(kv) -> dict:
+    """`used`: slots requests hold (shared ones once); `free` includes cached slots no request
+    reads (the prefix cache gives them up on demand)."""
     used = kv.capacity - kv.num_free
     return {"capacity": kv.capacity, "used": used, "free": kv.num_free,
             "usage": used / kv.capacity, "allocated": kv.pool.allocated,
@@ -32,6 +34,7 @@ def server_info(engine) -> dict:
         "num_running_reqs": len(sch.running),
         "num_waiting_reqs": len(sch.waiting),
         "num_preemptions": sch.num_preemptions,
+        "prefill_tokens": runner.prefill_tokens,
         "paused": sch.paused,
         "weight_version": engine.weight_version,
         "resolved_device": str(runner.device),
@@ -43,6 +46,8 @@ def server_info(engine) -> dict:
     })
     if runner.graphs is not None:
         info["cuda_graphs"] = runner.graphs.stats()
+    if engine.kv.prefix is not None:
+        info["prefix_cache"] = engine.kv.prefix.stats()
     if engine.compressor is not None:
         info["compression"] = compression_info(engine.compressor)
     info["internal_states"] = [{k: info[k] for k in (

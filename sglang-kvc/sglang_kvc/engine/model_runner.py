@@ -32,7 +32,7 @@ from .sampler import Sampler, SamplingBatch
 from .scheduler import Batch
 from .sequence import Sequence
 from .step_io import (_DTYPES, BatchTensors, HostRing, PendingStep, StepOutput, pack_outputs,
-                      prefill_layout, resolve_device, resolve_dtype)
+                      extend_layout, prefill_layout, resolve_device, resolve_dtype)
 from ..server_args import ServerArgs, parse_batch_sizes
 from ..weights.loader import iter_safetensors, load_named_tensors
 
@@ -99,7 +99,8 @@ class ModelRunner:
         kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
         pool = KVPool(kv_pool_slots(args, cfg, self.device, kv_dtype), cfg.num_layers,
                       cfg.num_kv_heads, cfg.head_dim, kv_dtype, self.device)
-        self.kv = KVCache(pool, args.max_running_requests, self.context_length)
+        self.kv = KVCache(pool, args.max_running_requests, self.context_length,
+                          prefix_cache=not args.disable_radix_cache)
         backend = self.backend_name = resolve_backend(args.attention_backend, self.device)
         cls = TritonAttention if backend == "triton" else TorchAttention
         self.attn = cls(self.kv, cfg.num_heads, cfg.head_dim)
@@ -111,6 +112,7 @@ class ModelRunner:
         self.rows = RowState(args.max_running_requests + 1, self.device)
         self.host_ring = HostRing() if self.device.type == "cuda" else None
         self._batch_cache: BatchTensors | None = None
+        self.prefill_tokens = 0  # tokens computed by prefills (a cached prefix is not)
         self.graphs = None
         if self.device.type == "cuda" and backend == "triton" and args.cuda_graph:
             sizes = parse_batch_sizes(args.cuda_graph_bs) if args.cuda_graph_bs else None
@@ -194,14 +196,37 @@ class ModelRunner:
         return sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids))
 
     def _prefill(self, seqs: list[Sequence]):
+        """Forward the requests that compute (a cached prefix at the head of a row is read, not
+        recomputed); followers (`seq.leader`) then share their leader's slots and its last
+        hidden state, so the LM head still runs on one row per request (as without sharing)."""
+        computed = [s for s in seqs if s.leader is None]
+        at = {id(s): i for i, s in enumerate(computed)}
+        logits, input_lp = self._forward_prefill(computed, [at[id(s.leader or s)] for s in seqs])
+        if self.kv.prefix is None:
+            return logits, input_lp
+        for s in computed:
+            self.kv.cache_prompt(s)
+        followers = [s for s in seqs if s.leader is not None]
+        for f in followers:
+            self.kv.share(f, f.leader)
+        if followers and self.attn.ring is not None:
+            self.attn.ring.copy_rows([f.row for f in followers], [f.leader.row for f in followers])
+        return logits, {seqs.index(computed[i]): lp for i, lp in input_lp.items()}
+
+    def _forward_prefill(self, seqs: list[Sequence], order: list[int]):
+        """The prefill forward of `seqs`; logits of their last tokens in the order `order`
+        (indices into seqs, one per request of the batch)."""
         dev = self.device
         chunks = [s.pending_ids() for s in seqs]
         counts = [len(c) for c in chunks]
+        self.prefill_tokens += sum(counts)
         flat = [t for c in chunks for t in c]
+        prefix = [s.num_computed for s in seqs]  # cached slots at the head of each row
         out_slots = self.kv.extend(seqs, counts)
         starts = list(itertools.accumulate(counts, initial=0))[:-1]
-        positions, pad_index, pad_rows = prefill_layout(counts, [s.num_computed for s in seqs], dev)
-        meta = AttentionMetadata(is_prefill=True, out_slots=out_slots, pad_index=pad_index, pad_rows=pad_rows)
+        positions, pad_index, pad_rows = prefill_layout(counts, prefix, dev)
+        meta = AttentionMetadata(is_prefill=True, out_slots=out_slots, pad_index=pad_index, pad_rows=pad_rows,
+                                 extend=extend_layout(counts, prefix, [s.row for s in seqs], dev))
         if self.attn.ring is not None:
             # The last w tokens of each request fill its query ring.
             w = self.attn.ring.window
@@ -211,18 +236,20 @@ class ModelRunner:
             meta.rec_index, meta.rec_rows, meta.rec_pos = idx, rows, pos
         self.attn.meta = meta
         hidden = self.model(torch.tensor(flat, device=dev), positions, self.attn)
-        last = torch.tensor([st + n - 1 for st, n in zip(starts, counts)], device=dev)
-        logits = self.model.logits(hidden[last], upcast=False)
+        last = [st + n - 1 for st, n in zip(starts, counts)]
+        logits = self.model.logits(hidden[torch.tensor([last[i] for i in order], device=dev)], upcast=False)
         input_lp = {}
         for i, s in enumerate(seqs):
             if s.return_logprob and s.logprob_start_len >= 0 and s.input_logprobs is None:
-                input_lp[i] = self._input_logprobs(s, hidden[starts[i]:starts[i] + counts[i]])
+                input_lp[i] = self._input_logprobs(s, hidden[starts[i]:starts[i] + counts[i]], prefix[i])
         for s, n in zip(seqs, counts):
             s.num_computed += n
         return logits, input_lp
 
-    def _input_logprobs(self, seq: Sequence, hidden: torch.Tensor):
-        """Logprob of each prompt token from `logprob_start_len` on (position 0 has none)."""
+    def _input_logprobs(self, seq: Sequence, hidden: torch.Tensor, offset: int = 0):
+        """Logprob of each prompt token from `logprob_start_len` on (position 0 has none).
+        `hidden` starts at position `offset` (the cached prefix is not computed: the scheduler
+        caps the match so that the positions needed here are)."""
         prompt = seq.prompt_ids
         start = min(seq.logprob_start_len, len(prompt) - 1)
         first = max(start, 1)
@@ -230,7 +257,8 @@ class ModelRunner:
         tops: list | None = ([None] if start == 0 else []) if seq.top_logprobs_num else None
         if first < len(prompt):
             t = seq.params.temperature if seq.params.temperature > 0 else 1.0
-            lp = torch.log_softmax(self.model.logits(hidden[first - 1:len(prompt) - 1]) / t, dim=-1)
+            lp = torch.log_softmax(self.model.logits(hidden[first - 1 - offset:len(prompt) - 1 - offset]) / t,
+                                   dim=-1)
             target = torch.tensor(prompt[first:], device=lp.device)
             lps += lp.gather(1, target[:, None])[:, 0].tolist()
             if tops is not None:
@@ -285,6 +313,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def load_weights(self, named) -> int:
+        # Cached KV was computed with the old weights: no request may match it again (a failed
+        # load may have changed some tensors, so this comes first).
+        self.kv.flush()
         n = load_named_tensors(self.model, named)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -44,7 +44,7 @@ class OutputBuilder:
             "finish_reason": seq.finish_reason if final else None,
             "prompt_tokens": len(seq.prompt_ids),
             "completion_tokens": len(seq.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": seq.cached_tokens,
             "weight_version": self.weight_version,
             "e2e_latency": (seq.finished_at or time.time()) - seq.created,
             "num_preemptions": seq.num_preemptions,

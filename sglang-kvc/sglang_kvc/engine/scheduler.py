@@ -16,6 +16,14 @@ running request may already have sampled its last token (max_new_tokens or the c
 counting the step in flight): it sits out of decode batches until the engine finishes it.
 `version` changes whenever the set of running requests does, so the runner can keep per-batch
 tensors (rows, sampling parameters) across the steps of an unchanged batch.
+
+Prefix sharing (kvcache/prefix_cache.py): at admission a request takes the longest cached prefix
+of its prompt (its last `match_tail` tokens are always computed: the last gives the logits, and a
+compressing request's query ring wants its last w queries), and a fresh request whose prompt
+equals one admitted in the same batch (the n samples of a request) becomes that one's follower:
+it is not computed, it shares the leader's slots and logits. Shared slots count once: a request
+needs only the slots it computes, and cached slots nobody reads are free room (evicted, least
+recently used first, before anything is preempted).
 """
 
 from __future__ import annotations
@@ -42,13 +50,21 @@ class SchedulerConfig:
     # immediate preemption on the next decode steps.
     reserve_steps: int = 8
     max_seq_len: int = 1 << 62  # prompt + output tokens at which a request stops decoding
+    match_tail: int = 1  # prompt tokens always computed by a compressing request (its query ring)
+
+
+def _group_key(seq: Sequence) -> tuple:
+    """Requests that may share one prefill: the same prompt, and the same query-ring needs (a
+    compressing leader computes its last w tokens, which its followers' rings copy)."""
+    return seq.compress, tuple(seq.prompt_ids)
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, kv: KVCache, bound=None):
+    def __init__(self, cfg: SchedulerConfig, kv: KVCache, bound=None, cow=None):
         """`bound(seq, held) -> slots`: the most a request will hold from now on (compression);
-        None = dense, reserve `reserve_steps` decode tokens per request."""
-        self.cfg, self.kv, self.bound = cfg, kv, bound
+        None = dense, reserve `reserve_steps` decode tokens per request. `cow(seq, shared)`: the
+        slots a compaction may allocate to copy `shared` shared slots (compression)."""
+        self.cfg, self.kv, self.bound, self.cow = cfg, kv, bound, cow
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -84,15 +100,39 @@ class Scheduler:
 
     def _reserve(self, seqs) -> int:
         if self.bound is not None:
-            return sum(max(self.bound(s, s.kv_len) - s.kv_len, 0) for s in seqs)
+            return sum(max(self.bound(s, s.kv_len) - s.kv_len, 0) + self.cow(s, s.prefix_len)
+                       for s in seqs)
         r = self.cfg.reserve_steps
         return sum(min(r, s.params.max_new_tokens - len(s.output_ids)) for s in seqs)
 
-    def _future(self, seq: Sequence, need: int) -> int:
-        """Slots a waiting request may need beyond its prefill's `need`."""
+    def _future(self, seq: Sequence, shared: int) -> int:
+        """Slots a waiting request may need beyond its prefill (which computes all but `shared`
+        of its tokens)."""
         if self.bound is not None:
-            return max(self.bound(seq, seq.num_tokens) - need, 0)
+            n = seq.num_tokens
+            return max(self.bound(seq, n) - n, 0) + self.cow(seq, shared)
         return min(self.cfg.reserve_steps, seq.params.max_new_tokens - len(seq.output_ids))
+
+    def _match_cap(self, seq: Sequence) -> int:
+        """Most prompt tokens `seq` may take from the cache."""
+        tail = self.cfg.match_tail if seq.compress else 1
+        cap = min(len(seq.prompt_ids), seq.num_tokens - tail)
+        if seq.return_logprob and seq.logprob_start_len >= 0 and seq.input_logprobs is None:
+            first = max(min(seq.logprob_start_len, len(seq.prompt_ids) - 1), 1)
+            cap = min(cap, first - 1)  # input log-probs need the hidden states from there on
+        return max(cap, 0)
+
+    def _plan(self, seq: Sequence, leaders: dict):
+        """(leader or None, cache match or None, tokens shared) for a waiting request."""
+        if self.kv.prefix is None:
+            return None, None, 0
+        fresh = seq.num_computed == 0 and not seq.output_ids
+        wants_input_lp = seq.return_logprob and seq.logprob_start_len >= 0
+        leader = leaders.get(_group_key(seq)) if fresh and not wants_input_lp else None
+        if leader is not None:
+            return leader, None, len(seq.prompt_ids)
+        match = self.kv.match(seq.prompt_ids[:self._match_cap(seq)])
+        return None, match, match.length if match is not None else 0
 
     def _admit(self) -> list[Sequence]:
         admitted: list[Sequence] = []
@@ -101,26 +141,32 @@ class Scheduler:
         budget = self.cfg.max_prefill_tokens
         reserve = self._reserve(self.running)
         free = self.kv.num_free
+        leaders: dict[tuple, Sequence] = {}
         while self.waiting:
             seq = self.waiting[0]
-            need = seq.num_tokens - seq.num_computed
             if len(self.running) + len(admitted) >= self.cfg.max_running_requests:
                 break
             if not self.kv.has_free_row():
                 break
+            leader, match, shared = self._plan(seq, leaders)
+            need = seq.num_tokens - seq.num_computed - shared  # tokens computed = slots taken
             if admitted and need > budget:
                 break
-            seq_reserve = self._future(seq, need)
-            if need + reserve + seq_reserve > free:
+            locked = self.kv.prefix.unlocked_on_path(match.node) if match is not None else 0
+            seq_reserve = self._future(seq, shared)
+            if need + locked + reserve + seq_reserve > free:
                 # Alone and idle, a request that fits the pool must run even without a reserve.
-                if self.running or admitted or need > free:
+                if self.running or admitted or need + locked > free:
                     break
             self.waiting.popleft()
-            self.kv.attach(seq)
+            self.kv.attach(seq, match)
+            seq.leader = leader
+            if leader is None and self.kv.prefix is not None and not seq.output_ids:
+                leaders.setdefault(_group_key(seq), seq)
             seq.status = Status.RUNNING
             admitted.append(seq)
             budget -= need
-            free -= need
+            free -= need + locked
             reserve += seq_reserve
         self.running.extend(admitted)
         self.version += bool(admitted)
@@ -142,6 +188,7 @@ class Scheduler:
         if seq.eviction is not None:  # readmitted, the query at its last sampled token samples
             seq.eviction.on_reset(len(seq.prompt_ids) + seq.num_sampled - 1)
         seq.num_computed = 0
+        seq.leader = None
         seq.status = Status.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1

@@ -46,6 +46,15 @@ class Sequence:
     # Output tokens sampled so far, counting a step still running on the GPU (overlap
     # scheduling appends its token to output_ids one step later): the next draw's index.
     num_sampled: int = 0
+    # Prefix sharing (kvcache/prefix_cache.py): row[:prefix_len] are slots of the cache's
+    # `prefix_node` path, which the request reads under a lock and never frees or writes.
+    # `leader`: a batch-mate with the same prompt whose prefill this request shares (it is not
+    # computed; it takes the leader's slots and last logits). `cached_tokens`: prompt tokens it
+    # did not compute (meta_info).
+    prefix_len: int = 0
+    prefix_node: Any = None
+    leader: "Sequence | None" = None
+    cached_tokens: int = 0
 
     # KV compression: stats for meta_info, and whether compression stopped (after </think>).
     num_compressions: int = 0

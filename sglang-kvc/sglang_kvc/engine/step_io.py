@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..kvcache.kv_cache import segments
+from ..layers.attention import ExtendLayout
 from ..models.config import ModelConfig
 from .sampler import SampleOutput, SamplingBatch
 from .scheduler import Batch
@@ -93,6 +94,29 @@ def prefill_layout(counts: list[int], first_pos: list[int], device) -> tuple[tor
     pad_index = torch.where(col < torch.tensor(counts)[:, None], start[:, None] + col, 0)
     pad_rows = seg * lmax + offset
     return tuple(t.to(device, non_blocking=True) for t in (positions, pad_index, pad_rows))
+
+
+def extend_layout(counts: list[int], prefix: list[int], rows: list[int], device) -> ExtendLayout | None:
+    """The `ExtendLayout` of a prefill whose i-th request computes counts[i] new tokens after
+    prefix[i] cached ones (None when no request has a prefix)."""
+    hit = [i for i, p in enumerate(prefix) if p]
+    if not hit:
+        return None
+    seg, start, offset = segments(counts)
+    n, p = torch.tensor([counts[i] for i in hit]), torch.tensor([prefix[i] for i in hit])
+    lq, lk = int(n.max()), int((n + p).max())
+    col = torch.arange(lq)[None, :]
+    q_index = torch.where(col < n[:, None], start[hit][:, None] + col, 0)
+    key = torch.arange(lk)[None, None, :]
+    qpos = (p[:, None] + col)[:, :, None]  # [E, Lq, 1] each query's position in its row
+    mask = (key <= qpos) & (key < (p + n)[:, None, None])
+    which = torch.zeros(len(counts), dtype=torch.int64)
+    which[hit] = torch.arange(len(hit))
+    tokens = torch.nonzero(torch.isin(seg, torch.tensor(hit)))[:, 0]
+    pad_rows = which[seg[tokens]] * lq + offset[tokens]
+    t = [x.to(device, non_blocking=True) for x in
+         (torch.tensor([rows[i] for i in hit]), q_index, mask[:, None], tokens, pad_rows)]
+    return ExtendLayout(*t)
 
 
 def sampling_columns(seqs: list[Sequence], vocab: int) -> tuple[list[list[float]], list[list[int]]]:

@@ -10,11 +10,16 @@
 
 Slot 0 and table row 0 are reserved as padding targets (padded decode rows write there), so
 they are never handed out.
+
+With the prefix cache (prefix_cache.py) a request's row may start with `seq.prefix_len` slots
+owned by the cache, which it reads under a lock and never frees; `release` frees only the rest.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .prefix_cache import Match, PrefixCache
 
 
 class KVPool:
@@ -58,13 +63,16 @@ def segments(counts: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 class SlotAllocator:
     def __init__(self, num_slots: int, device: torch.device):
         self.num_slots, self.device = num_slots, device
+        self.reclaimable = lambda: 0  # slots the prefix cache could evict (KVCache sets it)
         self.reset()
 
     def reset(self) -> None:
         self._free = torch.arange(1, self.num_slots, dtype=torch.int64, device=self.device)
         self._freed: list[torch.Tensor] = []  # freed since the list was last read (see free)
         self._num_free = self.num_slots - 1
-        self.peak_used = 0  # most slots ever held at once (allocations happen before compaction)
+        # Most slots ever held at once by requests (allocations happen before compaction); slots
+        # the prefix cache could evict (`reclaimable`) are room, not use.
+        self.peak_used = 0
 
     @property
     def capacity(self) -> int:
@@ -80,7 +88,7 @@ class SlotAllocator:
         free = self.free_slots
         out, self._free = free[:n], free[n:]
         self._num_free -= n
-        self.peak_used = max(self.peak_used, self.capacity - self._num_free)
+        self.peak_used = max(self.peak_used, self.capacity - self._num_free - self.reclaimable())
         return out
 
     @property
@@ -121,16 +129,22 @@ class ReqToToken:
 
 
 class KVCache:
-    """The three pieces above plus the per-request operations the scheduler and runner need."""
+    """The three pieces above plus the per-request operations the scheduler and runner need, and
+    the prefix cache (`prefix`, None when --disable-radix-cache)."""
 
-    def __init__(self, pool: KVPool, max_requests: int, max_len: int):
+    def __init__(self, pool: KVPool, max_requests: int, max_len: int, prefix_cache: bool = False):
         self.pool = pool
         self.allocator = SlotAllocator(pool.num_slots, pool.device)
         self.req_to_token = ReqToToken(max_requests, max_len, pool.device)
+        self.prefix = PrefixCache(self.allocator.free, pool.device) if prefix_cache else None
+        if self.prefix is not None:
+            self.allocator.reclaimable = lambda: self.prefix.evictable
 
     @property
     def num_free(self) -> int:
-        return self.allocator.num_free
+        """Slots a request can get: the free list plus cached slots no request reads (evicted
+        on demand). `capacity - num_free` is what requests hold, shared slots once."""
+        return self.allocator.num_free + (self.prefix.evictable if self.prefix is not None else 0)
 
     @property
     def capacity(self) -> int:
@@ -139,13 +153,76 @@ class KVCache:
     def has_free_row(self) -> bool:
         return bool(self.req_to_token.free_rows)
 
-    def attach(self, seq) -> None:
+    def _alloc(self, n: int) -> torch.Tensor:
+        short = n - self.allocator.num_free
+        if short > 0 and self.prefix is not None:
+            self.prefix.evict(short)
+        return self.allocator.alloc(n)
+
+    # ---------------------------------------------------------------- prefix sharing
+
+    def match(self, tokens: list[int]) -> Match | None:
+        """The cached prefix of `tokens` (None without a cache or tokens)."""
+        if self.prefix is None or not tokens:
+            return None
+        return self.prefix.match(tokens)
+
+    def attach(self, seq, match: Match | None = None) -> None:
+        """Give `seq` a table row; with a `match`, its head reads the cached prefix (locked)."""
         seq.row = self.req_to_token.alloc_row()
-        seq.kv_len = 0
+        seq.kv_len, seq.prefix_len, seq.prefix_node = 0, 0, None
+        if match is not None and match.length:
+            m = match.length
+            self.req_to_token.table[seq.row, :m] = match.slots.to(torch.int32)
+            self._hold(seq, match.node, m)
+            seq.kv_len = seq.num_computed = m
+            self._count_hit(seq, m)
+
+    def _hold(self, seq, node, length: int) -> None:
+        self.prefix.lock(node)
+        if seq.prefix_node is not None:
+            self.prefix.unlock(seq.prefix_node)
+        seq.prefix_node, seq.prefix_len = node, length
+
+    def _count_hit(self, seq, n: int) -> None:
+        """`seq` skipped computing n prompt tokens (meta_info.cached_tokens, hit stats)."""
+        seq.cached_tokens = max(seq.cached_tokens, n)
+        self.prefix.hit_tokens += n
+
+    def cache_prompt(self, seq) -> None:
+        """After `seq`'s prefill: its prompt's slots join the cache. Where the cache already held
+        part of the prompt (cached by a batch-mate, or past its capped match), the cached slots
+        replace the request's own copies, which are freed: its whole prompt is then shared."""
+        P = len(seq.prompt_ids)
+        if seq.prefix_len >= P:
+            return
+        row = self.req_to_token.table[seq.row, :P].long()
+        m, existed = self.prefix.insert(seq.prompt_ids, row)
+        if existed > seq.prefix_len:
+            self.allocator.free(row[seq.prefix_len:existed])
+            self.req_to_token.table[seq.row, seq.prefix_len:existed] = \
+                m.slots[seq.prefix_len:existed].to(torch.int32)
+        self._hold(seq, m.node, P)
+
+    def share(self, follower, leader) -> None:
+        """`follower` has `leader`'s prompt (cached by `cache_prompt`): it reads the same slots."""
+        P = len(leader.prompt_ids)
+        table = self.req_to_token.table
+        table[follower.row, :P] = table[leader.row, :P]
+        self._hold(follower, leader.prefix_node, P)
+        follower.kv_len = follower.num_computed = P
+        self._count_hit(follower, P)
+
+    def flush(self) -> None:
+        """Forget every cached prefix (requests still reading one keep it until they finish)."""
+        if self.prefix is not None:
+            self.prefix.reset()
+
+    # ---------------------------------------------------------------- per-request slots
 
     def extend(self, seqs: list, counts: list[int]) -> torch.Tensor:
         """Allocate `counts[i]` new slots at the end of seqs[i]'s table; returns them flat."""
-        slots = self.allocator.alloc(sum(counts))
+        slots = self._alloc(sum(counts))
         seg, _, offset = segments(counts)
         rows = torch.tensor([s.row for s in seqs], dtype=torch.int64)[seg]
         cols = torch.tensor([s.kv_len for s in seqs], dtype=torch.int64)[seg] + offset
@@ -166,7 +243,7 @@ class KVCache:
     def alloc_one(self, seqs: list) -> torch.Tensor:
         """One new slot per request, counted in its kv_len; the caller writes the table (a
         captured decode step does it on the device)."""
-        slots = self.allocator.alloc(len(seqs))
+        slots = self._alloc(len(seqs))
         for s in seqs:
             s.kv_len += 1
         return slots
@@ -180,19 +257,40 @@ class KVCache:
         Layers and heads may keep different tokens: slot row[j] then holds, for each (layer,
         head), that head's j-th kept entry. Keys carry their RoPE, so moving them is exact.
         `slots` may be a row's tail row[offset:n] (a pinned head is left as it is): the request
-        then holds offset + k slots.
+        then holds offset + k slots. A shared prefix reaching into row[offset:] is copied on
+        write (`_targets`).
         """
         k = keep_idx.shape[-1]
         src = slots.gather(1, keep_idx.flatten(1)).view_as(keep_idx)  # [R, L, Hkv, k]
-        src, dst = self._entry_index(src), self._entry_index(slots[:, None, None, :k].expand_as(src))
+        dst, freed = self._targets(seqs, slots, k, offset)
+        src, dst = self._entry_index(src), self._entry_index(dst[:, None, None, :].expand_as(src))
         for buf in (self.pool.k, self.pool.v):
             flat = buf.view(-1, buf.shape[-1])  # one row per (layer, slot, head) entry
             # index_select materialises every kept entry before index_copy_ writes, so
             # overlapping source and destination slots of the same request are safe.
             flat.index_copy_(0, dst, flat.index_select(0, src))
-        self.allocator.free(slots[:, k:].flatten())
+        self.allocator.free(freed)
         for s in seqs:
             s.kv_len = offset + k
+
+    def _targets(self, seqs: list, slots: torch.Tensor, k: int, offset: int):
+        """The [R, k] slots the kept entries move to, and the slots freed. A request whose shared
+        prefix reaches into the compacted part never writes a shared slot: its kept entries go
+        to its own slots (topped up from the pool) and it drops its lock (copy-on-write)."""
+        if all(s.prefix_len <= offset for s in seqs):
+            return slots[:, :k], slots[:, k:].flatten()
+        dst, freed = [], []
+        for i, s in enumerate(seqs):
+            own = slots[i, max(s.prefix_len - offset, 0):]
+            if s.prefix_len > offset:
+                if own.numel() < k:
+                    own = torch.cat([own, self._alloc(k - own.numel())])
+                self.req_to_token.table[s.row, offset:offset + k] = own[:k].to(torch.int32)
+                self.prefix.unlock(s.prefix_node)
+                s.prefix_node, s.prefix_len = None, 0
+            dst.append(own[:k])
+            freed.append(own[k:])
+        return torch.stack(dst), torch.cat(freed)
 
     def _entry_index(self, slots: torch.Tensor) -> torch.Tensor:
         """Flat row of pool entry (layer l, slot, head h) for `slots` [R, L, Hkv, k]: one
@@ -204,15 +302,21 @@ class KVCache:
         return (layer + slots.long() * hkv + head).flatten()
 
     def release(self, seq) -> None:
-        """Return all of a request's slots and its table row."""
+        """Return a request's own slots and its table row, and its lock on a cached prefix."""
         if seq.row is None:
             return
         seq.peak_kv = max(seq.peak_kv, seq.kv_len)  # a compression stat (meta_info)
-        if seq.kv_len:
-            self.allocator.free(self.req_to_token.table[seq.row, :seq.kv_len].to(torch.int64))
+        if seq.kv_len > seq.prefix_len:
+            row = self.req_to_token.table[seq.row, seq.prefix_len:seq.kv_len]
+            self.allocator.free(row.to(torch.int64))
+        if seq.prefix_node is not None:
+            self.prefix.unlock(seq.prefix_node)
         self.req_to_token.free_row(seq.row)
-        seq.row, seq.kv_len = None, 0
+        seq.row, seq.kv_len, seq.prefix_len, seq.prefix_node = None, 0, 0, None
 
     def reset(self) -> None:
+        """Everything free (a re-allocated pool): no request runs, nothing is cached."""
         self.allocator.reset()
         self.req_to_token.free_rows = list(range(self.req_to_token.table.shape[0] - 1, 0, -1))
+        if self.prefix is not None:
+            self.prefix = PrefixCache(self.allocator.free, self.pool.device)

@@ -1,8 +1,9 @@
 """Attention over the KV pool, for one flat batch of tokens.
 
 Every backend first writes the step's new K/V into their slots (`out_slots`), then:
-- prefill: causal attention among the new tokens of each request (a request is always prefilled
-  whole: fresh, or recomputed after preemption, so its KV is exactly its new tokens);
+- prefill: causal attention among the new tokens of each request; a request whose row starts
+  with a cached prefix (prefix sharing) attends to those slots in the pool too (`ExtendLayout`:
+  a gather of its row and SDPA with a mask, on every backend);
 - decode: one query per request against the slots in its table row, row[:kv_len].
 
 `TorchAttention` gathers each request's slots into a padded dense tensor (CPU, reference).
@@ -26,6 +27,18 @@ from ..kvcache.kv_cache import KVCache
 
 
 @dataclass
+class ExtendLayout:
+    """The prefill's requests whose rows start with cached slots (E of them): their new tokens
+    attend to row[:prefix + new] in the pool, query i of a request seeing key j iff j <= prefix +
+    i. Requests without a prefix keep the plain causal path (unchanged numerics)."""
+    rows: torch.Tensor  # [E] table rows
+    q_index: torch.Tensor  # [E, Lq] flat token index of each request's i-th new token (pad -> 0)
+    mask: torch.Tensor  # [E, 1, Lq, Lk] bool
+    tokens: torch.Tensor  # [Te] flat index of every new token of these requests
+    pad_rows: torch.Tensor  # [Te] its row in the [E * Lq] layout
+
+
+@dataclass
 class AttentionMetadata:
     is_prefill: bool
     out_slots: torch.Tensor  # [T] int64, where each new token's K/V goes
@@ -41,6 +54,7 @@ class AttentionMetadata:
     rec_index: torch.Tensor | None = None
     rec_rows: torch.Tensor | None = None
     rec_pos: torch.Tensor | None = None
+    extend: ExtendLayout | None = None  # prefill with cached prefixes
 
 
 class TorchAttention:
@@ -74,7 +88,10 @@ class TorchAttention:
         if self._records_queries():
             self.ring.record(layer, q if m.rec_index is None else q[m.rec_index], m.rec_rows, m.rec_pos)
         if self.meta.is_prefill:
-            return self.prefill(q, k, v)
+            out = self.prefill(q, k, v)
+            if m.extend is not None:
+                out[m.extend.tokens] = self.extend(layer, q, m.extend)
+            return out
         return self.decode(layer, q)
 
     def prefill(self, q, k, v) -> torch.Tensor:
@@ -84,6 +101,15 @@ class TorchAttention:
         out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=self.scale,
                                              enable_gqa=True)
         return out.transpose(1, 2).flatten(0, 1)[m.pad_rows]  # integer index: no device sync
+
+    def extend(self, layer: int, q, e: ExtendLayout) -> torch.Tensor:
+        """[Te, H, D] attention of the new tokens of requests with a cached prefix."""
+        pool = self.kv.pool
+        slots = self.kv.req_to_token.table[e.rows, :e.mask.shape[-1]].long()  # [E, Lk]
+        k, v = pool.k[layer][slots].transpose(1, 2), pool.v[layer][slots].transpose(1, 2)
+        out = F.scaled_dot_product_attention(q[e.q_index].transpose(1, 2), k, v, attn_mask=e.mask,
+                                             scale=self.scale, enable_gqa=True)
+        return out.transpose(1, 2).flatten(0, 1)[e.pad_rows]
 
     def decode(self, layer: int, q) -> torch.Tensor:
         m = self.meta

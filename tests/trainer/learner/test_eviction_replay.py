@@ -25,6 +25,7 @@ def engine_samples(hf, algo, selection, compress_prompt):
 
     g = torch.Generator().manual_seed(len(algo) + compress_prompt)
     prompts = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (6, 17, 23)]
+    prompts.append(prompts[1])  # prefix sharing: prefilled once, its slots copied on compaction
     with Engine(model_path=str(hf), device="cpu", compress_algorithm=algo,
                 compress_max_prompt=10, compress_divide_length=5, compress_max_window=3,
                 compress_num_sink=2, compress_prompt=compress_prompt,

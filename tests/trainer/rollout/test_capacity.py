@@ -44,3 +44,14 @@ def test_trainer_flag_reaches_the_engine():
     args = p.parse_args(["--sglang-compress-algorithm", "rkv", "--sglang-compress-keep-prompt"])
     server = engine_config_from_args(args).server_args()
     assert server.compress_keep_prompt and not server.compress_prompt
+
+
+def test_a_sharing_group_counts_one_prompt_and_n_responses():
+    """Prefix sharing: a group of 8 holds its 700-token prompt once (hand-computed: dense
+    700 + 8 * 4096 = 33468 slots a group, 4 groups in 134000; R-KV with the prompt kept
+    700 + 8 * 640 = 5820, 23 groups)."""
+    assert capacity_line(134000, 700, 4096, "rkv", 512, 128, keep_prompt=True, n=8,
+                         shared=True) == ("holds 32 samples of 700 + 4096 tokens at once dense, "
+                                          "184 with rkv prompt+512+128 (groups of 8 share a prompt)")
+    assert capacity_line(134000, 700, 4096, "rkv", 512, 128, keep_prompt=True, n=8) == (
+        "holds 27 samples of 700 + 4096 tokens at once dense, 100 with rkv prompt+512+128")

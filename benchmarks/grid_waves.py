@@ -48,8 +48,9 @@ class Wave:
 
 # Budgets with the prompt kept, from the CPU inference frontier (docs/benchmarks.md: with the prompt
 # kept R-KV / SnapKV keep 97-101% of dense's greedy accuracy from budget 64 up) and chain100's
-# shape: a ~290-token prompt and ~1,170-token answers, so a sample holds prompt + B + 16 slots
-# against dense's ~1,460: 256 -> ~0.39 of dense's pool peak (the <= 50% target), 128 -> ~0.30 (<= 35%).
+# shape: a 320-token prompt and 1,153-1,185-token full answers, so a compressed sample holds
+# 320 + B + 16 slots against a full dense one's ~1,490: 256 -> ~0.40 of dense's pool peak (the
+# <= 50% target), 128 -> ~0.31 (<= 35%), once dense writes whole answers (its warm-up's are half).
 WAVES = {
     1: Wave("chain100", ("dense", "rkv:256:sparse_rl", "rkv:128:sparse_rl"),
             "dense's gain over its start, dense, R-KV (prompt kept) at both budgets with sparse_rl"),
@@ -172,6 +173,8 @@ def _warm(base: Path, out: Path, task, seed: int, steps: int | None) -> Path:
         steps = task.warmup_steps if steps is None else steps
         demos = (task.demos or task.rows)(4 * steps, seed + 10_000)
         warm_up(base, demos, out, steps, seed=seed, device="cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the supervisor keeps running beside the runs
     return out
 
 

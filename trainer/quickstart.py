@@ -137,7 +137,7 @@ class SmolTask:
 # format at temperature 1 only after a short warm-up (sample reward 0.00 before, 0.30 after 12 steps).
 # Measurements: docs/long_task.md.
 # ``chain100``: 100 numbers, ~1,170 tokens for full credit, warmed up on 50-step answers so that
-# GRPO has the rest of the chain to learn (dataset.long_arith); 290-token prompts, 1,280 to answer.
+# GRPO has the rest of the chain to learn (dataset.long_arith); 320-token prompts, 1,280 to answer.
 SMOLLM2_TASKS = {"arith": SmolTask(smollm2_rows, "gsm8k", 160, 220, 40, 0),
                  "chain": SmolTask(chain_rows, "chain", 400, 600, 128, 12),
                  "chain100": SmolTask(long_chain_rows, "chain", 1280, 1600, 128, 12, long_chain_demos)}

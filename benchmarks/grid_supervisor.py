@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -51,11 +52,13 @@ def take(free: dict, n: int) -> list | None:
     return ready[:n]
 
 
-def write_state(args, jobs: list[waves.Job], status: dict, attempts: dict, done: bool) -> None:
+def write_state(args, jobs: list[waves.Job], status: dict, attempts: dict, done: bool,
+                pids: dict | None = None) -> None:
+    pids = pids or {}
     state = {"wave": args.wave_name, "num_rollout": args.num_rollout, "finished": done,
              "updated": time.time(),
-             "jobs": [{"task": j.task, "name": j.run.name, "status": status[j], "attempts": attempts[j]}
-                      for j in jobs]}
+             "jobs": [{"task": j.task, "name": j.run.name, "status": status[j], "attempts": attempts[j],
+                       "pid": pids.get(j)} for j in jobs]}
     tmp = args.out / (STATE + ".tmp")
     tmp.write_text(json.dumps(state, indent=1))
     tmp.replace(args.out / STATE)
@@ -77,6 +80,7 @@ def supervise(args, jobs: list[waves.Job]) -> int:
     prepared one at a time, and a seed's runs start as soon as its warm-up is ready."""
     if args.mps and shutil.which("nvidia-cuda-mps-control"):
         subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
+    stop_orphans(args.out)
     status = {j: "done" if already_done(j, args) else "pending" for j in jobs}
     attempts = {j: 0 for j in jobs}
     write_state(args, jobs, status, attempts, False)
@@ -98,12 +102,26 @@ def supervise(args, jobs: list[waves.Job]) -> int:
                                 [g for g in gpus if g is not None])
             slots.append(Slot(job, proc, gpus))
             print(f"[wave] {job.task}/{job.run.name} on {gpus} (attempt {attempts[job]})", flush=True)
-        write_state(args, jobs, status, attempts, False)
+        write_state(args, jobs, status, attempts, False, {s.job: s.proc.pid for s in slots})
         if not seeds:
             time.sleep(args.tick)
     write_state(args, jobs, status, attempts, True)
     write_reports(args, {j.task for j in jobs})
     return 1 if "failed" in status.values() else 0
+
+
+def stop_orphans(out: Path) -> None:
+    """Runs a previous supervisor of this folder started and left running (it died): stopped by
+    their ids, so that each is relaunched from its checkpoint rather than run twice."""
+    if not (out / STATE).is_file():
+        return
+    for job in json.loads((out / STATE).read_text()).get("jobs", []):
+        if job.get("status") == "running" and job.get("pid"):
+            try:
+                os.kill(job["pid"], signal.SIGTERM)
+                print(f"[wave] stopped {job['name']} (pid {job['pid']}) left by the last supervisor", flush=True)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _finished(slot: Slot, args, status: dict, attempts: dict, free: dict, evals: dict) -> bool:
@@ -176,11 +194,13 @@ def detach(argv: list[str], out: Path) -> int:
 
 
 def supervisor_alive(out: Path) -> bool:
+    """Whether another process is this folder's supervisor (a detached one is itself named)."""
     try:
-        os.kill(int((out / "supervisor.pid").read_text()), 0)
+        pid = int((out / "supervisor.pid").read_text())
+        os.kill(pid, 0)
     except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
         return False
-    return True
+    return pid != os.getpid()
 
 
 def progress_line(out: Path, state: dict) -> str:

@@ -133,3 +133,38 @@ def test_wave_cli_errors_are_one_line(tmp_path):
     none = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "correction_grid.py"), "poll", str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT)
     assert none.returncode == 2 and "no state.json" in none.stderr
+
+
+@pytest.mark.slow
+def test_cpu_smoke_detached_then_polled(tmp_path):
+    """``wave 1 --smoke``: the tiny model, 2 seeds x dense and R-KV 20, 2 rollouts, 4 held-out
+    prompts, two runs at a time on the CPU, started detached and polled to the end (~3-5 min on
+    2 free cores). Pairing shows in the data: a seed's dense and compressed runs start from one
+    warm-up, so their step-0 greedy scores agree prompt by prompt."""
+    grid_py = [sys.executable, str(ROOT / "benchmarks" / "correction_grid.py")]
+    started = subprocess.run([*grid_py, "wave", "1", "--smoke", "--out", str(tmp_path / "w"), "--detach"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert started.returncode == 0 and "supervisor" in started.stdout, started.stderr
+    polled = subprocess.run([*grid_py, "poll", str(tmp_path / "w"), "--wait", "1500", "--every", "15",
+                             "--bundle", str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT,
+                            timeout=1600)
+    assert polled.returncode == 0, polled.stdout[-3000:] + (tmp_path / "w" / "supervisor.log").read_text()[-3000:]
+    assert "| rkv:20:sparse_rl | 2 |" in polled.stdout and "Dense gain over its start" in polled.stdout
+    data = tmp_path / "w" / "data" / "arith"
+    assert sorted(p.name for p in data.iterdir()) == ["dense-s1.jsonl", "dense-s2.jsonl",
+                                                      "rkv-20-sparse_rl-s1.jsonl", "rkv-20-sparse_rl-s2.jsonl"]
+    for seed in (1, 2):
+        dense = [json.loads(x) for x in (data / f"dense-s{seed}.jsonl").read_text().splitlines()]
+        rkv = [json.loads(x) for x in (data / f"rkv-20-sparse_rl-s{seed}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in dense] == [0, 1, 2] and "kv_pool_peak_used" in rkv[1]
+        assert len(dense[0]["eval_prompts/arith"]) == 4
+        assert dense[0]["eval_prompts/arith"] == rkv[0]["eval_prompts/arith_dense"]
+        assert "eval_prompts/arith" in rkv[-1] and "eval_prompts/arith_dense" in rkv[-1]
+    import tarfile
+
+    with tarfile.open(tmp_path / "out" / "smoke.tar.gz") as tar:
+        names = tar.getnames()
+    assert "data/arith/dense-s1.jsonl" in names and "report-arith.md" in names and "state.json" in names
+    again = subprocess.run([*grid_py, "wave", "1", "--smoke", "--out", str(tmp_path / "w")],
+                           capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert again.returncode == 0 and "on [" not in again.stdout  # every run is done: none relaunched

@@ -92,6 +92,8 @@ def supervise(args, jobs: list[waves.Job]) -> int:
         if seeds:
             setups[seeds[0]] = prepare_seed(args, *seeds.pop(0), base)
         slots = [s for s in slots if not _finished(s, args, status, attempts, free, evals)]
+        for slot in slots:  # a run's older saves go as its newer ones land (~2 GB each)
+            waves.prune_checkpoints(slot.job.folder(args.out))
         for job in [j for j in jobs if status[j] == "pending" and (j.task, j.run.seed) in setups]:
             gpus = take(free, job.gpus)
             if gpus is None:

@@ -243,7 +243,7 @@ def launch(job: Job, args, setup: SeedSetup, evals: Path, gpus: list[int]) -> su
 
     folder = job.folder(args.out)
     prepare_run_dir(folder, setup.model, setup.model.parent)  # one torch_dist import per seed
-    _prune_checkpoints(folder)
+    prune_checkpoints(folder)
     argv = job_argv(job, args, setup, evals)
     (folder / "command.txt").write_text(" ".join(argv) + "\n")
     # the caller's PYTHONPATH stays after ours (carried wheels: megatron-core, gguf)
@@ -256,7 +256,7 @@ def launch(job: Job, args, setup: SeedSetup, evals: Path, gpus: list[int]) -> su
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _prune_checkpoints(folder: Path) -> None:
+def prune_checkpoints(folder: Path) -> None:
     """Only the latest complete save stays (each is ~2 GB for SmolLM2 with its optimizer)."""
     ckpt = checkpoint_of(folder)
     if ckpt is None:

@@ -68,7 +68,7 @@ def test_a_run_with_a_checkpoint_resumes_from_it(tmp_path):
     (ckpt / "latest_checkpointed_iteration.txt").write_text("20")
     argv = waves.job_argv(job, _args(tmp_path), _setup(tmp_path), tmp_path / "eval.jsonl")
     assert argv[argv.index("--load") + 1] == str(ckpt) and "--eval-before-train" not in argv
-    waves._prune_checkpoints(job.folder(tmp_path))
+    waves.prune_checkpoints(job.folder(tmp_path))
     assert sorted(p.name for p in ckpt.glob("iter_*")) == ["iter_0000020"]
 
 

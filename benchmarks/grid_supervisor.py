@@ -88,6 +88,9 @@ def supervise(args, jobs: list[waves.Job]) -> int:
     base, evals = prepare_common(args, todo)
     seeds = list(dict.fromkeys((j.task, j.run.seed) for j in todo))
     setups, free, slots = {}, lanes(args), []
+    for job in [j for j in todo if j.gpus > len(free)]:  # e.g. the 2-GPU layout on one GPU
+        status[job] = "failed"
+        print(f"[wave] {job.run.name} needs {job.gpus} GPUs, {len(free)} here: not run", flush=True)
     while any(s in ("pending", "running") for s in status.values()):
         if seeds:
             setups[seeds[0]] = prepare_seed(args, *seeds.pop(0), base)

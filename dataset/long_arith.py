@@ -15,10 +15,10 @@ totals from it. ``solution`` holds the full answer (the worked examples of ``tra
 SmolLM2-135M-Instruct writes the format at temperature 1 only after a few, docs/long_task.md).
 
 The long variant (``LONG_CHAIN``, the quickstart's ``--task chain100``): 100 numbers listed with
-spaces between them, a full answer of 1,153-1,185 SmolLM2 tokens, ~4x the largest KV budget trained. Its warm-up answers are half
-as long (``LONG_CHAIN_WARMUP``, 50 steps): the warm-up teaches the format, and writing the whole
-chain is left for GRPO to learn (each further right line earns 1/100), so a dense run has room to
-gain (docs/long_task.md).
+spaces between them, a full answer of 1,153-1,185 SmolLM2 tokens, ~4x the largest KV budget
+trained. Its warm-up answers are half as long (``LONG_CHAIN_WARMUP``, 50 steps): the warm-up
+teaches the format, and writing the whole chain is left for GRPO to learn (each further right line
+earns 1/100), so a dense run has room to gain (docs/long_task.md).
 """
 
 from __future__ import annotations

@@ -59,7 +59,8 @@ def test_paired_table_by_hand(tmp_path):
     write_grid(tmp_path / "g")
     results = grid.collect(grid.discover(tmp_path / "g"), tmp_path / "g")
     lines = grid_paired.paired_table(results, "chain100")
-    assert lines[0].startswith("Dense gain over its start (final - step 0, greedy, by seed): +0.180 [+0.146, +0.214] (n=5)")
+    assert lines[0].startswith("Dense gain over its start (final - step 0, greedy, by seed): "
+                               "+0.180 [+0.146, +0.214] (n=5)")
     assert lines[0].endswith("met on the mean, not the lower bound")
     row = next(line for line in lines if line.startswith("| rkv:128:sparse_rl |")).split(" | ")
     assert row[1:5] == ["5", "0.40 [0.38, 0.42]", "-", "0.500 [0.412, 0.588]"]

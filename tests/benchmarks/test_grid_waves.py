@@ -50,13 +50,15 @@ def test_commands_pair_the_seed_and_keep_the_prompt(tmp_path):
     for argv in (dense, rkv):  # the seed's warm-up, rows and --seed; the same held-out prompts
         assert argv[argv.index("--hf-checkpoint") + 1] == str(setup.model)
         assert argv[argv.index("--prompt-data") + 1] == str(setup.data) and argv[argv.index("--seed") + 1] == "3"
-        assert argv[argv.index("--eval-prompt-data") + 1: argv.index("--eval-prompt-data") + 3] == ["chain100", str(evals)]
+        at = argv.index("--eval-prompt-data")
+        assert argv[at + 1: at + 3] == ["chain100", str(evals)]
         assert "--eval-before-train" in argv and argv[argv.index("--eval-interval") + 1] == "25"
         assert argv[argv.index("--rollout-max-response-len") + 1] == "1280" and argv[-1] == "--x-last"
         assert argv[argv.index("--sglang-max-total-tokens") + 1] == str(128 * 1600 + 4096)
     assert "--sglang-compress-keep-prompt" not in dense and dense[dense.index("--eval-compression") + 1] == "train"
     assert "--sglang-compress-keep-prompt" in rkv and rkv[rkv.index("--eval-compression") + 1] == "both"
-    assert rkv[rkv.index("--sglang-compress-max-prompt") + 1] == "128" and rkv[rkv.index("--mis-preset") + 1] == "sparse_rl"
+    assert rkv[rkv.index("--sglang-compress-max-prompt") + 1] == "128"
+    assert rkv[rkv.index("--mis-preset") + 1] == "sparse_rl"
     assert rkv[rkv.index("--n-dense-samples-per-prompt") + 1] == "2" and "--load" not in rkv
 
 

@@ -93,7 +93,8 @@ def supervise(args, jobs: list[waves.Job]) -> int:
         print(f"[wave] {job.run.name} needs {job.gpus} GPUs, {len(free)} here: not run", flush=True)
     while any(s in ("pending", "running") for s in status.values()):
         if seeds:
-            setups[seeds[0]] = prepare_seed(args, *seeds.pop(0), base)
+            key = seeds.pop(0)
+            setups[key] = prepare_seed(args, *key, base)
         slots = [s for s in slots if not _finished(s, args, status, attempts, free, evals)]
         for slot in slots:  # a run's older saves go as its newer ones land (~2 GB each)
             waves.prune_checkpoints(slot.job.folder(args.out))

@@ -140,8 +140,8 @@ def test_wave_cli_errors_are_one_line(tmp_path):
 @pytest.mark.slow
 def test_cpu_smoke_detached_then_polled(tmp_path):
     """``wave 1 --smoke``: the tiny model, 2 seeds x dense and R-KV 20, 2 rollouts, 4 held-out
-    prompts, two runs at a time on the CPU, started detached and polled to the end (~3-5 min on
-    2 free cores). Pairing shows in the data: a seed's dense and compressed runs start from one
+    prompts, two runs at a time on the CPU, started detached and polled to the end (12 min on 2
+    cores shared with other work, load ~20; it found the supervisor's last-seed indexing bug). Pairing shows in the data: a seed's dense and compressed runs start from one
     warm-up, so their step-0 greedy scores agree prompt by prompt."""
     grid_py = [sys.executable, str(ROOT / "benchmarks" / "correction_grid.py")]
     started = subprocess.run([*grid_py, "wave", "1", "--smoke", "--out", str(tmp_path / "w"), "--detach"],

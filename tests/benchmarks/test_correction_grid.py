@@ -84,8 +84,13 @@ def test_report_cli_writes_metrics_and_plot(tmp_path):
                           str(tmp_path / "grid.png")], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "data" / "dense-s1.jsonl").is_file() and (tmp_path / "grid.png").stat().st_size > 0
+    # the copied metrics are a grid of their own (<config>-s<seed>.jsonl): reported the same way
+    copied = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "correction_grid.py"), "report",
+                             str(tmp_path / "data")], capture_output=True, text=True, cwd=ROOT)
+    assert copied.returncode == 0 and "| dense | 1 |" in copied.stdout, copied.stderr
+    (tmp_path / "empty").mkdir()
     empty = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "correction_grid.py"), "report",
-                            str(tmp_path / "data")], capture_output=True, text=True, cwd=ROOT)
+                            str(tmp_path / "empty")], capture_output=True, text=True, cwd=ROOT)
     assert empty.returncode == 2 and "no runs" in empty.stderr
 
 

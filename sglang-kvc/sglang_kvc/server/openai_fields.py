@@ -100,6 +100,7 @@ def check_fields(body: dict, route: str) -> None:
         if not is_neutral(body.get(name), neutral):
             raise OpenAIError(f"{name}={body[name]!r} is not supported by this server: {why}; "
                              f"send {_neutral_text(neutral)} or leave it out")
+    stream_options(body)
 
 
 def is_neutral(value: Any, neutral: tuple) -> bool:

@@ -14,6 +14,7 @@
 #   EVAL_DIR (../shared/data/eval)  EVAL_SETS ("aime24 amc23 math500"; empty = no eval)
 #   NUM_ROLLOUT (100)  SAVE_INTERVAL (20)  EVAL_INTERVAL (20)  EVAL_SAMPLES (1)  SEED (1234)
 #   MAX_TOKENS_PER_GPU (8192 R-KV / 9216 dense)  MEM_FRACTION (0.7 R-KV / 0.75 dense)  CUSTOM_RM_PATH
+#   KEEP_PROMPT (1: R-KV never evicts the prompt's KV; 0: the paper's setting)
 #   USE_WANDB (0)  WANDB_PROJECT (sparse-rl)  TORCHRUN_ARGS (--standalone; e.g. --nnodes/--rdzv-* for
 #   several nodes)  TORCHRUN (the launcher; default: .venv/bin/python -m torch.distributed.run, else torchrun)
 #   DRY_RUN=1: print the command instead of running it (works on any machine, with nothing on disk:
@@ -200,7 +201,12 @@ trainer_args() {
             # R-KV: keep 512 KV tokens, re-compress every 128 decode steps, 8-query observation window
             ARGS+=(--sglang-compress-algorithm rkv --sglang-compress-max-prompt 512
                    --sglang-compress-max-window 8 --sglang-compress-divide-length 128
-                   --sglang-compress-divide-method step_length) ;;
+                   --sglang-compress-divide-method step_length)
+            # the prompt's KV is never evicted (README's recommendation: evicting it costs accuracy
+            # at every budget measured); KEEP_PROMPT=0 for the paper's setting, which may evict it
+            if [[ "${KEEP_PROMPT:-1}" == 1 ]]; then
+                ARGS+=(--sglang-compress-keep-prompt)
+            fi ;;
         *) die "COMPRESS=$COMPRESS is not supported by this script (rkv or empty)" ;;
     esac
 }

@@ -117,6 +117,8 @@ def test_reference_values(script, inputs):
     sparse = script.endswith("-rkv.sh")
     for flag, value in RKV.items():
         assert got.get(flag) == ([value] if sparse else None), (script, flag)
+    # the README's recommendation: the R-KV scripts keep the prompt's KV
+    assert ("--sglang-compress-keep-prompt" in got) == sparse, script
     # reference: 8192 tokens/GPU and 0.7 SGLang memory with R-KV; 9216 / 0.75 dense
     assert got["--max-tokens-per-gpu"] == (["8192"] if sparse else ["9216"])
     assert got["--sglang-mem-fraction-static"] == (["0.7"] if sparse else ["0.75"])
@@ -207,6 +209,13 @@ def test_missing_inputs_fail_clearly(inputs, variable, value, message):
     else:  # a dry run prints the command and notes what is missing
         assert dry.returncode == 0 and f"note (dry run): {message}" in dry.stderr, dry.stderr
         assert "-m trainer.train" in dry.stdout
+
+
+def test_keep_prompt_0_gives_the_papers_setting(inputs):
+    _, env = inputs
+    got = flags(dry_run("run-qwen2.5-3b-rkv.sh", {**env, "KEEP_PROMPT": "0", "EVAL_SETS": ""}))
+    assert "--sglang-compress-keep-prompt" not in got
+    assert got["--sglang-compress-max-prompt"] == ["512"]
 
 
 def test_dry_run_with_nothing_on_disk(inputs):

@@ -43,6 +43,10 @@ def check_prompt(ids: list[int], item: GenerateItem, limits: IntakeLimits) -> No
     if len(ids) >= limits.max_seq_len:
         raise ValueError(f"the input ({len(ids)} tokens) is longer than the model's context "
                          f"length ({limits.max_seq_len} tokens)")
+    bias = item.params.logit_bias or {}
+    if bias and (min(bias) < 0 or max(bias) >= vocab):
+        raise ValueError(f"logit_bias token id(s) {[t for t in bias if not 0 <= t < vocab][:5]} "
+                         f"out of vocabulary [0, {vocab})")
     if item.refuse_past_context:
         check_total(len(ids), item.params.max_new_tokens, limits.max_seq_len)
     if item.compress_budget is not None and limits.compression is not None:

@@ -8,7 +8,7 @@ client is known here, in one of four tables:
 - `IGNORED`: fields that label, route, cache or bill a request. They cannot change a
   single-model server's answer, so they are accepted with their type checked;
 - `NEUTRAL`: fields that would change the answer and that this server does not implement. Their
-  neutral values (what LangChain-style clients always send: `logit_bias={}`, `tools=[]`,
+  neutral values (what LangChain-style clients always send: `tools=[]`,
   `response_format={"type": "text"}`, penalties 0) are accepted and dropped; any other value is
   a 400 that says why, because a rollout sampled from another distribution than the one asked
   for would train on wrong log-probs.
@@ -26,7 +26,7 @@ SAMPLING = {
     "n": "n", "stop": "stop", "seed": "sampling_seed", "ignore_eos": "ignore_eos",
     "skip_special_tokens": "skip_special_tokens", "stop_token_ids": "stop_token_ids",
     "no_stop_trim": "no_stop_trim", "min_tokens": "min_new_tokens",
-    "spaces_between_special_tokens": "spaces_between_special_tokens",
+    "spaces_between_special_tokens": "spaces_between_special_tokens", "logit_bias": "logit_bias",
 }
 
 _COMMON_ROUTE = {"model", "stream", "stream_options", "logprobs", "rid", "best_of"}
@@ -50,14 +50,14 @@ IGNORED: dict[str, tuple[type, ...]] = {
     "disagg_prefill_dp_rank": (int,), "data_parallel_rank": (int,),
 }
 
-_PENALTY = "penalties are not implemented (the samples and their log-probs would not be the ones asked for)"
+_PENALTY = ("penalties are not implemented (the samples and their log-probs would not be the ones "
+            "asked for)")
 _GRAMMAR = "constrained decoding (grammars, JSON schemas, regexes) is not implemented"
 _NOT_HERE = "this server has no such feature"
 # name -> (its neutral values, why any other value is refused)
 NEUTRAL: dict[str, tuple[tuple, str]] = {
     "frequency_penalty": ((0,), _PENALTY), "presence_penalty": ((0,), _PENALTY),
     "repetition_penalty": ((1,), _PENALTY),
-    "logit_bias": (({},), "logit_bias is not implemented"),
     "response_format": (({"type": "text"},), _GRAMMAR),
     "regex": ((), _GRAMMAR), "ebnf": ((), _GRAMMAR), "json_schema": ((), _GRAMMAR),
     "stop_regex": ((), "stop_regex is not implemented (stop takes strings)"),

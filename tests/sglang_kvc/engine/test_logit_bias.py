@@ -69,3 +69,19 @@ def test_bad_bias_is_refused(eng, ids, bias, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
                        .replace("[", r"\[").replace("]", r"\]")):
         eng.generate(input_ids=ids, sampling_params=dict(GREEDY, logit_bias=bias))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bias_next_to_graphed_requests_on_cuda(tiny_models, ids):
+    """With CUDA graphs on (bf16), a biased request runs its batch eagerly; its unbiased
+    batch-mates decode as they do alone (graphed), the biased one is forced."""
+    with Engine(model_path=str(tiny_models["qwen2.5"]), device="cuda", dtype="bfloat16",
+                cuda_graph=True) as eng:
+        plain = eng.generate(input_ids=[ids] * 3, sampling_params=GREEDY)
+        mixed = eng.generate(input_ids=[ids] * 3, sampling_params=[
+            GREEDY, dict(GREEDY, logit_bias={"7": 100}), GREEDY])
+        again = eng.generate(input_ids=[ids] * 3, sampling_params=GREEDY)
+    assert mixed[1]["output_ids"] == [7] * 6
+    assert mixed[0]["output_ids"] == plain[0]["output_ids"] == again[0]["output_ids"]
+    assert mixed[2]["output_ids"] == plain[2]["output_ids"]

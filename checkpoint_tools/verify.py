@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from . import cpu_megatron
-from .model_config import ConverterParser
+from .model_config import CheckpointError, ConverterParser, ModelArch, load_arch
 
 DEFAULT_PROMPTS = (
     "What is 3 + 4?",
@@ -142,6 +142,29 @@ def compare_with_hf(hf_dir: str | Path, load: str | Path, tp: int = 1, pp: int =
     return (ours - reference).abs()[valid].max().item()
 
 
+def check_parallelism(arch: ModelArch, tp: int, pp: int) -> None:
+    """CheckpointError, naming the flag, for a TP x PP this model cannot be split into: Megatron
+    gives each TP rank whole attention heads and whole KV groups, each PP stage whole layers."""
+    if tp < 1 or pp < 1:
+        raise CheckpointError(f"--tp {tp} --pp {pp}: both must be >= 1")
+    heads, groups = arch.num_attention_heads, arch.num_query_groups
+    if heads % tp or groups % tp:
+        fits = [t for t in range(1, groups + 1) if groups % t == 0]
+        raise CheckpointError(f"--tp {tp}: this model has {heads} attention heads and {groups} KV "
+                              f"heads, which {tp} ranks cannot share evenly; use --tp "
+                              f"{' or '.join(map(str, fits))}")
+    if arch.num_layers % pp:
+        raise CheckpointError(f"--pp {pp}: this model's {arch.num_layers} layers do not split "
+                              f"evenly into {pp} pipeline stages")
+
+
+def _checked_inputs(args) -> None:
+    check_parallelism(load_arch(args.hf_checkpoint), args.tp, args.pp)
+    if not Path(args.load).exists():
+        raise CheckpointError(f"--load {args.load}: no such checkpoint (a torch_dist root or "
+                              f"iteration dir, as scripts/hf2megatron.sh writes)")
+
+
 def main(argv=None) -> int:
     p = ConverterParser(prog="verify", description=__doc__.split("\n\n")[0])
     p.add_argument("--hf-checkpoint", required=True, help="HF model directory (the reference)")
@@ -150,6 +173,11 @@ def main(argv=None) -> int:
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size to load at")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max abs logit difference allowed")
     args = p.parse_args(argv)
+    try:  # before any rank is spawned: one line, not a traceback from every rank
+        _checked_inputs(args)
+    except CheckpointError as e:
+        print(f"verify: error: {e}", file=sys.stderr)
+        return 2
     diff = compare_with_hf(args.hf_checkpoint, args.load, tp=args.tp, pp=args.pp)
     ok = diff < args.tolerance
     print(f"max |logit diff| Megatron(TP={args.tp}, PP={args.pp}) vs HF: {diff:.3e} "

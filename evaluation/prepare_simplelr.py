@@ -107,21 +107,36 @@ def read_source(source: Path) -> list[MathProblem]:
     return [_from_row(row, f"{source}:{lineno}") for lineno, row in iter_rows(source)]
 
 
-def download(dest: Path) -> Path:
-    """Fetch the public SimpleRL v0 file to ``dest`` (skipped when it is already there)."""
+def download(dest: Path, url: str = PUBLIC_SOURCE) -> Path:
+    """Fetch the public SimpleRL v0 file to ``dest`` (skipped when it is already there). No
+    network, or an HTTP error: ``OSError`` with one line saying what to do instead."""
     import requests
 
     if dest.exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with requests.get(PUBLIC_SOURCE, stream=True, timeout=60) as response:
-        response.raise_for_status()
-        tmp = dest.with_suffix(".part")
-        with open(tmp, "wb") as f:
-            for chunk in tqdm(response.iter_content(1 << 20), desc="download", unit="MiB"):
-                f.write(chunk)
-        tmp.rename(dest)
+    tmp = dest.with_suffix(".part")
+    try:
+        with requests.get(url, stream=True, timeout=60) as response:
+            response.raise_for_status()
+            with open(tmp, "wb") as f:
+                for chunk in tqdm(response.iter_content(1 << 20), desc="download", unit="MiB"):
+                    f.write(chunk)
+    except requests.RequestException as e:
+        tmp.unlink(missing_ok=True)  # never a half file that a rerun would take for the source
+        raise OSError(f"--download: cannot fetch {url} ({_reason(e)}); without network, fetch "
+                      f"that file elsewhere and pass it with --source FILE") from None
+    tmp.rename(dest)
     return dest
+
+
+def _reason(e: Exception) -> str:
+    """A request error in a few words: the HTTP status, or the error's class (requests' own
+    messages nest the whole retry history)."""
+    response = getattr(e, "response", None)
+    if response is not None:
+        return f"HTTP {response.status_code}"
+    return type(e).__name__
 
 
 def prepare(problems: list[MathProblem], out_dir: Path) -> dict[str, int]:
@@ -142,11 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.source) == bool(args.download):
         parser.error("give exactly one of --source or --download")
-    source = args.source or download(args.out_dir / "source" / Path(PUBLIC_SOURCE).name)
     try:
+        source = args.source or download(args.out_dir / "source" / Path(PUBLIC_SOURCE).name,
+                                         PUBLIC_SOURCE)
         problems = read_source(source)
     except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"python -m evaluation.prepare_simplelr: error: {exc}", file=sys.stderr)
         return 2
     counts = prepare(problems, args.out_dir)
     print(f"read {len(problems)} problems from {source}; wrote " +

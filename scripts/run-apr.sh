@@ -26,6 +26,10 @@ for split in train test; do
     n=20000
     [[ $split == test ]] && n=512
     [[ -f "$out" ]] && continue
+    if [[ "${DRY_RUN:-0}" == 1 ]]; then  # a dry run writes nothing
+        echo "note (dry run): $out is missing; a real run writes it first" >&2
+        continue
+    fi
     (cd "$ROOT" && PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m recipes.apr \
         --split "$split" --n "$n" --seed "$SEED" --out "$out" >&2) || die "could not write $out"
 done

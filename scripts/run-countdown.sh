@@ -26,6 +26,10 @@ write_countdown_data() {
         [[ $split == test ]] && n=512
         out="$DATA_DIR/$DATA_NAME/$split.jsonl"
         [[ -f "$out" ]] && continue
+        if [[ "${DRY_RUN:-0}" == 1 ]]; then  # a dry run writes nothing
+            echo "note (dry run): $out is missing; a real run writes it first" >&2
+            continue
+        fi
         (cd "$ROOT" && PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m dataset.countdown_r1 \
             --split "$split" --n "$n" --seed "$SEED" --out "$out" "${chat[@]}" >&2) \
             || die "could not write the countdown data to $out"

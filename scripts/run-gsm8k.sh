@@ -21,7 +21,11 @@ GSM8K_FILE="${GSM8K_FILE:-$PARENT/shared/data/eval/gsm8k/test.jsonl}"
 HELDOUT_DATA="$DATA_DIR/$DATA_NAME/heldout.jsonl"
 
 if [[ ! -f "$PROMPT_DATA" ]]; then
-    [[ -f "$GSM8K_FILE" ]] || die "GSM8K_FILE=$GSM8K_FILE not found (the GSM8K test.jsonl: question, answer)"
+    [[ -f "$GSM8K_FILE" ]] || missing "GSM8K_FILE=$GSM8K_FILE not found (the GSM8K test.jsonl: question, answer)"
+fi
+if [[ ! -f "$PROMPT_DATA" && "${DRY_RUN:-0}" == 1 ]]; then  # a dry run writes nothing
+    echo "note (dry run): $PROMPT_DATA is missing; a real run writes it from GSM8K_FILE first" >&2
+elif [[ ! -f "$PROMPT_DATA" ]]; then
     (cd "$ROOT" && PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m recipes.gsm8k \
         --gsm8k-file "$GSM8K_FILE" --out-dir "$DATA_DIR/$DATA_NAME" >&2) || die "could not prepare GSM8K"
 fi

@@ -8,15 +8,18 @@
 # docs/training.md ("The reference recipe") and README.md ("Train on your model and data").
 #
 # Environment overrides (all optional):
-#   NUM_GPUS (the GPUs nvidia-smi lists; 1 CPU rank without GPUs)  MODEL_DIR (../models/$MODEL_NAME, an HF checkpoint)  DATA_DIR (../shared/data/train)
+#   NUM_GPUS (the GPUs nvidia-smi lists; 1 CPU rank without GPUs)  MODEL_DIR (models/$MODEL_NAME in the
+#   checkout, where scripts/get-smollm2.sh writes too; ../models/$MODEL_NAME if only that exists)  DATA_DIR (../shared/data/train)
 #   SAVE_DIR (runs/<script name>)  LOG_DIR ($SAVE_DIR/logs)  TP  PP (1)  REF_LOAD ($MODEL_DIR)
 #   EVAL_DIR (../shared/data/eval)  EVAL_SETS ("aime24 amc23 math500"; empty = no eval)
 #   NUM_ROLLOUT (100)  SAVE_INTERVAL (20)  EVAL_INTERVAL (20)  EVAL_SAMPLES (1)  SEED (1234)
 #   MAX_TOKENS_PER_GPU (8192 R-KV / 9216 dense)  MEM_FRACTION (0.7 R-KV / 0.75 dense)  CUSTOM_RM_PATH
+#   KEEP_PROMPT (1: R-KV never evicts the prompt's KV; 0: the paper's setting)
 #   USE_WANDB (0)  WANDB_PROJECT (sparse-rl)  TORCHRUN_ARGS (--standalone; e.g. --nnodes/--rdzv-* for
 #   several nodes)  TORCHRUN (the launcher; default: .venv/bin/python -m torch.distributed.run, else torchrun)
-#   DRY_RUN=1: print the command instead of running it (works with nothing on disk: missing inputs
-#     are noted; the eval prompts are written when the eval sets are there).
+#   DRY_RUN=1: print the command instead of running it (works on any machine, with nothing on disk:
+#     missing inputs are noted; the eval prompts are written when the eval sets are there; where
+#     the GPUs present do not fit TP*PP, the command is printed for the recipe's RECIPE_GPUS=8).
 #   PREFLIGHT=0: skip the start-up check (the trainer's flags, every prompt against the context).
 #   ROLLOUT_GPUS (0) > 0: disaggregated rollouts; under torchrun the trainer's rank 0 starts that many
 #     engine processes (one GPU each) on the GPUs after the NUM_GPUS trainer GPUs, weights over NCCL.
@@ -30,7 +33,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-PARENT="$(dirname "$ROOT")"  # holds shared/ (data) and, by default, models/
+PARENT="$(dirname "$ROOT")"  # holds shared/ (data)
 SCRIPT_NAME="$(basename "${BASH_SOURCE[1]:-run}" .sh)"
 
 die() {
@@ -49,6 +52,7 @@ gpus_present() {
 
 choose_num_gpus() {
     local present engines=0
+    NUM_GPUS_GIVEN="${NUM_GPUS:+1}"
     present="$(gpus_present)"
     # torchrun with ROLLOUT_GPUS: the engines take the last GPUs, the trainer the others
     if [[ "${RAY:-0}" != 1 && "${ROLLOUT_GPUS:-0}" =~ ^[0-9]+$ ]]; then
@@ -77,7 +81,15 @@ missing() {
 choose_num_gpus
 NUM_NODES="${NUM_NODES:-1}"
 ROLLOUT_GPUS="${ROLLOUT_GPUS:-0}"
-MODEL_DIR="${MODEL_DIR:-$PARENT/models/$MODEL_NAME}"
+default_model_dir() {
+    # models/ in the checkout; ../models/ beside it (the former default) while only that exists
+    if [[ ! -e "$ROOT/models/$MODEL_NAME" && -e "$PARENT/models/$MODEL_NAME" ]]; then
+        echo "$PARENT/models/$MODEL_NAME"
+    else
+        echo "$ROOT/models/$MODEL_NAME"
+    fi
+}
+MODEL_DIR="${MODEL_DIR:-$(default_model_dir)}"
 DATA_DIR="${DATA_DIR:-$PARENT/shared/data/train}"
 SAVE_DIR="${SAVE_DIR:-$ROOT/runs/$SCRIPT_NAME}"
 LOG_DIR="${LOG_DIR:-$SAVE_DIR/logs}"
@@ -101,9 +113,19 @@ else
 fi
 PROMPT_DATA="$DATA_DIR/$DATA_NAME/train.jsonl"
 
+dry_run_gpus() {
+    # a dry run shows the recipe's command on any machine: where the GPUs found here (none, or
+    # too few for TP*PP) cannot run it, print it for the GPUs the recipe is written for
+    if [[ "${DRY_RUN:-0}" == 1 && -z "$NUM_GPUS_GIVEN" ]] && (( NUM_GPUS % (TP * PP) != 0 )); then
+        echo "note (dry run): $NUM_GPUS GPU(s) here do not fit TP*PP=$((TP * PP)); printing the command for NUM_GPUS=${RECIPE_GPUS:-8}, the recipe's (set NUM_GPUS to choose)" >&2
+        NUM_GPUS="${RECIPE_GPUS:-8}"
+    fi
+}
+
 check_inputs() {
     [[ "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] || die "NUM_GPUS=$NUM_GPUS is not a positive integer"
     [[ "$TP" =~ ^[1-9][0-9]*$ && "$PP" =~ ^[1-9][0-9]*$ ]] || die "TP=$TP and PP=$PP must be positive integers"
+    dry_run_gpus
     (( NUM_GPUS % (TP * PP) == 0 )) || die "NUM_GPUS=$NUM_GPUS is not divisible by TP*PP=$((TP * PP))"
     [[ "$ROLLOUT_GPUS" =~ ^[0-9]+$ ]] || die "ROLLOUT_GPUS=$ROLLOUT_GPUS is not a non-negative integer"
     if [[ "${RAY:-0}" == 1 ]]; then
@@ -179,7 +201,12 @@ trainer_args() {
             # R-KV: keep 512 KV tokens, re-compress every 128 decode steps, 8-query observation window
             ARGS+=(--sglang-compress-algorithm rkv --sglang-compress-max-prompt 512
                    --sglang-compress-max-window 8 --sglang-compress-divide-length 128
-                   --sglang-compress-divide-method step_length) ;;
+                   --sglang-compress-divide-method step_length)
+            # the prompt's KV is never evicted (README's recommendation: evicting it costs accuracy
+            # at every budget measured); KEEP_PROMPT=0 for the paper's setting, which may evict it
+            if [[ "${KEEP_PROMPT:-1}" == 1 ]]; then
+                ARGS+=(--sglang-compress-keep-prompt)
+            fi ;;
         *) die "COMPRESS=$COMPRESS is not supported by this script (rkv or empty)" ;;
     esac
 }

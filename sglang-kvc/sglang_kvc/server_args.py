@@ -67,6 +67,9 @@ class ServerArgs:
     tokenizer_path: str | None = _arg(None, "tokenizer directory; defaults to --model-path")
     host: str = _arg("127.0.0.1", "HTTP host to bind")
     port: int = _arg(30000, "HTTP port to bind")
+    api_key: str | None = _arg(
+        None, "as SGLang's: every route but /health needs the header 'Authorization: Bearer "
+              "KEY' (else HTTP 401); without it, bind only 127.0.0.1")
     device: str = _arg("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N")
     dtype: str = _arg("auto", "weight/activation dtype; auto = the checkpoint's dtype",
                       choices=["auto", "float32", "bfloat16", "float16"])
@@ -237,4 +240,7 @@ class ServerArgs:
         return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The args as /get_server_info shows them: the API key is never echoed."""
+        d = dataclasses.asdict(self)
+        d["api_key"] = None if self.api_key is None else "<set>"
+        return d

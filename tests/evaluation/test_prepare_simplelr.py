@@ -54,3 +54,42 @@ def test_prepare_from_math_directory_and_jsonl(tmp_path):
     bad.write_text(json.dumps({"problem": "q", "solution": "s", "level": "Level 3"}) + "\n")
     with pytest.raises(ValueError, match=f"{bad}:1"):
         read_source(bad)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once it is closed: connection refused
+
+
+def test_download_offline_is_one_line(tmp_path, monkeypatch, capsys):
+    """No network: one line naming --download and --source, no traceback, no half file left.
+    Mutation: without the RequestException handler in download() this raises ConnectionError."""
+    from evaluation import prepare_simplelr
+
+    url = f"http://127.0.0.1:{_closed_port()}/math.json"
+    monkeypatch.setattr(prepare_simplelr, "PUBLIC_SOURCE", url)
+    assert prepare_simplelr.main(["--download", "--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--download: cannot fetch {url} (ConnectionError)" in err[0], err
+    assert "--source FILE" in err[0]
+    assert not list((tmp_path / "source").glob("*"))
+
+
+def test_download_offline_cli_through_a_dead_proxy(tmp_path):
+    """The real command, with the network cut by a proxy that refuses: one line, exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    proxy = f"http://127.0.0.1:{_closed_port()}"
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "https_proxy")}
+    env.update(HTTPS_PROXY=proxy, https_proxy=proxy)
+    r = subprocess.run([sys.executable, "-m", "evaluation.prepare_simplelr", "--download",
+                        "--out-dir", str(tmp_path)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error: --download: cannot fetch" in lines[0], r.stderr

@@ -117,6 +117,8 @@ def test_reference_values(script, inputs):
     sparse = script.endswith("-rkv.sh")
     for flag, value in RKV.items():
         assert got.get(flag) == ([value] if sparse else None), (script, flag)
+    # the README's recommendation: the R-KV scripts keep the prompt's KV
+    assert ("--sglang-compress-keep-prompt" in got) == sparse, script
     # reference: 8192 tokens/GPU and 0.7 SGLang memory with R-KV; 9216 / 0.75 dense
     assert got["--max-tokens-per-gpu"] == (["8192"] if sparse else ["9216"])
     assert got["--sglang-mem-fraction-static"] == (["0.7"] if sparse else ["0.75"])
@@ -209,6 +211,13 @@ def test_missing_inputs_fail_clearly(inputs, variable, value, message):
         assert "-m trainer.train" in dry.stdout
 
 
+def test_keep_prompt_0_gives_the_papers_setting(inputs):
+    _, env = inputs
+    got = flags(dry_run("run-qwen2.5-3b-rkv.sh", {**env, "KEEP_PROMPT": "0", "EVAL_SETS": ""}))
+    assert "--sglang-compress-keep-prompt" not in got
+    assert got["--sglang-compress-max-prompt"] == ["512"]
+
+
 def test_dry_run_with_nothing_on_disk(inputs):
     tmp, env = inputs
     nothing = {"MODEL_DIR": str(tmp / "none" / "model"), "DATA_DIR": str(tmp / "none" / "data"),
@@ -290,12 +299,56 @@ def test_model_dir_without_config(inputs):
 def test_default_model_dir_is_named(inputs):
     _, env = inputs
     env = {k: v for k, v in env.items() if k != "MODEL_DIR"}
-    expected = ROOT.parent / "models" / "Qwen2.5-7B"
-    if expected.exists():
-        pytest.skip(f"{expected} exists on this machine")
+    expected = ROOT / "models" / "Qwen2.5-7B"  # where get-smollm2.sh and the README put models
+    if expected.exists() or (ROOT.parent / "models" / "Qwen2.5-7B").exists():
+        pytest.skip(f"{expected} or its ../models twin exists on this machine")
     proc = run("run-qwen2.5-7b.sh", env)
     assert proc.returncode == 1
     assert f"MODEL_DIR={expected} does not exist" in proc.stderr
+
+
+def test_the_former_model_location_still_works(tmp_path):
+    """A checkout whose models sit beside it (../models, the former default) keeps working."""
+    repo = tmp_path / "repo"
+    (repo / "scripts" / "lib").mkdir(parents=True)
+    for script in ("run-qwen2.5-3b.sh", "lib/common.sh"):
+        (repo / "scripts" / script).write_text((SCRIPTS / script).read_text())
+    (tmp_path / "models" / "Qwen2.5-3B").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("MODEL_DIR", "NUM_GPUS", "TP", "PP")}
+    env.update(DRY_RUN="1", EVAL_SETS="", PATH=f"{fake_gpus(tmp_path, 8)}:{os.environ['PATH']}")
+    argv = shlex.split(run_in(repo, "run-qwen2.5-3b.sh", env).stdout)
+    assert argv[argv.index("--hf-checkpoint") + 1] == str(tmp_path / "models" / "Qwen2.5-3B")
+    (repo / "models" / "Qwen2.5-3B").mkdir(parents=True)  # both: the checkout's wins
+    argv = shlex.split(run_in(repo, "run-qwen2.5-3b.sh", env).stdout)
+    assert argv[argv.index("--hf-checkpoint") + 1] == str(repo / "models" / "Qwen2.5-3B")
+
+
+def run_in(repo: Path, script: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(repo / "scripts" / script)], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+EVERY_RUN_SCRIPT = sorted(p.name for p in SCRIPTS.glob("run-*.sh"))
+
+
+@pytest.mark.parametrize("script", EVERY_RUN_SCRIPT)
+def test_dry_run_works_on_a_machine_without_gpus_or_inputs(tmp_path, script):
+    """DRY_RUN=1 on a bare CPU box (nvidia-smi fails, no model, no data, no python environment
+    needed): the command is printed, for the recipe's 8 GPUs where one CPU rank cannot hold
+    TP*PP (the 7B scripts' TP=2), and nothing is written."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUM_GPUS", "TP", "PP", "MODEL_DIR", "DATA_DIR", "EVAL_DIR", "EVAL_SETS")}
+    env.update(DRY_RUN="1", SAVE_DIR=str(tmp_path / "save"), DATA_DIR=str(tmp_path / "data"),
+               MODEL_DIR=str(tmp_path / "model"), EVAL_DIR=str(tmp_path / "eval"),
+               PYTHON="/nonexistent/python", PATH=f"{fake_gpus(tmp_path, None)}:{os.environ['PATH']}")
+    proc = run(script, env)
+    assert proc.returncode == 0, proc.stderr
+    argv = shlex.split(proc.stdout)
+    assert "trainer.train" in argv or "trainer.ray_job" in argv, proc.stdout
+    tp = int(flags(argv).get("--tensor-model-parallel-size", ["1"])[0])
+    assert argv[argv.index("--nproc-per-node") + 1] == ("8" if tp > 1 else "1"), proc.stderr
+    assert "error" not in proc.stderr
+    assert not (tmp_path / "data").exists() and not (tmp_path / "save").exists()
 
 
 def test_rollout_gpus_under_torchrun_disaggregates(inputs):

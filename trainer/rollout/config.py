@@ -32,7 +32,8 @@ from .weight_sync import GROUP_TIMEOUT_S, MODES as WEIGHT_SYNC_MODES
 ENGINE_PREFIX = "sglang_"  # dest of ``--sglang-<field>``: one ServerArgs field
 # Server flags that make no sense for an engine the trainer starts itself.
 _SERVER_FLAGS_NOT_FORWARDED = {"model_path", "tokenizer_path", "host", "port", "log_level",
-                               "served_model_name", "weight_version"}
+                               "served_model_name", "weight_version",
+                               "api_key"}  # the trainer's own engines serve only it
 
 
 @dataclasses.dataclass

@@ -43,11 +43,27 @@ def check_prompt(ids: list[int], item: GenerateItem, limits: IntakeLimits) -> No
     if len(ids) >= limits.max_seq_len:
         raise ValueError(f"the input ({len(ids)} tokens) is longer than the model's context "
                          f"length ({limits.max_seq_len} tokens)")
+    bias = item.params.logit_bias or {}
+    if bias and (min(bias) < 0 or max(bias) >= vocab):
+        raise ValueError(f"logit_bias token id(s) {[t for t in bias if not 0 <= t < vocab][:5]} "
+                         f"out of vocabulary [0, {vocab})")
+    if item.refuse_past_context:
+        check_total(len(ids), item.params.max_new_tokens, limits.max_seq_len)
     if item.compress_budget is not None and limits.compression is not None:
         limits.compression.check_budget(item.compress_budget)
     if item.logprob_start_len >= len(ids):
         raise ValueError(f"logprob_start_len ({item.logprob_start_len}) must be < the prompt "
                          f"length ({len(ids)})")
+
+
+def check_total(prompt_len: int, max_new: int, context: int) -> None:
+    """SGLang's 400 (its wording) for a prompt plus max_new_tokens that reaches the context."""
+    if prompt_len + max_new >= context:
+        raise ValueError(
+            f"Requested token count exceeds the model's maximum context length of {context} "
+            f"tokens. You requested a total of {prompt_len + max_new} tokens: {prompt_len} tokens "
+            f"from the input messages and {max_new} tokens for the completion. Please reduce the "
+            f"number of tokens in the input messages or the completion to fit within the limit.")
 
 
 def make_sequences(item: GenerateItem, tokenizer, limits: IntakeLimits,

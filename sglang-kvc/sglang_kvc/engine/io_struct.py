@@ -92,6 +92,9 @@ class GenerateItem:
     compress: bool = True  # False: dense KV for this request (e.g. a dense evaluation)
     compress_budget: int | None = None  # B for this request (None: the server's); checked at intake
     return_eviction_record: bool = False  # meta_info.eviction_record when the request finishes
+    # Set by the OpenAI routes, not a JSON field: max_new_tokens reaching past the context is
+    # SGLang's 400 there; /generate caps generation at the context instead.
+    refuse_past_context: bool = False
 
 
 def _pick(value: Any, i: int, batch: bool, name: str, size: int) -> Any:

@@ -168,8 +168,9 @@ class ModelRunner:
 
     def _graphable(self, seqs: list[Sequence], bt: BatchTensors) -> bool:
         """Whole decode steps replay as CUDA graphs unless a min_new_tokens ban is active (its
-        (row, token) list changes size from step to step)."""
-        if self.graphs is None or not self.graphs.can_run(len(seqs)):
+        (row, token) list changes size from step to step) or a request has a logit_bias (its
+        pairs are the eager sampler's)."""
+        if self.graphs is None or not self.graphs.can_run(len(seqs)) or bt.bias:
             return False
         return all(s.num_sampled >= s.params.min_new_tokens for _, s in bt.min_new)
 

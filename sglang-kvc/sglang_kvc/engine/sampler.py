@@ -3,8 +3,9 @@
 Which logprob is returned (the behaviour policy a trainer corrects against):
     logprob = log_softmax(logits / T)[token]          (T = 1 when temperature == 0)
 over the FULL vocabulary, i.e. after temperature but BEFORE top-k / top-p / min-p truncation.
-The one exception is `min_new_tokens`: until it is reached, stop/EOS tokens are set to -inf
-before everything, so the reported distribution is the one actually sampled from in that respect.
+The exceptions are `logit_bias`, added to the logits first (as SGLang, the reported log-probs are
+those of the biased distribution actually sampled from), and `min_new_tokens`: until it is
+reached, stop/EOS tokens are set to -inf before everything, for the same reason.
 
 Randomness is counter-based: a request's draw at output position i is a hash of
 (seed, i), turned into one uniform u in (0, 1) and inverted through the CDF of the (filtered)
@@ -63,6 +64,10 @@ class SamplingBatch:
     top_logprobs_num: int  # max over the batch
     ban_rows: torch.Tensor | None = None  # (row, token) pairs forced to -inf (min_new_tokens)
     ban_ids: torch.Tensor | None = None
+    # logit_bias: (row, token) pairs and what is added to their logits, in fp32 (None: no bias)
+    bias_rows: torch.Tensor | None = None
+    bias_ids: torch.Tensor | None = None
+    bias_values: torch.Tensor | None = None
     filtered: torch.Tensor | None = None  # [B] bool, rows using a filter (None: all, if need_filter)
     # Precomputed once per batch by the engine (each saves kernel launches every step):
     divisors: torch.Tensor | None = None  # [B] float32, temperature with 0 -> 1
@@ -80,6 +85,9 @@ class SampleOutput:
 class Sampler:
     def __call__(self, logits: torch.Tensor, sb: SamplingBatch) -> SampleOutput:
         """`logits` [B, V] in the model dtype or fp32; softmaxes run in fp32."""
+        if sb.bias_rows is not None:  # added in fp32: a bf16 sum would round the bias away
+            logits = logits.float()
+            logits[sb.bias_rows, sb.bias_ids] += sb.bias_values
         if sb.ban_rows is not None:
             logits[sb.ban_rows, sb.ban_ids] = float("-inf")
         if sb.all_greedy and not sb.need_logprobs:

@@ -38,7 +38,8 @@ class SamplingParams:
     ebnf: Any = None
     custom_params: Any = None
     stop_regex: Any = None
-    logit_bias: Any = None
+    # token id -> added to its logit before sampling (OpenAI's; keys may be strings, as in JSON)
+    logit_bias: dict[int, float] | None = None
 
     @property
     def greedy(self) -> bool:
@@ -101,8 +102,26 @@ class SamplingParams:
                      "no_stop_trim"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean")
+        self.logit_bias = _token_bias(self.logit_bias)
         neutral = dict(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0,
-                       json_schema=None, regex=None, ebnf=None, stop_regex=None, logit_bias=None)
+                       json_schema=None, regex=None, ebnf=None, stop_regex=None)
         for name, value in neutral.items():
             if getattr(self, name) != value:
                 raise ValueError(f"{name} is not supported by this server")
+
+
+def _token_bias(bias) -> dict[int, float] | None:
+    """`logit_bias` as {token id: finite number}, None when empty; ValueError otherwise."""
+    import math
+
+    if not bias:
+        return None
+    if not isinstance(bias, dict):
+        raise ValueError("logit_bias must be an object mapping token ids to numbers")
+    out = {}
+    for token, value in bias.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (number and math.isfinite(value)) or not str(token).lstrip("-").isdigit():
+            raise ValueError(f"logit_bias: {token!r}: {value!r} is not a token id and a number")
+        out[int(token)] = float(value)
+    return out

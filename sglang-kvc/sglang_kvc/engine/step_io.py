@@ -223,6 +223,9 @@ class BatchTensors:
                                  max(s.top_logprobs_num for s in seqs))
         # (batch index, request) with min_new_tokens > 0
         self.min_new = [(i, s) for i, s in enumerate(seqs) if s.params.min_new_tokens > 0]
+        # (batch index, token, bias) of the requests with a logit_bias
+        self.bias = [(i, t, b) for i, s in enumerate(seqs)
+                     for t, b in (s.params.logit_bias or {}).items()]
 
     @functools.cached_property
     def rows(self) -> torch.Tensor:
@@ -240,7 +243,16 @@ class BatchTensors:
             temperatures=fl[0], top_p=fl[1], min_p=fl[2], top_k=it[0], seeds=it[1], steps=None,
             all_greedy=m.all_greedy, need_filter=m.need_filter, need_logprobs=m.need_logprobs,
             top_logprobs_num=m.top_logprobs_num, divisors=fl[3], sampled=fl[4] > 0,
-            filtered=None if all(self.ints[2]) else it[2] > 0)
+            filtered=None if all(self.ints[2]) else it[2] > 0, **self._bias_tensors())
+
+    def _bias_tensors(self) -> dict:
+        if not self.bias:
+            return {}
+        rows, ids, values = zip(*self.bias)
+        dev = self.device
+        return {"bias_rows": torch.tensor(rows).to(dev, non_blocking=True),
+                "bias_ids": torch.tensor(ids).to(dev, non_blocking=True),
+                "bias_values": torch.tensor(values, dtype=torch.float32).to(dev, non_blocking=True)}
 
 
 def resolve_device(name: str) -> torch.device:

@@ -17,6 +17,7 @@ from starlette.requests import ClientDisconnect
 from ..engine.admission import QueueFull
 from ..engine.engine import Engine
 from . import native_routes, openai_routes, weight_routes
+from .auth import ApiKeyMiddleware
 from .http_io import BadRequest, ClientGone, error_response, log_gone
 from .openai_routes import OpenAIError, openai_error_handler
 
@@ -51,6 +52,8 @@ def create_app(engine: Engine) -> FastAPI:
         app.add_exception_handler(exc, _client_gone)
     for module in (native_routes, weight_routes, openai_routes):
         app.include_router(module.router)
+    if engine.args.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=engine.args.api_key)
     return app
 
 

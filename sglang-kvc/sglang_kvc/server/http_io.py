@@ -116,14 +116,23 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+def _settle(fut: asyncio.Future) -> None:
+    """Mark a future's outcome as seen: a cancelled gather ends with a CancelledError set as
+    its exception, which asyncio logs at collection ("_GatheringFuture exception was never
+    retrieved") unless someone reads it."""
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
 async def results_or_abort(request: Request, engine: Engine, items, futures) -> list[dict]:
     """The futures' results; if the client leaves first (uvicorn does not cancel a handler
     whose client left), its samples are aborted and `ClientGone` is raised."""
     results = asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    _settle(results)
     watch = asyncio.ensure_future(_disconnected(request))
     try:
         done, _ = await asyncio.wait({results, watch}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:  # server shutting down past its grace period
+        results.cancel()
         abort_soon(engine, [it.rid for it in items])
         raise
     finally:

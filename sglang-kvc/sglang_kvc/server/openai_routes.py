@@ -2,8 +2,9 @@
 
 Requests are translated into the native GenerateItem form, so validation is shared with
 /generate; its messages name the field the user sent (`max_tokens`, not `max_new_tokens`).
-Unknown fields are a 400, as on /generate. Errors use OpenAI's error shape so the official client
-raises BadRequestError with the message (a full queue: 503, which the client retries).
+Which fields are taken, ignored or refused: openai_fields.py. `max_tokens` reaching past the
+context is SGLang's 400. Errors use OpenAI's error shape so the official client raises
+BadRequestError with the message (a full queue: 503, which the client retries).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import logging
 import re
 import time
 import uuid
+from dataclasses import dataclass
+from typing import Callable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -24,47 +27,11 @@ from ..engine.admission import QueueFull
 from ..engine.engine import Engine
 from ..engine.io_struct import parse_generate
 from .http_io import abort_soon, get_engine, read_raw, results_or_abort, sample_order, sse
+from .openai_fields import (SAMPLING, OpenAIError, check_fields, request_id, sampling,
+                            stream_options, template_kwargs)
 
 router = APIRouter()
 log = logging.getLogger("sglang_kvc.server")
-
-# OpenAI field -> native sampling parameter.
-_SAMPLING_MAP = {
-    "max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",
-    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-    "n": "n", "stop": "stop", "seed": "sampling_seed", "ignore_eos": "ignore_eos",
-    "skip_special_tokens": "skip_special_tokens", "stop_token_ids": "stop_token_ids",
-    "no_stop_trim": "no_stop_trim", "min_tokens": "min_new_tokens",
-    "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-    "repetition_penalty": "repetition_penalty", "regex": "regex", "json_schema": "json_schema",
-    "logit_bias": "logit_bias", "spaces_between_special_tokens": "spaces_between_special_tokens",
-}
-_UNSUPPORTED = {"suffix": None, "tools": None, "functions": None, "response_format": None,
-                "best_of": None}
-
-
-# Fields both routes take besides the sampling ones; the ignored ones only label a request or
-# shape the stream's framing (value: allowed types; None is always allowed).
-_COMMON_KEYS = {"model", "stream", "logprobs", *_SAMPLING_MAP, *_UNSUPPORTED}
-_IGNORED = {"user": (str,), "stream_options": (dict,), "metadata": (dict,), "store": (bool,),
-            "service_tier": (str,), "rid": (str,),
-            # SGLang's reasoning-parser switches (sglang-router sends them): no parser here
-            "separate_reasoning": (bool,), "stream_reasoning": (bool,)}
-# SGLang extras that would change the answer: accepted at their default (what sglang-router
-# forwards), refused otherwise, as on /generate.
-_NEUTRAL = {"continue_final_message": False, "return_hidden_states": False, "lora_path": None,
-            "session_params": None, "ebnf": None}
-_ROUTE_KEYS = {
-    "completions": _COMMON_KEYS | {"prompt", "echo"},
-    "chat": _COMMON_KEYS | {"messages", "top_logprobs", "chat_template_kwargs", "tool_choice",
-                            "parallel_tool_calls"},
-}
-
-
-class OpenAIError(ValueError):
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
 
 def _error(message: str, status: int = 400) -> JSONResponse:
@@ -80,26 +47,10 @@ async def openai_error_handler(_request: Request, exc: OpenAIError) -> JSONRespo
     return _error(str(exc), exc.status)
 
 
-def _check_fields(body: dict, route: str) -> None:
-    unknown = sorted(set(body) - _ROUTE_KEYS[route] - set(_IGNORED) - set(_NEUTRAL))
-    if unknown:
-        raise OpenAIError(f"unknown request field(s): {', '.join(unknown)}")
-    for k, neutral in _NEUTRAL.items():
-        if body.get(k) not in (neutral, None):
-            raise OpenAIError(f"{k}={body[k]!r} is not supported by this server")
-    for k, types in _IGNORED.items():
-        v = body.get(k)
-        if v is not None and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types)):
-            raise OpenAIError(f"{k} must be {' or '.join(t.__name__ for t in types)}, "
-                              f"got {type(v).__name__}")
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise OpenAIError("tool_choice is not supported by this server (no tools)")
-
-
 def _user_names(message: str, body: dict) -> str:
     """The shared validation's message with the native names the user did not send replaced by
     the OpenAI field they did (max_new_tokens -> max_tokens, input_ids -> prompt)."""
-    aliases = [(k, v) for k, v in _SAMPLING_MAP.items() if k != v and k in body]
+    aliases = [(k, v) for k, v in SAMPLING.items() if k != v and k in body]
     if "prompt" in body:
         aliases += [("prompt", "input_ids"), ("prompt", "text")]
     for user, native in aliases:
@@ -109,19 +60,6 @@ def _user_names(message: str, body: dict) -> str:
 
 def _model_name(engine: Engine) -> str:
     return engine.args.served_model_name or engine.args.model_path
-
-
-def _sampling(body: dict, default_max: int | None) -> dict:
-    for k, neutral in _UNSUPPORTED.items():
-        if body.get(k) not in (neutral, None) and not (k == "best_of" and body.get(k) == body.get("n", 1)):
-            raise OpenAIError(f"{k} is not supported by this server")
-    sp = {}
-    for k, native in _SAMPLING_MAP.items():
-        if body.get(k) is not None:
-            sp[native] = body[k]
-    if "max_new_tokens" not in sp and default_max is not None:
-        sp["max_new_tokens"] = default_max
-    return sp
 
 
 def _finish(meta: dict) -> tuple[str | None, object]:
@@ -159,13 +97,15 @@ async def _body(request: Request, route: str) -> dict:
         raise OpenAIError(f"malformed JSON: {e}") from e
     if not isinstance(body, dict):
         raise OpenAIError("request body must be a JSON object")
-    _check_fields(body, route)
+    check_fields(body, route)
     return body
 
 
 def _submit(engine: Engine, native: dict, body: dict, on_update=None):
     try:
         items, _ = parse_generate(native, engine.sampling_defaults)
+        for it in items:  # SGLang's 400 for max_tokens past the context, not a silent cap
+            it.refuse_past_context = True
         return items, engine.submit(items, on_update=on_update)
     except QueueFull as e:
         raise OpenAIError(str(e), status=503) from e
@@ -179,21 +119,35 @@ async def _results(request: Request, engine: Engine, native: dict,
     return items, await results_or_abort(request, engine, items, futures)
 
 
-async def _stream(engine: Engine, native: dict, body: dict, make_chunk) -> StreamingResponse:
-    """Submit `native` (errors are still a 400 here) and stream `make_chunk(index, new_text,
-    output, is_first)` for every update."""
+@dataclass
+class _StreamPlan:
+    make_chunk: Callable  # (index, new text, output, is first) -> chunk
+    usage_chunk: Callable | None  # (final outputs, prompt-major) -> the closing usage chunk
+    continuous_usage: bool  # each chunk carries its sample's usage so far
+
+
+def _stream_plan(body: dict, head: dict, obj: str, make_chunk) -> _StreamPlan:
+    include, continuous = stream_options(body)
+    n = body.get("n") or 1
+    usage = (lambda outs: _envelope(head, obj, [], usage=_usage(outs, n))) if include else None
+    return _StreamPlan(functools.partial(make_chunk, head), usage, continuous)
+
+
+async def _stream(engine: Engine, native: dict, body: dict, plan: _StreamPlan) -> StreamingResponse:
+    """Submit `native` (errors are still a 400 here) and stream a chunk for every update."""
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
     items, futures = _submit(engine, native, body,
                              lambda out, fin: loop.call_soon_threadsafe(q.put_nowait, (out, fin)))
-    events = _events(engine, q, items, len(futures), make_chunk)
+    events = _events(engine, q, items, len(futures), plan)
     return StreamingResponse(events, media_type="text/event-stream")
 
 
-async def _events(engine: Engine, q: asyncio.Queue, items, remaining: int, make_chunk):
+async def _events(engine: Engine, q: asyncio.Queue, items, remaining: int, plan: _StreamPlan):
     order = sample_order(items)
     sent = [0] * len(order)  # characters of each sample's text already sent
     first = [True] * len(order)
+    finals: list = [None] * len(order)
     try:
         while remaining:
             out, fin = await q.get()
@@ -201,8 +155,14 @@ async def _events(engine: Engine, q: asyncio.Queue, items, remaining: int, make_
             idx = order[out["meta_info"]["id"]]
             delta = out["text"][sent[idx]:]
             sent[idx] = len(out["text"])
-            yield sse(make_chunk(idx, delta, out, first[idx]))
+            chunk = plan.make_chunk(idx, delta, out, first[idx])
+            if plan.continuous_usage:
+                chunk["usage"] = _usage([out], 1)
+            yield sse(chunk)
             first[idx] = False
+            finals[idx] = out if fin else None
+        if plan.usage_chunk is not None:
+            yield sse(plan.usage_chunk(finals))
         yield "data: [DONE]\n\n"
     finally:
         if remaining:  # client went away: stop generating for it
@@ -229,7 +189,8 @@ async def completions(request: Request, engine: Engine = Depends(get_engine)):
     head = _head(engine, "cmpl")
     if body.get("stream"):
         native["stream"] = True
-        return await _stream(engine, native, body, functools.partial(_completion_chunk, head))
+        return await _stream(engine, native, body,
+                             _stream_plan(body, head, "text_completion", _completion_chunk))
     items, outs = await _results(request, engine, native, body)
     n = body.get("n") or 1
     choices = [_completion_choice(engine, i, out, items[i // n], logprobs, echo)
@@ -242,7 +203,7 @@ def _completion_request(body: dict) -> tuple[dict, int | None, bool]:
     prompt = body.get("prompt")
     if prompt is None:
         raise OpenAIError("prompt is required")
-    native: dict = {"sampling_params": _sampling(body, 16)}
+    native: dict = {"sampling_params": sampling(body, 16), **request_id(body)}
     # A string or a list of strings is text; anything else is token ids (one prompt or a batch).
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
         native["text"] = prompt
@@ -320,7 +281,8 @@ async def chat_completions(request: Request, engine: Engine = Depends(get_engine
     head = _head(engine, "chatcmpl")
     if body.get("stream"):
         native["stream"] = True
-        return await _stream(engine, native, body, functools.partial(_chat_chunk, head))
+        return await _stream(engine, native, body,
+                             _stream_plan(body, head, "chat.completion.chunk", _chat_chunk))
     _, outs = await _results(request, engine, native, body)
     want_lp = bool(body.get("logprobs"))
     choices = [_chat_choice(i, out, want_lp) for i, out in enumerate(outs)]
@@ -331,7 +293,10 @@ def _chat_request(engine: Engine, body: dict) -> dict:
     ids = _chat_prompt_ids(engine, body)
     # Unless the client caps it, the answer may fill the rest of the context.
     default_max = max(1, engine.max_seq_len - len(ids) - 1)
-    native: dict = {"input_ids": ids, "sampling_params": _sampling(body, default_max)}
+    native: dict = {"input_ids": ids, "sampling_params": sampling(body, default_max),
+                    **request_id(body)}
+    if not isinstance(body.get("logprobs") or False, bool):
+        raise OpenAIError("logprobs must be a boolean on /v1/chat/completions")
     if body.get("logprobs"):
         native.update(return_logprob=True, top_logprobs_num=body.get("top_logprobs") or 0,
                       return_text_in_logprobs=True)
@@ -342,12 +307,16 @@ def _chat_prompt_ids(engine: Engine, body: dict) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise OpenAIError("messages must be a non-empty list")
+    kwargs = template_kwargs(body)
+    if body.get("input_ids") is not None:  # SGLang's: the client tokenized the prompt itself
+        if not isinstance(body["input_ids"], list) or not body["input_ids"]:
+            raise OpenAIError("input_ids must be a non-empty list of token ids")
+        return body["input_ids"]
     if engine.tokenizer is None:
         raise OpenAIError("chat needs a tokenizer (server runs --skip-tokenizer-init)")
     try:
         text = engine.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True,
-            **(body.get("chat_template_kwargs") or {}))
+            messages, tokenize=False, add_generation_prompt=True, **kwargs)
     except Exception as e:  # noqa: BLE001 - template errors are the client's input
         raise OpenAIError(f"cannot apply chat template: {e}") from e
     # The template already wrote the special tokens (BOS included): don't add them twice.

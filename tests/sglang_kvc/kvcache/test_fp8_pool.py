@@ -2,8 +2,8 @@
 bound, byte-exact compaction, scales, flags and the device check.
 
 Mutation checks (each fails a test here): dropping the clamp in `quantize` (e5m2 overflow turns
-into inf), reading the uint8 bytes without `.view(fp8)` (numeric uint8 -> bf16), skipping the
-scale in `dequantize`, and `KVPool.bytes` counting the uint8 storage as 2 bytes.
+into inf), reading the uint8 bytes without `.view(fp8)` (numeric uint8 -> float), and
+`KVPool.bytes` counting the model dtype's bytes.
 """
 
 from __future__ import annotations

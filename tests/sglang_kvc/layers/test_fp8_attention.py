@@ -12,9 +12,9 @@
 3. GPU (`gpu`): the Triton decode kernel and the fused RoPE + store kernel on FP8 pools against
    the torch path: identical stored bytes, outputs equal to fp32 accumulation-order rounding.
 
-Mutation checks: skipping the dequantize scale in KVPool.read (test 1 with scales != 1), storing
-unquantized-then-truncated bytes (test 1), or attending to the new token unquantized in the
-Triton kernel (GPU test) each fail here.
+Mutation checks: `dequantize` ignoring the scale, or KVPool.write casting without dividing by it,
+fails test 1 (scale 0.5); attending to the new token unquantized in the Triton kernel is what
+the GPU test's comparison with the separate store + attend would catch (not run here: no GPU).
 """
 
 from __future__ import annotations

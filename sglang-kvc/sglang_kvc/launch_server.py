@@ -73,8 +73,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         engine = Engine(server_args=args)
     except (OSError, ValueError) as e:  # a checkpoint that is not what it says: one line
-        sys.exit(f"python -m sglang_kvc.launch_server: error: cannot load --model-path "
-                 f"{args.model_path}: {str(e).strip().splitlines()[0]}")
+        msg = str(e).strip().splitlines()[0]  # a flag's own problem names the flag first
+        where = "" if msg.startswith("--") else f"cannot load --model-path {args.model_path}: "
+        sys.exit(f"python -m sglang_kvc.launch_server: error: {where}{msg}")
     try:
         _server(create_app(engine), args, engine).run()
     finally:

@@ -114,7 +114,7 @@ def rope_store_(q, k, v, positions, cos, sin, k_cache, v_cache, slots, q_out=Non
     (k_scale, v_scale) pair of one-element tensors (None: 1.0)."""
     q_out = q if q_out is None else q_out
     if _use_triton(q):
-        _rope_triton(q, k, positions, cos, sin, q_out, (v, k_cache, v_cache, slots, scales))
+        _rope_triton(q, k, positions, cos, sin, q_out, (v, k_cache, v_cache, slots), scales)
         return q_out
     qr, kr = rope_torch(q, k, positions, cos, sin)
     q_out.copy_(qr)
@@ -210,13 +210,13 @@ def _norm_triton(x, residual, weight, eps):
     return out, (None if residual is None else res_out)
 
 
-def _rope_triton(q, k, positions, cos, sin, q_out, store=None):
+def _rope_triton(q, k, positions, cos, sin, q_out, store=None, scales=None):
     T, hq, d = q.shape
     hkv = k.shape[1]
     assert d % 2 == 0 and k.shape == (T, hkv, d) and q_out.shape == q.shape
     assert q.stride(-1) == k.stride(-1) == q_out.stride(-1) == 1, "last dim must be dense"
     assert cos.stride() == sin.stride() and cos.stride(-1) == 1
-    v, k_cache, v_cache, slots, scales = store if store is not None else (k, k, k, positions, None)
+    v, k_cache, v_cache, slots = store if store is not None else (k, k, k, positions)
     if store is not None:
         assert v.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1
     fp8 = is_fp8(k_cache.dtype)

@@ -11,6 +11,9 @@ whole batch would hold densely at the cap (0.25: dense holds a quarter of the ba
         --configs dense rkv:512 rkv:1024 snapkv:512 snapkv:1024 --steps 2 \\
         --json runs/long.json --plot docs/plots/long_rollout_steps.png
 
+A config ending in ``@fp8_e4m3`` / ``@fp8_e5m2`` runs with an FP8 KV pool of the same bytes
+(``--sglang-kv-cache-dtype``, twice the slots); ratios stay against the bf16 dense row.
+
 Per configuration and length: each phase's seconds (min / median / max over ``--steps`` steps
 after a short warm-up rollout), rollout tokens/s, the pool's peak slots and capacity, preempted
 requests, and the tail: the share of the rollout spent after 90% of the samples had finished.
@@ -35,20 +38,27 @@ PHASES = ("rollout", "recompute", "update", "sync")
 
 
 def parse_config(spec: str) -> dict:
-    """``dense`` or ``algorithm:budget[:divide_length]``."""
+    """``dense`` or ``algorithm:budget[:divide_length]``, optionally ``@fp8_e4m3`` or
+    ``@fp8_e5m2``: an FP8 KV pool of the same bytes (twice the slots)."""
+    spec, _, kv = spec.partition("@")
+    if kv not in ("", "fp8_e4m3", "fp8_e5m2"):
+        raise SystemExit(f"--configs {spec}@{kv}: the KV dtype after @ is fp8_e4m3 or fp8_e5m2")
+    name, kv = (f"{spec}@{kv}", {"kv_dtype": kv}) if kv else (spec, {})
     if spec == "dense":
-        return {"name": "dense", "compress": "none"}
+        return {"name": name, "compress": "none", **kv}
     parts = spec.split(":")
     if len(parts) not in (2, 3) or parts[0] not in ("rkv", "snapkv", "streamingllm"):
         raise SystemExit(f"--configs {spec!r}: expected dense or rkv|snapkv|streamingllm:BUDGET[:DIVIDE]")
     budget = int(parts[1])
     divide = int(parts[2]) if len(parts) == 3 else max(16, budget // 4)
-    return {"name": spec, "compress": parts[0], "budget": budget, "divide": divide}
+    return {"name": name, "compress": parts[0], "budget": budget, "divide": divide, **kv}
 
 
-def pool_tokens(args, cap: int) -> int:
-    """KV slots: --dense-fraction of the batch at the cap (prompt included, ~64 tokens)."""
-    return int(args.dense_fraction * args.prompts * args.samples * (cap + 64))
+def pool_tokens(args, cap: int, cfg: dict | None = None) -> int:
+    """KV slots: --dense-fraction of the batch at the cap (prompt included, ~64 tokens) in bf16;
+    an FP8 pool of the same bytes has twice the slots."""
+    fp8 = 2 if cfg and cfg.get("kv_dtype") else 1
+    return fp8 * int(args.dense_fraction * args.prompts * args.samples * (cap + 64))
 
 
 def config_argv(args, cfg: dict, cap: int, hf: Path, out: Path, work: Path,
@@ -65,7 +75,9 @@ def config_argv(args, cfg: dict, cap: int, hf: Path, out: Path, work: Path,
         argv += ["--kv-budget", str(cfg["budget"]), "--compress-divide-length", str(cfg["divide"])]
     plugin = (f"cap={cap} median_frac={args.median_frac} sigma={args.sigma} "
               f"warmup_scale={args.warmup_scale} seed={args.seed}").split()
-    return argv + ["--sglang-max-total-tokens", str(pool_tokens(args, cap)),
+    if cfg.get("kv_dtype"):
+        argv += ["--sglang-kv-cache-dtype", cfg["kv_dtype"]]
+    return argv + ["--sglang-max-total-tokens", str(pool_tokens(args, cap, cfg)),
                    "--custom-generate-function-path", "long_tail.LongTailLengths",
                    "--custom-generate-args", *plugin, *more, *args.extra]
 
@@ -189,7 +201,7 @@ def main(argv=None) -> dict:
         dense = None
         for cfg in configs:
             r = row(cfg, cap, run_config(args, cfg, cap, hf, work), dense)
-            dense = r if cfg["compress"] == "none" else dense
+            dense = r if cfg["compress"] == "none" and not cfg.get("kv_dtype") else dense
             rows.append(r)
             print_rows([r])
     print_rows(rows)

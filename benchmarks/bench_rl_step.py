@@ -175,6 +175,8 @@ class DecodeModel:
 
 
 def _dtype_bytes(name: str | None, default: torch.dtype) -> int:
+    if name and name.startswith("fp8"):  # --sglang-kv-cache-dtype fp8_e4m3 / fp8_e5m2
+        return 1
     dtype = default if name in (None, "auto") else getattr(torch, name)
     return torch.empty((), dtype=dtype).element_size()
 

@@ -141,8 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         engine = Engine(server_args=args)
     except (OSError, ValueError) as e:  # a checkpoint that is not what it says: one line
-        sys.exit(f"{PROG}: error: cannot load --model-path "
-                 f"{args.model_path}: {str(e).strip().splitlines()[0]}")
+        msg = str(e).strip().splitlines()[0]  # a flag's own problem names the flag first
+        where = "" if msg.startswith("--") else f"cannot load --model-path {args.model_path}: "
+        sys.exit(f"{PROG}: error: {where}{msg}")
     sig = _serve(args, engine, sock)
     if sig is not None:
         print(f"{PROG}: stopped by {signal.Signals(sig).name}: any request in flight was aborted "

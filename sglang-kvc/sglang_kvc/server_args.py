@@ -13,6 +13,8 @@ from typing import Any
 
 from .compression import POLICIES
 
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8_e5m2", "fp8_e4m3")
+
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are one line (the usage of ~40 flags buried the message), and which
@@ -73,8 +75,14 @@ class ServerArgs:
     device: str = _arg("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N")
     dtype: str = _arg("auto", "weight/activation dtype; auto = the checkpoint's dtype",
                       choices=["auto", "float32", "bfloat16", "float16"])
-    kv_cache_dtype: str = _arg("auto", "KV pool dtype; auto = --dtype",
-                               choices=["auto", "float32", "bfloat16", "float16"])
+    kv_cache_dtype: str = _arg(
+        "auto", "KV pool dtype; auto = --dtype. fp8_e5m2 / fp8_e4m3 (SGLang's names) store K/V "
+        "in FP8 (1 byte: twice the slots of bf16) with per-layer scales (1.0, or "
+        "--quantization-param-path); decode reads them dequantized (docs/engine.md, FP8 KV)",
+        choices=list(KV_CACHE_DTYPES))
+    quantization_param_path: str | None = _arg(
+        None, "JSON of per-layer FP8 KV scales (SGLang's kv_cache.scaling_factor form); "
+              "default 1.0 for every layer; only with --kv-cache-dtype fp8_*")
     mem_fraction_static: float = _arg(
         0.85, "GPU only: fraction of total device memory for weights + KV pool")
     max_total_tokens: int | None = _arg(
@@ -170,7 +178,16 @@ class ServerArgs:
             raise ValueError("--max-queued-tokens must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 2:
             raise ValueError("--max-total-tokens must be >= 2")
+        self._validate_kv_dtype()
         self._validate_compression()
+
+    def _validate_kv_dtype(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)} "
+                             f"(got {self.kv_cache_dtype!r})")
+        if self.quantization_param_path is not None and not self.kv_cache_dtype.startswith("fp8"):
+            raise ValueError("--quantization-param-path gives FP8 KV scales: it needs "
+                             "--kv-cache-dtype fp8_e5m2 or fp8_e4m3")
 
     def _validate_compression(self) -> None:
         """Every --compress-* value is checked here, even when compression is off, so a typo

@@ -64,11 +64,13 @@ def capacity_line(pool_tokens: int, prompt_len: int, response_len: int, algorith
 
 
 def pool_detail(pool: dict | None) -> str | None:
-    """rank 0's engine's KV pool in tokens and GiB (the startup phase line's detail)."""
+    """rank 0's engine's KV pool in tokens, GiB and bytes per token (the startup phase line's
+    detail; an FP8 pool, --sglang-kv-cache-dtype fp8_*, holds half the bytes per token)."""
     if not pool:
         return None
     gib = pool["capacity"] * pool["bytes_per_slot"] / 2**30
-    return f"KV pool of rank 0's engine: {pool['capacity']} tokens, {gib:.2f} GiB"
+    return (f"KV pool of rank 0's engine: {pool['capacity']} tokens, {gib:.2f} GiB "
+            f"({pool['bytes_per_slot']} B/token)")
 
 
 def run_capacity(pool_tokens: int, engine_flags: dict, prompts: list, response_len: int,

@@ -71,7 +71,7 @@ class Compressor:
         n, pinned, keep = first.kv_len, self.trigger.pinned(first), self.trigger.budget(first)
         rows = torch.tensor([s.row for s in seqs], device=kv.pool.device)
         slots = kv.req_to_token.table[rows, pinned:n].long()  # [R, n - P]: the evictable slots
-        keys = kv.pool.k[:, slots].permute(1, 0, 3, 2, 4)  # [R, L, Hkv, n - P, D]
+        keys = kv.pool.keys(slots).permute(1, 0, 3, 2, 4)  # [R, L, Hkv, n - P, D], dequantized
         queries = self.ring.gather(rows) if self.policy.needs_queries else None
         idx = self.policy.select(keys, queries, keep)
         del keys, queries

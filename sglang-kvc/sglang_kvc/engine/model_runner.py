@@ -24,6 +24,7 @@ from ..compression.compressor import Compressor
 from ..compression.query_ring import QueryRing
 from ..compression.trigger import Trigger
 from ..kvcache.kv_cache import KVCache, KVPool
+from ..kvcache.kv_quant import FP8_DTYPES, check_device, load_scales
 from ..models.causal_lm import CausalLM
 from ..models.config import ModelConfig
 from .row_state import RowState
@@ -45,6 +46,13 @@ def resolve_backend(name: str, device: torch.device) -> str:
     if name == "triton" and device.type != "cuda":
         raise ValueError("--attention-backend triton needs a CUDA device")
     return name
+
+
+def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """--kv-cache-dtype -> the dtype a slot holds (auto: the model's)."""
+    if name == "auto":
+        return model_dtype
+    return FP8_DTYPES[name] if name in FP8_DTYPES else _DTYPES[name]
 
 
 def kv_pool_slots(args: ServerArgs, cfg: ModelConfig, device: torch.device, kv_dtype: torch.dtype) -> int:
@@ -96,12 +104,15 @@ class ModelRunner:
         # Compression state is allocated before the pool, which is sized from what is left.
         self.compression, trigger, ring = compression_parts(args, cfg, self.dtype, self.device,
                                                             newline_ids, think_end_id)
-        kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
+        kv_dtype = resolve_kv_dtype(args.kv_cache_dtype, self.dtype)
+        backend = self.backend_name = resolve_backend(args.attention_backend, self.device)
+        check_device(kv_dtype, self.device, backend)
+        scales = load_scales(args.quantization_param_path, cfg.num_layers)
         pool = KVPool(kv_pool_slots(args, cfg, self.device, kv_dtype), cfg.num_layers,
-                      cfg.num_kv_heads, cfg.head_dim, kv_dtype, self.device)
+                      cfg.num_kv_heads, cfg.head_dim, kv_dtype, self.device,
+                      compute_dtype=self.dtype, k_scale=scales, v_scale=scales)
         self.kv = KVCache(pool, args.max_running_requests, self.context_length,
                           prefix_cache=not args.disable_radix_cache)
-        backend = self.backend_name = resolve_backend(args.attention_backend, self.device)
         cls = TritonAttention if backend == "triton" else TorchAttention
         self.attn = cls(self.kv, cfg.num_heads, cfg.head_dim)
         self.attn.ring = ring

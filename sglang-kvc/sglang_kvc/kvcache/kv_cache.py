@@ -2,6 +2,8 @@
 
 - `KVPool`: K and V buffers of shape [num_layers, num_slots, num_kv_heads, head_dim]. Keys are
   stored after RoPE, so a slot's content never depends on where it sits in the request's table.
+  An FP8 pool (kv_quant.py) stores quantized bytes; `write`/`read`/`keys` (de)quantize, and
+  compaction moves the raw bytes (exact).
 - `SlotAllocator`: the free slot ids as a device tensor; alloc takes a prefix, free appends.
 - `ReqToToken`: one row per running request, row[i] = slot of the request's i-th held KV entry.
   A request's attention reads row[:kv_len] and nothing else, which is what lets compaction keep a
@@ -20,14 +22,27 @@ from __future__ import annotations
 import torch
 
 from .prefix_cache import Match, PrefixCache
+from .kv_quant import dequantize, is_fp8, quantize
 
 
 class KVPool:
+    """`dtype` is what a slot holds: the model dtype, another float dtype, or FP8 (kv_quant.py:
+    stored as uint8 bytes, with per-layer `k_scale` / `v_scale`; `compute_dtype` is what reads
+    dequantize to). Scales live on the device (kernels and captured graphs read them there) and
+    survive release/allocate."""
+
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, compute_dtype: torch.dtype | None = None,
+                 k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None):
         self.num_slots, self.num_layers = num_slots, num_layers
         self.shape = (num_layers, num_slots, num_kv_heads, head_dim)
         self.dtype, self.device = dtype, device
+        self.quantized = is_fp8(dtype)
+        self.store_dtype = torch.uint8 if self.quantized else dtype
+        self.compute_dtype = compute_dtype or (torch.bfloat16 if self.quantized else dtype)
+        ones = torch.ones(num_layers, dtype=torch.float32)
+        self.k_scale = (ones if k_scale is None else k_scale).to(device=device, dtype=torch.float32)
+        self.v_scale = (ones if v_scale is None else v_scale).to(device=device, dtype=torch.float32)
         self.k = self.v = None
         self.allocate()
 
@@ -39,8 +54,8 @@ class KVPool:
         return 2 * n * torch.empty((), dtype=self.dtype).element_size()
 
     def allocate(self) -> None:
-        self.k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
-        self.v = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        self.k = torch.zeros(self.shape, dtype=self.store_dtype, device=self.device)
+        self.v = torch.zeros(self.shape, dtype=self.store_dtype, device=self.device)
 
     def release(self) -> None:
         self.k = self.v = None
@@ -48,6 +63,42 @@ class KVPool:
     @property
     def allocated(self) -> bool:
         return self.k is not None
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [T, Hkv, D] into `slots` [T] of `layer` (quantized when the pool is FP8)."""
+        if self.quantized:
+            k = quantize(k, self.k_scale[layer], self.dtype).view(torch.uint8)
+            v = quantize(v, self.v_scale[layer], self.dtype).view(torch.uint8)
+        self.k[layer].index_copy_(0, slots, k)
+        self.v[layer].index_copy_(0, slots, v)
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of `slots` (any shape [...]) in `layer`: [..., Hkv, D], dequantized."""
+        k, v = self.k[layer][slots], self.v[layer][slots]
+        if not self.quantized:
+            return k, v
+        return (dequantize(k.view(self.dtype), self.k_scale[layer], self.compute_dtype),
+                dequantize(v.view(self.dtype), self.v_scale[layer], self.compute_dtype))
+
+    def keys(self, slots: torch.Tensor) -> torch.Tensor:
+        """Every layer's keys of `slots` [R, n] as [L, R, n, Hkv, D], dequantized (scoring)."""
+        k = self.k[:, slots]
+        if not self.quantized:
+            return k
+        return dequantize(k.view(self.dtype), self.k_scale.view(-1, 1, 1, 1, 1), self.compute_dtype)
+
+    def layer_buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`layer`'s K and V buffers [num_slots, Hkv, D] as kernels read them (FP8 views)."""
+        if not self.quantized:
+            return self.k[layer], self.v[layer]
+        return self.k[layer].view(self.dtype), self.v[layer].view(self.dtype)
+
+    def layer_scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`layer`'s (k_scale, v_scale) as one-element device views, None for an unquantized
+        pool (kernels then compile without the FP8 code)."""
+        if not self.quantized:
+            return None
+        return self.k_scale[layer:layer + 1], self.v_scale[layer:layer + 1]
 
 
 def segments(counts: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -13,6 +13,11 @@ The model calls `forward_rotary` (RoPE, store, attend): the torch backend ropes 
 Rotary then runs `forward`; the Triton backend's decode kernel ropes q and k, stores K/V and
 attends in one kernel (triton_decode.NewTokenKV); its prefill, and decode steps that record
 queries for compression, rope and store in one fused kernel (fused_ops.rope_store_) first.
+
+FP8 pools (kvcache/kv_quant.py): every store quantizes and decode reads dequantize (the Triton
+kernels in-kernel), so decode attends to FP8 K/V, the step's own token included. Prefill
+attends to the new tokens' K/V as computed, as SGLang's prefill does: only what later steps
+read from the pool carries the FP8 rounding.
 """
 
 from __future__ import annotations
@@ -64,9 +69,7 @@ class TorchAttention:
         self.ring = None  # QueryRing when a compression policy scores with queries
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        pool = self.kv.pool
-        pool.k[layer].index_copy_(0, self.meta.out_slots, k)
-        pool.v[layer].index_copy_(0, self.meta.out_slots, v)
+        self.kv.pool.write(layer, self.meta.out_slots, k, v)
 
     def forward_rotary(self, layer: int, q, k, v, positions, rotary) -> torch.Tensor:
         """Apply RoPE (rotary: model.Rotary) to q and k at `positions`, then `forward`."""
@@ -104,18 +107,16 @@ class TorchAttention:
 
     def extend(self, layer: int, q, e: ExtendLayout) -> torch.Tensor:
         """[Te, H, D] attention of the new tokens of requests with a cached prefix."""
-        pool = self.kv.pool
         slots = self.kv.req_to_token.table[e.rows, :e.mask.shape[-1]].long()  # [E, Lk]
-        k, v = pool.k[layer][slots].transpose(1, 2), pool.v[layer][slots].transpose(1, 2)
+        k, v = (t.transpose(1, 2) for t in self.kv.pool.read(layer, slots))  # dequantized
         out = F.scaled_dot_product_attention(q[e.q_index].transpose(1, 2), k, v, attn_mask=e.mask,
                                              scale=self.scale, enable_gqa=True)
         return out.transpose(1, 2).flatten(0, 1)[e.pad_rows]
 
     def decode(self, layer: int, q) -> torch.Tensor:
         m = self.meta
-        pool = self.kv.pool
         slots = self.kv.req_to_token.table[m.rows, :m.max_kv_len].long()  # [B, L]
-        k, v = pool.k[layer][slots].transpose(1, 2), pool.v[layer][slots].transpose(1, 2)
+        k, v = (t.transpose(1, 2) for t in self.kv.pool.read(layer, slots))  # dequantized
         mask = torch.arange(m.max_kv_len, device=q.device)[None, :] < m.kv_lens[:, None]
         out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :],
                                              scale=self.scale, enable_gqa=True)
@@ -131,8 +132,9 @@ class TritonAttention(TorchAttention):
         # One kernel for RoPE and the store. Rotated q goes to a fresh dense buffer: it is what
         # the decode kernel wants (q from the qkv split is strided; no extra copy kernel).
         pool = self.kv.pool
-        q = rope_store_(q, k, v, positions, rotary.cos, rotary.sin, pool.k[layer], pool.v[layer],
-                        self.meta.out_slots, q_out=torch.empty(q.shape, dtype=q.dtype, device=q.device))
+        q = rope_store_(q, k, v, positions, rotary.cos, rotary.sin, *pool.layer_buffers(layer),
+                        self.meta.out_slots, q_out=torch.empty(q.shape, dtype=q.dtype, device=q.device),
+                        scales=pool.layer_scales(layer))
         return self.attend(layer, q, k, v)
 
     def decode_rotary(self, layer: int, q, k, v, positions, rotary) -> torch.Tensor:
@@ -147,5 +149,6 @@ class TritonAttention(TorchAttention):
 
         m = self.meta
         pool = self.kv.pool
-        return paged_decode_attention(q, pool.k[layer], pool.v[layer], self.kv.req_to_token.table,
-                                      m.rows, m.kv_lens, self.scale, new=new)
+        return paged_decode_attention(q, *pool.layer_buffers(layer), self.kv.req_to_token.table,
+                                      m.rows, m.kv_lens, self.scale, new=new,
+                                      scales=pool.layer_scales(layer))

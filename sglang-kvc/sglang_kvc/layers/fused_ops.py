@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kvcache.kv_quant import is_fp8, quantize
+
 try:
     import triton
     import triton.language as tl
@@ -104,20 +106,32 @@ def rope_(q, k, positions, cos, sin):
     return q.copy_(qr), k.copy_(kr)
 
 
-def rope_store_(q, k, v, positions, cos, sin, k_cache, v_cache, slots, q_out=None):
+def rope_store_(q, k, v, positions, cos, sin, k_cache, v_cache, slots, q_out=None, scales=None):
     """rope_ plus the KV store: rotated k and v also go to k_cache[slots], v_cache[slots]
     (caches [num_slots, Hkv, D]). k is rotated in place (prefill attends over it); rotated q
-    goes to `q_out` (default: in place) and is returned."""
+    goes to `q_out` (default: in place) and is returned. FP8 caches (views of a KVPool's
+    bytes) get k / k_scale and v / v_scale quantized (kv_quant.quantize); `scales` is the
+    (k_scale, v_scale) pair of one-element tensors (None: 1.0)."""
     q_out = q if q_out is None else q_out
     if _use_triton(q):
-        _rope_triton(q, k, positions, cos, sin, q_out, (v, k_cache, v_cache, slots))
+        _rope_triton(q, k, positions, cos, sin, q_out, (v, k_cache, v_cache, slots), scales)
         return q_out
     qr, kr = rope_torch(q, k, positions, cos, sin)
     q_out.copy_(qr)
     k.copy_(kr)
-    k_cache.index_copy_(0, slots, kr)
-    v_cache.index_copy_(0, slots, v)
+    k_scale, v_scale = scales if scales is not None else (None, None)
+    _store_torch(k_cache, slots, kr, k_scale)
+    _store_torch(v_cache, slots, v, v_scale)
     return q_out
+
+
+def _store_torch(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, scale) -> None:
+    if not is_fp8(cache.dtype):
+        cache.index_copy_(0, slots, x)
+        return
+    scale = torch.ones((), device=x.device) if scale is None else scale
+    # torch has no FP8 index_copy_ on a CPU: copy the bytes
+    cache.view(torch.uint8).index_copy_(0, slots, quantize(x, scale, cache.dtype).view(torch.uint8))
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -196,7 +210,7 @@ def _norm_triton(x, residual, weight, eps):
     return out, (None if residual is None else res_out)
 
 
-def _rope_triton(q, k, positions, cos, sin, q_out, store=None):
+def _rope_triton(q, k, positions, cos, sin, q_out, store=None, scales=None):
     T, hq, d = q.shape
     hkv = k.shape[1]
     assert d % 2 == 0 and k.shape == (T, hkv, d) and q_out.shape == q.shape
@@ -205,15 +219,26 @@ def _rope_triton(q, k, positions, cos, sin, q_out, store=None):
     v, k_cache, v_cache, slots = store if store is not None else (k, k, k, positions)
     if store is not None:
         assert v.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1
+    fp8 = is_fp8(k_cache.dtype)
+    k_scale, v_scale = fp8_scales(scales, q.device) if fp8 else (q, q)
     block_hq, block_half = triton.next_power_of_2(hq), triton.next_power_of_2(d // 2)
     _rope_kernel[(T,)](
-        q, k, v, q_out, positions, cos, sin, k_cache, v_cache, slots,
+        q, k, v, q_out, positions, cos, sin, k_cache, v_cache, slots, k_scale, v_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         q_out.stride(0), q_out.stride(1), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), hq, hkv,
         HALF=d // 2, BLOCK_HQ=block_hq, BLOCK_HKV=triton.next_power_of_2(hkv),
-        BLOCK_HALF=block_half, STORE=store is not None,
+        BLOCK_HALF=block_half, STORE=store is not None, FP8=fp8,
+        FP8_MAX=torch.finfo(k_cache.dtype).max if fp8 else 0.0,
         num_warps=max(1, min(8, block_hq * block_half // 256)), enable_fp_fusion=False)
+
+
+def fp8_scales(scales, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k_scale, v_scale) one-element fp32 tensors for a kernel (None: ones)."""
+    if scales is None:
+        one = torch.ones(1, dtype=torch.float32, device=device)
+        return one, one
+    return scales
 
 
 def _silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
@@ -262,6 +287,15 @@ def _rmsnorm_kernel(X, R, W, Out, ResOut, sx0, sx1, sr0, sr1, N, eps,
 
 
 @_jit
+def to_fp8(x, scale, dtype: tl.constexpr, FP8_MAX: tl.constexpr):
+    """kv_quant.quantize in a kernel: x / scale (IEEE division), saturated, rounded to
+    nearest even."""
+    y = tl.math.div_rn(x.to(tl.float32), scale)
+    y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
+    return y.to(dtype, fp_downcast_rounding="rtne")
+
+
+@_jit
 def rope_combine(x, partner, cos, sin, dtype: tl.constexpr):
     """x*cos + partner*sin (partner = the rotate_half value, sign included), fp32 in, rounded to
     `dtype` after each product and after the sum, as torch's bf16/fp16 ops round."""
@@ -287,11 +321,12 @@ def _rope_heads(X, XO, sx_h, sxo_h, H, cos1, cos2, sin1, sin2,
 
 
 @_jit
-def _rope_kernel(Q, K, V, QO, Pos, Cos, Sin, KC, VC, Slots,
+def _rope_kernel(Q, K, V, QO, Pos, Cos, Sin, KC, VC, Slots, KS, VS,
                  sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sqo_t, sqo_h, s_cos,
                  skc_s, skc_h, svc_s, svc_h, HQ, HKV,
                  HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
-                 BLOCK_HALF: tl.constexpr, STORE: tl.constexpr):
+                 BLOCK_HALF: tl.constexpr, STORE: tl.constexpr, FP8: tl.constexpr,
+                 FP8_MAX: tl.constexpr):
     # One program per token: all its q and k heads share one cos/sin row.
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + t).to(tl.int64)
@@ -311,12 +346,21 @@ def _rope_kernel(Q, K, V, QO, Pos, Cos, Sin, KC, VC, Slots,
         slot = tl.load(Slots + t).to(tl.int64)  # int64: a layer's pool can pass 2^31 elements
         h = tl.arange(0, BLOCK_HKV)[:, None]
         kc = KC + slot * skc_s + h * skc_h + d
-        tl.store(kc, k1.to(KC.dtype.element_ty), mask=kmask)
-        tl.store(kc + HALF, k2.to(KC.dtype.element_ty), mask=kmask)
         vp = V + t * sv_t + h * sv_h + d
         vc = VC + slot * svc_s + h * svc_h + d
-        tl.store(vc, tl.load(vp, mask=kmask).to(VC.dtype.element_ty), mask=kmask)
-        tl.store(vc + HALF, tl.load(vp + HALF, mask=kmask).to(VC.dtype.element_ty), mask=kmask)
+        if FP8:  # quantized store (kv_quant.py)
+            ks = tl.load(KS)
+            vs = tl.load(VS)
+            cdt = KC.dtype.element_ty
+            tl.store(kc, to_fp8(k1, ks, cdt, FP8_MAX), mask=kmask)
+            tl.store(kc + HALF, to_fp8(k2, ks, cdt, FP8_MAX), mask=kmask)
+            tl.store(vc, to_fp8(tl.load(vp, mask=kmask), vs, cdt, FP8_MAX), mask=kmask)
+            tl.store(vc + HALF, to_fp8(tl.load(vp + HALF, mask=kmask), vs, cdt, FP8_MAX), mask=kmask)
+        else:
+            tl.store(kc, k1.to(KC.dtype.element_ty), mask=kmask)
+            tl.store(kc + HALF, k2.to(KC.dtype.element_ty), mask=kmask)
+            tl.store(vc, tl.load(vp, mask=kmask).to(VC.dtype.element_ty), mask=kmask)
+            tl.store(vc + HALF, tl.load(vp + HALF, mask=kmask).to(VC.dtype.element_ty), mask=kmask)
 
 
 @_jit

@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .fused_ops import _round, rope_combine
+from ..kvcache.kv_quant import is_fp8
+from .fused_ops import _round, fp8_scales, rope_combine, to_fp8
 
 
 @dataclass
@@ -52,13 +53,13 @@ def _rope_tile(X, idx, partner, mask, cos, sin, sign):
 
 
 @triton.jit
-def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale,
+def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale, KS, VS,
             stride_qb, stride_qh, stride_ks, stride_vs, stride_tr, stride_ob, stride_oh, stride_os,
             stride_outb, stride_outh,
             KN, VN, Pos, Cos, Sin, Slots, stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cos,
             HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, KVB: tl.constexpr,
             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-            IEEE: tl.constexpr, NEW: tl.constexpr):
+            IEEE: tl.constexpr, NEW: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
     # Grid (request, block of KVB KV heads, split). A slot's KVB heads are one contiguous row of
     # KVB * D values, read whole; each query row carries its vector in its KV head's D columns
     # and zeros elsewhere, so one dot gives every head its own scores and one dot (then a pick
@@ -82,6 +83,12 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale,
     qmask = hmask[:, None] & (row_head[:, None] == col_head[None, :]) & cmask[None, :]
     q_idx = b * stride_qb + heads[:, None] * stride_qh
     dcol = offs_c % D  # each column's index within its head
+    if FP8:  # FP8 pool: K read as fp8 -> q's dtype; k_scale joins the softmax scale, v_scale
+        # multiplies the output (kv_quant.py: stored = x / scale)
+        v_scale = tl.load(VS)
+        qk_scale = scale * tl.load(KS)
+    else:
+        qk_scale = scale
     if NEW:  # rotate q and the new k here; the new token is the last of the request's kv_len
         pos = tl.load(Pos + b).to(tl.int64)
         partner = (dcol + D // 2) % D
@@ -95,10 +102,16 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale,
         v_new = tl.load(VN + b * stride_vnb + (kv0 + col_head) * stride_vnh + dcol, mask=cmask)
         has_new = (end == kv_len) & (start < end)  # the split holding position kv_len - 1
         end = tl.where(has_new, end - 1, end)  # the pool loop stops before it
+        if FP8:  # store the quantized K/V and attend to them, as a later step reads them
+            k_new = to_fp8(k_new, tl.load(KS), K.dtype.element_ty, FP8_MAX)
+            v_new = to_fp8(v_new, v_scale, V.dtype.element_ty, FP8_MAX)
         if has_new:
             slot = tl.load(Slots + b).to(tl.int64)
             tl.store(K + slot * stride_ks + kv0 * D + offs_c, k_new.to(K.dtype.element_ty), mask=cmask)
             tl.store(V + slot * stride_vs + kv0 * D + offs_c, v_new.to(V.dtype.element_ty), mask=cmask)
+        if FP8:
+            k_new = k_new.to(Q.dtype.element_ty)
+            v_new = v_new.to(Q.dtype.element_ty)
     else:
         q = tl.load(Q + q_idx + dcol[None, :], mask=qmask, other=0.0)
 
@@ -118,11 +131,14 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale,
         kv_mask = nmask[:, None] & cmask[None, :]
         k = tl.load(K + slots[:, None] * stride_ks + kv0 * D + offs_c[None, :], mask=kv_mask, other=0.0)
         v = tl.load(V + slots[:, None] * stride_vs + kv0 * D + offs_c[None, :], mask=kv_mask, other=0.0)
+        if FP8:  # exact: every FP8 value is a bf16/fp16/fp32 value
+            k = k.to(Q.dtype.element_ty)
+            v = v.to(Q.dtype.element_ty)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(nmask[None, :], s * scale, float("-inf"))
+        s = tl.where(nmask[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
@@ -135,7 +151,7 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale,
         m_i = m_new
     if NEW:
         if has_new:  # the new token from registers; p rounded for the product as the dots do
-            s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale
+            s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * qk_scale
             m_new = tl.maximum(m_i, s_new)
             alpha = tl.exp(m_i - m_new)
             p_new = tl.exp(s_new - m_new)
@@ -150,6 +166,8 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale,
     acc = tl.sum(tl.where(own[:, :, None], acc3, 0.0), axis=1)
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
+    if FP8:
+        out = out * v_scale
     offs_d = tl.arange(0, D)
     if SPLITS == 1:  # the whole context: the final output, no merge kernel
         dst = Out + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :]
@@ -200,12 +218,14 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
                            table: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor,
                            scale: float, num_splits: int | None = None, block_n: int = 64, num_warps: int = 4,
                            num_stages: int = 2, kv_per_program: int | None = None,
-                           new: NewTokenKV | None = None) -> torch.Tensor:
+                           new: NewTokenKV | None = None, scales=None) -> torch.Tensor:
     """q [B, Hq, D] (any token/head strides, last dim dense); k_pool/v_pool [num_slots, Hkv, D]
     (heads dense within a slot); table [R, max_len] int32; rows [B]; kv_lens [B] (every request
     must hold at least one slot). Returns [B, Hq, D] in q's dtype. `num_splits` /
     `kv_per_program` None: picked from the shapes (num_kv_splits / kv_heads_per_program).
-    `new`: q and the new token's K/V are un-rotated; the kernel ropes and stores them."""
+    `new`: q and the new token's K/V are un-rotated; the kernel ropes and stores them.
+    FP8 pools (views of a KVPool's bytes): `scales` = (k_scale, v_scale) one-element fp32
+    tensors (None: 1.0); reads dequantize in the kernel, the new token is stored quantized."""
     B, Hq, D = q.shape
     Hkv = k_pool.shape[1]
     assert D & (D - 1) == 0 and D >= 16, "head_dim must be a power of two >= 16"
@@ -219,13 +239,16 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     mid_o = torch.empty(mid_shape, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(mid_shape[:3], dtype=torch.float32, device=q.device)
     out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
+    fp8 = is_fp8(k_pool.dtype)
+    k_scale, v_scale = fp8_scales(scales, q.device) if fp8 else (q, q)
     _stage1[(B, triton.cdiv(Hkv, kvb), num_splits)](
-        q, k_pool, v_pool, table, rows, kv_lens, mid_o, mid_lse, out, scale,
+        q, k_pool, v_pool, table, rows, kv_lens, mid_o, mid_lse, out, scale, k_scale, v_scale,
         q.stride(0), q.stride(1), k_pool.stride(0), v_pool.stride(0), table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), out.stride(0), out.stride(1),
         *_new_token_args(new, q), HQ=Hq, HKV=Hkv, GROUP=Hq // Hkv, KVB=kvb,
         BLOCK_H=max(16, triton.next_power_of_2(kvb * Hq // Hkv)), BLOCK_N=block_n, D=D,
-        SPLITS=num_splits, IEEE=q.dtype == torch.float32, NEW=new is not None,
+        SPLITS=num_splits, IEEE=q.dtype == torch.float32, NEW=new is not None, FP8=fp8,
+        FP8_MAX=torch.finfo(k_pool.dtype).max if fp8 else 0.0,
         num_warps=num_warps, num_stages=num_stages,
         # RoPE rounds after each op like torch (fused_ops): no contraction into FMAs
         enable_fp_fusion=new is None)

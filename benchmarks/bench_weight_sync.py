@@ -2,7 +2,7 @@
 
 A random checkpoint of the Qwen2.5-0.5B shape (``checkpoint_tools.tiny_models --shape
 qwen2.5-0.5b``, bf16) is held by this process as the "trainer" (on the GPU when there is one) and
-pushed through ``trainer.rollout.weight_sync.WeightSync`` to a server started from the same
+pushed through ``trainer.rollout.engines.weight_sync.WeightSync`` to a server started from the same
 checkpoint on the same device, ``--pushes`` times per mode after one warm-up push (the first push
 sets up the process group / CUDA IPC mappings). Each mode's last push is read back through
 ``/get_weights_by_name`` and compared bit for bit.
@@ -31,9 +31,9 @@ import torch
 
 from checkpoint_tools.tiny_models import SHAPES, make_tiny_model
 from sglang_kvc.weights.loader import iter_safetensors
-from trainer.rollout.backends import HTTPRollout
-from trainer.rollout.fleet import EngineFleet, FleetConfig
-from trainer.rollout.weight_sync import WeightSync
+from trainer.rollout.engines.interface import HTTPRollout
+from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
+from trainer.rollout.engines.weight_sync import WeightSync
 
 MODES = ("tensor", "ipc", "distributed", "disk")
 

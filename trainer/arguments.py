@@ -65,7 +65,7 @@ def _yaml_defaults(parser: argparse.ArgumentParser, path: str) -> None:
 
 def _check_data_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """A missing data file fails now, not after the model and the engine are up."""
-    from .rollout.data import parse_data_spec
+    from .rollout.samples.data import parse_data_spec
 
     specs = [("--prompt-data", args.prompt_data)]
     specs += [("--eval-prompt-data", s) for s in (args.eval_prompt_data or [])[1::2]]
@@ -121,7 +121,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Inconsistent combinations fail now, not after the first rollout."""
     from .learner.config import check_sparse_replay_args, global_batch_size
-    from .rollout.fidelity import check_fidelity_args
+    from .rollout.samples.fidelity import check_fidelity_args
 
     check_sparse_replay_args(parser, args)
     check_fidelity_args(parser, args)

@@ -39,16 +39,16 @@ from .learner.fused_old_logp import plan_old_logp
 from .learner.grpo_update import RolloutBatch, gather_dp, mismatch_inputs, prepare_update, run_updates
 from .learner.model_provider import rounds_checkpoint
 from .learner.replay_cache import shared_replay_masks
-from .rollout.backends import RolloutError
+from .rollout.engines.interface import RolloutError
 from .rollout.config import RolloutSetup, rollout_setup_from_args
-from .rollout.data import DataError
-from .rollout.engine_process import EngineProcessError, engine_processes
+from .rollout.samples.data import DataError
+from .rollout.engines.processes import EngineProcessError, engine_processes
 from .rollout.evaluation import EvalSetup, evaluate, write_rows
-from .rollout.failover import RestartHook
-from .rollout.fidelity import fidelity_step
-from .rollout.generate import needs_reference
+from .rollout.engines.failover import RestartHook
+from .rollout.samples.fidelity import fidelity_step
+from .rollout.samples.generate import needs_reference
 from .rollout.learner_batch import learner_batch
-from .rollout.shaping import training_rewards
+from .rollout.samples.shaping import training_rewards
 from .rollout.source import (RolloutGenerator, replace_dead_engines, rollout_source,
                              start_manager, tokens_per_s, weight_sync_for)
 from .tracking import (TrackingConfig, open_metrics_logger, peak_memory_metrics, print_summary,
@@ -94,7 +94,7 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def with_engine_processes(cfg: RunConfig):
-    """The engine processes this rank starts (``rollout/engine_process.py``; None without
+    """The engine processes this rank starts (``rollout/engines/processes.py``; None without
     them) and ``cfg`` with the rollouts pointed at every engine's URL."""
     fleet, engines = engine_processes(cfg.rollout.engines, _engine_device())
     return fleet, dataclasses.replace(

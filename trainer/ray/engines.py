@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 
-from ..rollout.lifecycle import healthy
+from ..rollout.engines.lifecycle import healthy
 from .node import free_port, node_ip
 from .options import RayJobError
 

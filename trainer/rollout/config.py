@@ -21,13 +21,13 @@ import torch
 from ..algorithms.adaptive_budget import AdaptiveBudgetConfig
 from ..algorithms.overlong import OverlongConfig
 from .async_rollout import AsyncConfig
-from .backends import HTTPRollout, RolloutConfig
-from .data import PromptStream, load_prompts
+from .engines.interface import HTTPRollout, RolloutConfig
+from .samples.data import PromptStream, load_prompts
 from .dynamic_sampling import DynamicSamplingConfig
-from .fidelity import adaptive_config_from_args
-from .generate import load_generate_plugin, parse_options
-from .rewards import RewardConfig, reward_config_from_args
-from .weight_sync import GROUP_TIMEOUT_S, MODES as WEIGHT_SYNC_MODES
+from .samples.fidelity import adaptive_config_from_args
+from .samples.generate import load_generate_plugin, parse_options
+from .samples.rewards import RewardConfig, reward_config_from_args
+from .engines.weight_sync import GROUP_TIMEOUT_S, MODES as WEIGHT_SYNC_MODES
 
 ENGINE_PREFIX = "sglang_"  # dest of ``--sglang-<field>``: one ServerArgs field
 # Server flags that make no sense for an engine the trainer starts itself.
@@ -266,7 +266,7 @@ def weight_sync_mode(args: argparse.Namespace) -> str:
     if args.rollout_num_gpus:
         return "distributed" if torch.cuda.is_available() else "tensor"
     if args.rollout_engine_process:
-        from .engine_process import weight_transport
+        from .engines.processes import weight_transport
 
         return weight_transport()
     return "tensor" if args.rollout_server_urls else "inprocess"
@@ -304,8 +304,8 @@ def _add_engine_flag(group, f: dataclasses.Field) -> None:
 
 def add_rollout_args(parser: argparse.ArgumentParser) -> None:
     """The rollout side's flags: data, sampling and engines, evaluation, rewards, fidelity."""
-    from .fidelity import add_fidelity_args
-    from .rewards import add_reward_args
+    from .samples.fidelity import add_fidelity_args
+    from .samples.rewards import add_reward_args
 
     for add in (_add_data_args, _add_rollout_args, add_engine_args, _add_eval_args,
                 add_reward_args, add_fidelity_args):
@@ -415,7 +415,7 @@ def _add_rollout_extras(g) -> None:
                         "this path; '{rollout_id}' in it is replaced (slime's flag)")
     g.add_argument("--custom-generate-function-path", default=None,
                    help="generate plug-in 'pkg.module:func_or_class' (slime's flag): decides the "
-                        "requests of a rollout and returns traces (trainer/rollout/generate.py; "
+                        "requests of a rollout and returns traces (trainer/rollout/samples/generate.py; "
                         "recipes: recipes.rc:ReasoningCache, recipes.apr:APRSubcalls)")
     g.add_argument("--custom-generate-args", nargs="*", default=None, metavar="KEY=VALUE",
                    help="options of a plug-in class (values parsed as JSON when they parse)")

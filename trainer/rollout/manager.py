@@ -7,7 +7,7 @@ gathered global batch with its statistics.
 
 Each generating rank scores its own samples (the grader runs where the samples are), then all
 ranks receive every shard in engine order. With a generate plug-in
-(``--custom-generate-function-path``, ``rollout/generate.py``) the plug-in decides the requests
+(``--custom-generate-function-path``, ``rollout/samples/generate.py``) the plug-in decides the requests
 and returns traces of several calls; without one every sample is a one-call trace.
 """
 
@@ -20,12 +20,12 @@ import time
 
 import requests
 
-from .backends import EngineRollout, Generation, HTTPRollout, RolloutConfig, RolloutError
-from .data import Prompt
-from .generate import GenerateContext, run_plugin
-from .rewards import RewardConfig, RewardInput, RewardModel
-from .sharding import Placement, gather_shards, shard_bounds
-from .traces import Trace, sample_traces
+from .engines.interface import EngineRollout, Generation, HTTPRollout, RolloutConfig, RolloutError
+from .samples.data import Prompt
+from .samples.generate import GenerateContext, run_plugin
+from .samples.rewards import RewardConfig, RewardInput, RewardModel
+from .engines.sharding import Placement, gather_shards, shard_bounds
+from .samples.traces import Trace, sample_traces
 
 log = logging.getLogger(__name__)
 

@@ -23,14 +23,14 @@ from typing import Callable
 
 from ..launch import phase
 from .async_rollout import AsyncConfig, AsyncRollouts, WeightGate, gate_for
-from .backends import HTTPRollout
-from .capacity import pool_detail, run_capacity
+from .engines.interface import HTTPRollout
+from .engines.capacity import pool_detail, run_capacity
 from .dynamic_sampling import DynamicSampler
-from .fidelity import apply_budget
+from .samples.fidelity import apply_budget
 from .manager import RolloutManager
-from .sharding import placement
-from .staleness import rollout_staleness, version_number
-from .weight_sync import WeightSync
+from .engines.sharding import placement
+from .samples.staleness import rollout_staleness, version_number
+from .engines.weight_sync import WeightSync
 
 
 @dataclasses.dataclass

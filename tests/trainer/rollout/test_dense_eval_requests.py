@@ -10,7 +10,7 @@ import torch
 
 from checkpoint_tools.tiny_models import make_tiny_model
 from sglang_kvc.engine.engine import Engine
-from trainer.rollout.backends import EngineRollout, RolloutConfig
+from trainer.rollout.engines.interface import EngineRollout, RolloutConfig
 
 
 @pytest.fixture(scope="module")

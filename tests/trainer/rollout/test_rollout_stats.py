@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainer.rollout.backends import Generation
+from trainer.rollout.engines.interface import Generation
 from trainer.rollout.manager import sample_stats, tail_stats
 
 

@@ -1,6 +1,6 @@
 """The pool's capacity in samples, against hand-computed values."""
 
-from trainer.rollout.capacity import capacity_line, samples_that_fit, slots_per_sample
+from trainer.rollout.engines.capacity import capacity_line, samples_that_fit, slots_per_sample
 
 
 def test_dense_and_compressed_slots():

@@ -31,7 +31,7 @@ import torch
 
 from checkpoint_tools.tiny_models import SHAPES, make_tiny_model
 from sglang_kvc.weights.loader import iter_safetensors
-from trainer.rollout.engines.interface import HTTPRollout
+from trainer.rollout.engines.servers import HTTPRollout
 from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
 from trainer.rollout.engines.weight_sync import WeightSync
 

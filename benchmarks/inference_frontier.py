@@ -122,7 +122,8 @@ def server_args(checkpoint: Path, bench: Bench, prompts: list, algorithm: str | 
 
 def greedy_pass(engine, prompts: list, rewards, bench: Bench, setting: Setting) -> dict:
     """The prompts answered greedily in one batch, scored; the pool's peak over this pass."""
-    from trainer.rollout.engines.interface import EngineRollout, RolloutConfig
+    from trainer.rollout.engines.inprocess import EngineRollout
+    from trainer.rollout.engines.interface import RolloutConfig
     from trainer.rollout.samples.rewards import RewardInput
 
     engine.release_memory(["kv_cache"])  # a re-allocated pool starts its peak from zero

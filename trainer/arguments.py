@@ -18,7 +18,8 @@ from pathlib import Path
 
 from .algorithms.argparse_flags import add_algorithm_args
 from .launch import add_launch_args
-from .rollout.config import add_rollout_args, server_args_from, weight_sync_mode
+from .rollout.config import add_rollout_args
+from .rollout.engines.config import server_args_from, weight_sync_mode
 from .tracking import add_logging_args
 
 

@@ -1,25 +1,20 @@
-"""Rollout backends: the in-process sglang-kvc engine, or SGLang-API servers over HTTP.
+"""One door to the rollout engines, wherever they run: the ``Engines`` interface, and what goes
+through it (sample requests in, ``Generation``s out).
 
-Both return, per sample, the response token ids, the sampler's log-prob of each token (π_sparse:
+Two implementations: ``inprocess.EngineRollout`` (an ``sglang_kvc.Engine`` in this process) and
+``http.HTTPRollout`` (SGLang-API servers: a static list, this run's child processes or Ray
+actors); ``NoEngines`` stands for a rank that hosts none. ``factory.py`` alone decides which one
+a rank gets. Every implementation returns, per sample, the response token ids, the sampler's log-prob of each token (π_sparse:
 computed over the compressed KV cache when compression is on), the finish reason, the weight
 version that produced it and the engine's compression statistics.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import contextlib
 import dataclasses
-import itertools
 import logging
-import threading
-import time
 from typing import Callable
-
-import requests
-from tqdm import tqdm
-
-from .failover import AllEnginesDown, EngineSet, RestartHook
-from .lifecycle import healthy
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +122,7 @@ def _per_sample_compress(requests: list[SampleRequest], cfg: RolloutConfig) -> d
 
 
 class Backend:
-    """What the rollout needs of an engine: ``run`` a list of sample requests, in order."""
+    """What generation needs of an engine: ``run`` a list of sample requests, in order."""
 
     def run(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
         raise NotImplementedError
@@ -135,6 +130,70 @@ class Backend:
     def generate(self, prompts: list[list[int]], n: int, cfg: RolloutConfig, **overrides
                  ) -> list[Generation]:
         return self.run(sample_requests(prompts, n, cfg, **overrides), cfg)
+
+
+class Engines(Backend):
+    """This rank's rollout engines, whatever the topology. The defaults are what an engine that
+    lacks the feature does (a server has no decode counters in this process, nothing to offload).
+
+    generate      ``run`` / ``generate`` (``Backend``)
+    weights       ``load_weights(bucket, version)`` (in-process copy) or ``control(path, payload,
+                  urls)`` (HTTP: returns the URLs lost); ``weight_sync.WeightSync`` buckets and
+                  versions them through one of ``transports.TRANSPORTS``
+    info          ``pool()``, ``context_length()``, ``decode_counters()``, ``fault_metrics()``
+    pause/resume  ``abort_all()`` (requests in flight end now), ``kv_memory()`` (the KV pool only
+                  while generating), ``device_work(asynchronous)`` (the training thread's GPU work)
+    health        ``on_engine_failure`` (the restart hook), ``wait_for_restarts()``
+    close         ``close()``: what this object started, stopped
+    """
+
+    hosted = True  # False: this rank talks to no engine (NoEngines)
+    on_engine_failure: Callable[[str], "str | None"] | None = None  # HTTP engines restart through it
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def load_weights(self, bucket, version: str) -> None:
+        raise RuntimeError(f"{self.name} takes weights over HTTP, not in-process")
+
+    def control(self, path: str, payload: dict, urls: list[str]) -> list[str]:
+        raise RuntimeError(f"{self.name} takes no HTTP control requests ({path})")
+
+    def pool(self) -> dict | None:
+        """The KV pool (``peak_used``, ``bytes_per_slot``, ``capacity``) or None (unknown)."""
+        return None
+
+    def context_length(self) -> int | None:
+        return None
+
+    def decode_counters(self) -> dict:
+        return {}
+
+    def fault_metrics(self) -> dict:
+        return {}
+
+    def abort_all(self) -> None:
+        pass
+
+    def kv_memory(self):
+        return contextlib.nullcontext()
+
+    def device_work(self, asynchronous: bool):
+        return contextlib.nullcontext()
+
+    def wait_for_restarts(self, timeout: float | None = None) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class NoEngines(Engines):
+    """A rank that hosts no engine and talks to none (it only trains): every operation is
+    the default's no-op; it never generates (its placement gives it no shard)."""
+
+    hosted = False
 
 
 def engine_error(gen: Generation) -> str | None:
@@ -190,193 +249,3 @@ def _eviction_record(meta: dict):
     from sglang_kvc import decode_eviction_record
 
     return decode_eviction_record(meta["eviction_record"])
-
-
-class EngineRollout(Backend):
-    """An in-process engine, colocated with this rank's part of the trainer."""
-
-    def __init__(self, engine, progress: bool = False):
-        self.engine = engine
-        self.progress = progress  # a bar of finished samples (one rank shows it)
-
-    @property
-    def name(self) -> str:
-        return f"rollout engine on {self.engine.device}"
-
-    def run(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
-        return reissue_failed(lambda reqs: self._run_once(reqs, cfg), requests, self.name)
-
-    def _run_once(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
-        try:
-            futures = self.engine.submit_generate(batch_body(requests, cfg))
-        except RuntimeError as e:  # its thread died: nothing here can run them
-            raise RolloutError(f"{self.name}: {e}") from e
-        with tqdm(total=len(requests), desc="generate", unit="sample", leave=False,
-                  disable=not self.progress, mininterval=1.0) as bar:
-            for _ in concurrent.futures.as_completed(futures):
-                bar.update()
-        return [parse_output(f.result(), cfg.eviction_record) for f in futures]
-
-
-def _as_list(out, expected: int) -> list[dict]:
-    """A batched response is a list, one result per sample (a server may answer a batch of one
-    with the bare result)."""
-    out = out if isinstance(out, list) else [out]
-    if len(out) != expected:
-        raise RuntimeError(f"/generate answered {len(out)} results for {expected} samples")
-    return out
-
-
-class _Transient(Exception):
-    """A failed attempt that another attempt (maybe on another engine) may not repeat."""
-
-
-class HTTPRollout(Backend):
-    """One or more SGLang-API servers (sglang-kvc or stock SGLang), round-robin. A request that
-    fails (connection error, timeout, 5xx) goes to another engine; an engine that does not answer
-    ``/health`` is marked down and handed to ``on_engine_failure`` (``failover.py``). Every sample
-    keeps its index and its ``sampling_seed`` wherever it runs, so a re-issued sample is the one
-    the first engine would have produced. ``fault_metrics()`` counts what happened."""
-
-    def __init__(self, urls: list[str], timeout: float = 3600.0,
-                 on_engine_failure: RestartHook | None = None, health_timeout: float = 5.0,
-                 restart_wait: float = 600.0):
-        if not urls:
-            raise ValueError("--rollout-server-urls needs at least one URL")
-        self.engines = EngineSet([u.rstrip("/") for u in urls], on_engine_failure, restart_wait)
-        self.timeout, self.health_timeout = timeout, health_timeout
-        self.session = requests.Session()
-
-    @property
-    def urls(self) -> list[str]:
-        """The engines up now (weight pushes go to these)."""
-        return self.engines.live()
-
-    @property
-    def on_engine_failure(self) -> RestartHook | None:
-        return self.engines.on_failure
-
-    @on_engine_failure.setter
-    def on_engine_failure(self, hook: RestartHook | None) -> None:
-        self.engines.on_failure = hook
-
-    def fault_metrics(self) -> dict[str, float]:
-        """``rollout/requests_reissued``, ``rollout/engine_failures``, ``rollout/engine_restarts``
-        since the previous call."""
-        return self.engines.take_counts().metrics()
-
-    def wait_for_restarts(self, timeout: float | None = None) -> bool:
-        return self.engines.wait_for_restarts(timeout)
-
-    def run(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
-        """The samples as batched ``/generate`` requests, round-robin over the engines, up to
-        ``cfg.concurrency`` requests in flight per engine; a failed request is re-issued whole,
-        and samples that an engine's step failure ended (HTTP 200, finish reason ``abort``
-        with status 500) once more."""
-        return reissue_failed(lambda reqs: self._run_once(reqs, cfg), requests,
-                              f"rollout server(s) {', '.join(self.engines.urls)}")
-
-    def _run_once(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
-        chunks = self._chunks(len(requests), max(1, cfg.samples_per_request))
-        stop = threading.Event()  # one request failed for good: the others stop waiting
-        pool = concurrent.futures.ThreadPoolExecutor(max(1, min(
-            len(chunks), cfg.concurrency * self.engines.size)))
-        try:
-            futures = [pool.submit(self._request, slot, batch_body([requests[k] for k in ks], cfg),
-                                   cfg.retries, stop) for slot, ks in chunks]
-            outs = [_as_list(f.result(), len(ks)) for f, (_, ks) in zip(futures, chunks)]
-        except BaseException:
-            stop.set()
-            raise
-        finally:
-            pool.shutdown(wait=not stop.is_set(), cancel_futures=True)
-        by_index = {k: o for (_, ks), out in zip(chunks, outs) for k, o in zip(ks, out)}
-        return [parse_output(by_index[k], cfg.eviction_record) for k in range(len(requests))]
-
-    def _chunks(self, count: int, per_request: int) -> list[tuple[int, list[int]]]:
-        """(engine slot, sample indices) per request: sample ``k`` goes to engine
-        ``k % engines``, each engine's share cut into requests of at most ``per_request``,
-        interleaved so that every engine gets work first."""
-        size = self.engines.size
-        shares = [list(range(slot, count, size)) for slot in range(size)]
-        cuts = [[(slot, share[i:i + per_request]) for i in range(0, len(share), per_request)]
-                for slot, share in enumerate(shares)]
-        return [c for wave in itertools.zip_longest(*cuts) for c in wave if c]
-
-    def _request(self, slot: int, payload: dict, retries: int, stop: threading.Event):
-        """One request: its slot's engine, or the next one up after each failure."""
-        failures = 0
-        while True:
-            slot, url = self.engines.pick(slot, stop)
-            try:
-                return self._send(url + "/generate", payload)
-            except _Transient as e:
-                failures += 1
-                # a budget per request: a request that kills every engine it touches must end
-                if failures > retries + self.engines.size or stop.is_set():
-                    raise RuntimeError(f"{url}/generate: failed after {failures} attempts: "
-                                       f"{e}") from e
-                self._failed(slot, url, str(e), failures)
-                self.engines.reissued()
-                slot += 1
-
-    def _failed(self, slot: int, url: str, error: str, failures: int) -> None:
-        if self._healthy(url):
-            time.sleep(min(2 ** (failures - 1), 10))  # up but failing: let it breathe
-        else:
-            self.engines.failed(slot, url, error)
-
-    def _healthy(self, url: str) -> bool:
-        return healthy(url, self.health_timeout)
-
-    def _send(self, url: str, payload: dict) -> dict:
-        try:
-            r = self.session.post(url, json=payload, timeout=self.timeout)
-        except (requests.ConnectionError, requests.Timeout) as e:
-            raise _Transient(str(e)) from e
-        if r.status_code >= 500:
-            raise _Transient(f"HTTP {r.status_code}: {r.text[:200]}")
-        if r.status_code >= 400:  # our request is wrong: no engine will take it
-            raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text[:500]}")
-        return r.json() if r.content else {}  # /abort_request answers an empty 200, as SGLang
-
-    def post(self, url: str, payload: dict, retries: int = 1) -> dict:
-        """One control request to one server, retried there (no failover: it is about that one)."""
-        for attempt in range(retries + 1):
-            try:
-                return self._send(url, payload)
-            except _Transient as e:
-                err = str(e)
-            if attempt < retries:
-                time.sleep(min(2 ** attempt, 10))
-        raise RuntimeError(f"{url}: failed after {retries + 1} attempts: {err}")
-
-    def call_surviving(self, path: str, payload: dict, urls: list[str]) -> list[int]:
-        """``call``, except that an engine which fails the request and does not answer
-        ``/health`` is marked down (restarted by ``on_engine_failure``) instead of failing the
-        call; returns the slots of those engines. A live engine's error still raises."""
-        def one(url: str) -> int | None:
-            try:
-                self.post(url + path, payload)
-                return None
-            except RuntimeError as e:
-                if self._healthy(url):
-                    raise
-                slot = self.engines.urls.index(url)
-                self.engines.failed(slot, url, f"{path}: {e}")
-                return slot
-
-        if not urls:
-            return []
-        with concurrent.futures.ThreadPoolExecutor(len(urls)) as pool:
-            return [s for s in pool.map(one, urls) if s is not None]
-
-    def call(self, path: str, payload: dict | None = None, urls: list[str] | None = None
-             ) -> list[dict]:
-        """POST a control request (weight updates, memory release, ...) to every server up (or to
-        ``urls``), all at once."""
-        urls = self.urls if urls is None else urls
-        if not urls:
-            raise AllEnginesDown(f"no rollout engine is up to take {path}")
-        with concurrent.futures.ThreadPoolExecutor(len(urls)) as pool:
-            return list(pool.map(lambda u: self.post(u + path, payload or {}), urls))

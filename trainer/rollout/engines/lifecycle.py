@@ -12,21 +12,30 @@ Every kind of engine goes through the same five steps, each written once:
                 and version before the hook returns its URL
     stop     -> ``stop()`` / ``close()``: every process and its port released
 
-An engine that listens picks its port with ``free_port`` (one implementation,
-``checkpoint_tools.cpu_megatron.free_port``); a restarted child process keeps its old port when
+Written once for every kind: ``wait_healthy`` (the one health wait: a child process, a Ray actor,
+a restarted engine), ``die_with_parent`` (the one parent-death guard of every process the trainer
+or a Ray actor spawns: engine processes, the router). An engine that listens picks its port with
+``free_port`` (``trainer.launch.free_port``); a restarted child process keeps its old port when
 ``port_free`` says it still can.
 """
 
 from __future__ import annotations
 
+import ctypes
+import signal
 import socket
-from typing import Protocol
+import sys
+import time
+from typing import Callable, Protocol
 
 import requests
 
-from checkpoint_tools.cpu_megatron import free_port
+from ...launch import free_port
 
-__all__ = ["EngineGroup", "free_port", "healthy", "port_free"]
+__all__ = ["EngineGroup", "die_with_parent", "free_port", "healthy", "port_free", "wait_healthy"]
+
+_PR_SET_PDEATHSIG = 1
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 class EngineGroup(Protocol):
@@ -47,6 +56,30 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
         return requests.get(url + "/health", timeout=timeout).status_code == 200
     except requests.RequestException:
         return False
+
+
+def wait_healthy(urls: list[str], timeout: float, *, poll: float = 0.25,
+                 health_timeout: float = 2.0, check: Callable[[], None] | None = None
+                 ) -> list[str]:
+    """Until every engine of ``urls`` answers ``/health``, at most ``timeout`` seconds; the URLs
+    still silent then ([]: all up). ``check()`` runs before each round and may raise (a process
+    that exited while starting)."""
+    deadline = time.monotonic() + timeout
+    waiting = list(urls)
+    while True:
+        if check is not None:
+            check()
+        waiting = [u for u in waiting if not healthy(u, health_timeout)]
+        if not waiting or time.monotonic() > deadline:
+            return waiting
+        time.sleep(poll)
+
+
+def die_with_parent() -> None:
+    """In a child, before exec: SIGTERM when the process that spawned it dies, even by SIGKILL
+    (Linux ``PR_SET_PDEATHSIG``; it follows the spawning thread). Elsewhere a no-op."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def port_free(host: str, port: int) -> bool:

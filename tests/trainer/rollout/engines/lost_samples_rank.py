@@ -30,7 +30,7 @@ def main(model_dir: str, out_dir: str) -> None:
     manager = RolloutManager(Placement(world, rank), RewardConfig(rm_type="arithmetic"),
                              server_args=ServerArgs(model_path=model_dir, device="cpu"))
     if rank == 1:
-        manager.engine.runner.launch = broken_launch
+        manager.engines.engine.runner.launch = broken_launch
     try:
         manager.run([Prompt("p", ids, "1", {}) for ids in PROMPTS], 2, CFG)
         result = "no error"

@@ -10,7 +10,8 @@ import threading
 
 import pytest
 
-from trainer.rollout.engines.interface import HTTPRollout, RolloutConfig, sample_requests
+from trainer.rollout.engines.interface import RolloutConfig, sample_requests
+from trainer.rollout.engines.servers import HTTPRollout
 from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
 
 

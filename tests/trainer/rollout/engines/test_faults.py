@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from trainer.rollout.engines.interface import HTTPRollout, RolloutConfig
+from trainer.rollout.engines.interface import RolloutConfig
+from trainer.rollout.engines.servers import HTTPRollout
 from trainer.rollout.samples.data import Prompt
 from trainer.rollout.engines.failover import AllEnginesDown, EngineSet
 from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
@@ -68,7 +69,7 @@ def _kill_after(rollout: HTTPRollout, finished: int, pids) -> list:
 def test_killed_engine_requests_reissued_and_engine_restarted(fleet, reference):
     manager = RolloutManager(Placement(1, 0), RewardConfig(rm_type="arithmetic"),
                              server_urls=fleet.urls)
-    rollout = manager.backend
+    rollout = manager.engines
     rollout.on_engine_failure = fleet.restart
     victim = fleet.engines[0]
     old_pid = victim.proc.pid

@@ -14,7 +14,7 @@ import requests
 import torch
 
 from sglang_kvc.weights.loader import iter_safetensors
-from trainer.rollout.engines.interface import HTTPRollout
+from trainer.rollout.engines.servers import HTTPRollout
 from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
 from trainer.rollout.engines.weight_sync import WeightSync
 

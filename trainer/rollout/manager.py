@@ -181,8 +181,8 @@ class RolloutManager:
                  server_args=None, server_urls: list[str] | None = None, offload: bool = False,
                  generate_plugin=None, tokenizer=None):
         self.place = place
-        self.engines = engines if engines is not None else open_engines(
-            place, server_args=server_args, server_urls=server_urls, offload=offload)
+        self.engines = engines or open_engines(place, server_args=server_args,
+                                               server_urls=server_urls, offload=offload)
         self.rewards = RewardModel(reward_cfg) if place.generates else None
         self.version: str | None = None  # the weight version the engine(s) must report
         self.plugin, self.tokenizer = generate_plugin, tokenizer

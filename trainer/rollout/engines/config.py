@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from pathlib import Path
 
 import torch
@@ -178,3 +179,46 @@ def add_server_args(g) -> None:
                    help="--weight-sync distributed: the address servers reach the trainer's rank 0 "
                         "at (default: $MASTER_ADDR, else 127.0.0.1); set it when servers run on "
                         "other nodes")
+
+
+def check_engine_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The placements that really conflict (each engine is started one way; the in-process
+    weight path needs the in-process engine), then the colocated engine's own flags by the
+    server's rules."""
+    for conflict, message in _conflicts(args):
+        if conflict:
+            parser.error(message)
+    if not args.rollout_server_urls:
+        try:
+            server_args_from(args)
+        except ValueError as e:  # the server's own validation names its flag without the prefix
+            parser.error(re.sub(r"--(?!sglang-)", "--sglang-", str(e)))
+
+
+def _conflicts(args: argparse.Namespace) -> list[tuple[bool, str]]:
+    """(whether it applies, its message), in the order they are checked."""
+    gpus, process, urls = args.rollout_num_gpus, args.rollout_engine_process, args.rollout_server_urls
+    explicit, mode = args.weight_sync, weight_sync_mode(args)
+    return [
+        (gpus < 0, "--rollout-num-gpus must be >= 0"),
+        (gpus and (urls or args.rollout_engine_urls or process),
+         "--rollout-num-gpus starts the engines itself; drop --rollout-server-urls / "
+         "--rollout-engine-urls / --rollout-engine-process"),
+        (gpus and explicit == "inprocess",
+         "--weight-sync inprocess needs the in-process engine; with --rollout-num-gpus use "
+         "distributed (GPU), tensor or disk"),
+        (not gpus and process and (urls or args.rollout_engine_urls),
+         "--rollout-engine-process starts the engines itself; drop --rollout-server-urls / "
+         "--rollout-engine-urls"),
+        (not gpus and process and explicit == "inprocess",
+         "--weight-sync inprocess needs the in-process engine; with --rollout-engine-process use "
+         "ipc (GPU), tensor or disk"),
+        (mode == "inprocess" and urls,
+         "--weight-sync inprocess needs the in-process engine; drop --rollout-server-urls or "
+         "pick tensor/disk/distributed"),
+        (args.rollout_engine_urls and not urls,
+         "--rollout-engine-urls names the engines behind --rollout-server-urls; give "
+         "--rollout-server-urls too"),
+        (mode != "inprocess" and not (urls or gpus or process),
+         f"--weight-sync {mode} needs --rollout-server-urls"),
+    ]

@@ -4,7 +4,9 @@ engine placement, in one or two source trees, and the deterministic metrics comp
     python benchmarks/placement_metrics.py --out runs/placements --tree new=. [--tree old=../old]
 
 Each placement is launched as users launch it (``python -m trainer.train`` in the tree's root,
-a tiny random-weight Qwen2.5 from ``checkpoint_tools.tiny_models``, 2 rollouts):
+a tiny random-weight Qwen2.5 from ``checkpoint_tools.tiny_models``, 3 rollouts, a reward that
+differs between samples (``reward.py`` written to ``--out``: the response's length mod 3), so
+the updates and the pushed weights are not zero):
 
     inprocess        the in-process engine
     engine-process   --rollout-engine-process (a child ``sglang_kvc.launch_server``)
@@ -44,11 +46,15 @@ def _rows(n: int = 64) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
+REWARD = "def reward(sample):\n    return float(len(sample.response) % 3)\n"
+
+
 def _flags(hf: Path, data: Path, out: Path) -> list[str]:
     return ["--hf-checkpoint", str(hf), "--prompt-data", str(data), "--log-dir", str(out),
-            "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+            "--custom-rm-path", f"{data.parent / 'reward.py'}:reward", "--num-rollout", "3",
+            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
             "--global-batch-size", "8", "--rollout-max-response-len", "12", "--lr", "1e-3",
-            "--kl-loss-coef", "0", "--rm-type", "math", "--max-tokens-per-gpu", "512",
+            "--kl-loss-coef", "0", "--max-tokens-per-gpu", "512",
             "--seed", "7", "--sglang-max-total-tokens", "4096", "--reward-workers", "1"]
 
 
@@ -126,6 +132,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     data = args.out / "train.jsonl"
     data.write_text(_rows())
+    (args.out / "reward.py").write_text(REWARD)
     hf = args.out / "tiny-qwen2.5"
     if not (hf / "config.json").is_file():
         from checkpoint_tools.tiny_models import make_tiny_model

@@ -82,6 +82,11 @@ class WeightSync:
         self.source: NamedTensors | None = None
         self._lost: set[str] = set()  # URLs of engines that died during the current push
 
+    @property
+    def group(self):
+        """``distributed``: the trainer's side of the weight-update group (else None)."""
+        return getattr(self.transport, "group", None)
+
     def push(self, trainer, version: str) -> dict:
         return self.push_tensors(lambda: iter_hf_tensors(trainer.model.module, trainer.arch),
                                  version)

@@ -15,7 +15,7 @@ import requests
 import torch
 
 from sglang_kvc.weights.loader import iter_safetensors
-from tests.trainer.rollout.test_weight_sync import SERVER, assert_serves, models  # noqa: F401
+from tests.trainer.rollout.engines.test_weight_sync import SERVER, assert_serves, models  # noqa: F401
 from trainer.rollout.engines.servers import HTTPRollout
 from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
 from trainer.rollout.engines.weight_sync import WeightSync

@@ -11,7 +11,8 @@ decoding (bench_compression.py measures the whole effect). Qwen2.5-0.5B shape by
     PYTHONPATH=sglang-kvc:. python benchmarks/bench_compaction.py [--requests 256] [--repeats 5]
 
 Internals timed (a component micro-benchmark, tests/test_layout.py): `sglang_kvc.compression`'s
-`Compressor`, `QueryRing`, `Trigger` and `kvcache.kv_cache`'s `KVCache` / `KVPool`, without an engine.
+`Compressor`, `QueryRing`, `Trigger` and `kvcache.kv_cache`'s `KVCache` / `KVPool`, without an
+engine.
 """
 
 from __future__ import annotations

@@ -150,7 +150,8 @@ def main(argv=None) -> int:
                      "diffs": {t: compare(base, runs[(t, n)]) for t in others}}
     print(f"{'placement':<16} {'steps':>5} {'reward_mean':>24} {'response_len':>16}  same as")
     for n, r in report.items():
-        same = ", ".join(f"{t}: {'yes' if not d else f'NO ({len(d)})'}" for t, d in r["diffs"].items())
+        same = ", ".join(f"{t}: {'yes' if not d else f'NO ({len(d)})'}"
+                         for t, d in r["diffs"].items())
         print(f"{n:<16} {r['steps']:>5} {str(r['reward_mean']):>24} "
               f"{str(r['response_len_mean']):>16}  {same or '-'}")
     if args.json:

@@ -269,7 +269,8 @@ def test_topology_is_decided_only_in_the_engines_package():
 def test_placement_branch_finder_sees_each_kind(tmp_path):
     src = tmp_path / "m.py"
     src.write_text("if self.engine is None:\n    pass\nx = 1 if cfg.remote else 2\n"
-                   "while isinstance(b, HTTPRollout):\n    pass\nif self.rewards is None:\n    pass\n")
+                   "while isinstance(b, HTTPRollout):\n    pass\n"
+                   "if self.rewards is None:\n    pass\n")
     assert sorted(h.split(" ", 1)[1] for h in _placement_branches(src)) == [
         "compares engine with None", "isinstance of an engine class", "names remote"]
 

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
-
 
 from ..algorithms.adaptive_budget import AdaptiveBudgetConfig
 from ..algorithms.overlong import OverlongConfig
 from .async_rollout import AsyncConfig
+from .dynamic_sampling import DynamicSamplingConfig
 from .engines.config import (EngineConfig, WeightSyncConfig, add_engine_args, add_server_args,
                              engine_config_from_args, weight_sync_config_from_args)
 from .engines.interface import RolloutConfig
 from .samples.data import PromptStream, load_prompts
-from .dynamic_sampling import DynamicSamplingConfig
 from .samples.fidelity import adaptive_config_from_args
 from .samples.generate import load_generate_plugin, parse_options
 from .samples.rewards import RewardConfig, reward_config_from_args

@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from .samples.data import Prompt
 from .manager import RolloutResult, Shard
+from .samples.data import Prompt
 from .samples.plugins import load_dotted
 from .samples.traces import Trace
 

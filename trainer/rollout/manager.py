@@ -19,10 +19,10 @@ import time
 
 from .engines.factory import open_engines
 from .engines.interface import Engines, Generation, RolloutConfig, RolloutError
+from .engines.sharding import Placement, gather_shards, shard_bounds
 from .samples.data import Prompt
 from .samples.generate import GenerateContext, run_plugin
 from .samples.rewards import RewardConfig, RewardInput, RewardModel
-from .engines.sharding import Placement, gather_shards, shard_bounds
 from .samples.traces import Trace, sample_traces
 
 log = logging.getLogger(__name__)

@@ -118,7 +118,7 @@ class EngineFleet:
         return engine.url
 
     def restart_hook(self, resync: Callable[[str], None]) -> Callable[[str], str | None]:
-        """The trainer's restart-hook factory (``train.RestartHookFactory``): replacements get
+        """The trainer's restart-hook factory (``factory.RestartHookFactory``): replacements get
         ``resync`` (the run's last weights), failures go to ``restart``."""
         self.resync = resync
         return self.restart

@@ -1,5 +1,5 @@
-"""One engine lifecycle, wherever the engine runs: in the trainer's process (``manager.py``), as
-a child process (``fleet.py``), behind an external URL (``backends.py``) or in a Ray actor
+"""One engine lifecycle, wherever the engine runs: in the trainer's process (``inprocess.py``),
+as a child process (``fleet.py``), behind an external URL (``servers.py``) or in a Ray actor
 (``ray/engines.py``, ``ray/supervisor.py``).
 
 Every kind of engine goes through the same five steps, each written once:
@@ -41,7 +41,7 @@ _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("lin
 class EngineGroup(Protocol):
     """Engines someone else started and will stop: ``fleet.EngineFleet`` (child processes) and
     ``ray.supervisor.EngineSupervisor`` (Ray actors) are two. The in-process engine is owned by
-    its ``RolloutManager`` (``close()``) and has no restart: a dead one ends the run."""
+    its ``EngineRollout`` (``close()``) and has no restart: a dead one ends the run."""
 
     def restart(self, dead_url: str) -> str | None:
         """A replacement for the engine at ``dead_url`` that answers ``/health`` (None: down)."""

@@ -100,8 +100,9 @@ def start_server(tree: Path, model: Path, env: dict, flags: list[str], log: Path
         try:
             if requests.get(url + "/health", timeout=2).status_code == 200:
                 return proc, url
-        except requests.RequestException:
-            time.sleep(0.5)
+        except requests.RequestException:  # not listening yet, or busy loading
+            pass
+        time.sleep(0.5)
     proc.kill()
     raise RuntimeError(f"launch_server did not come up (log: {log})")
 

@@ -80,8 +80,9 @@ def _server(tree: Path, hf: Path) -> tuple[subprocess.Popen, str]:
         try:
             if requests.get(url + "/health", timeout=1).status_code == 200:
                 return proc, url
-        except requests.ConnectionError:
-            time.sleep(0.5)
+        except requests.RequestException:  # not listening yet, or busy loading
+            pass
+        time.sleep(0.5)
     proc.kill()
     raise RuntimeError(f"the server of {tree} did not start")
 

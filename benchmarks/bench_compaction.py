@@ -9,6 +9,10 @@ decoding (bench_compression.py measures the whole effect). Qwen2.5-0.5B shape by
             compact (move kept K/V, free the rest); `total` is compress() end to end
 
     PYTHONPATH=sglang-kvc:. python benchmarks/bench_compaction.py [--requests 256] [--repeats 5]
+
+Internals timed (a component micro-benchmark, tests/test_layout.py): `sglang_kvc.compression`'s
+`Compressor`, `QueryRing`, `Trigger` and `kvcache.kv_cache`'s `KVCache` / `KVPool`, without an
+engine.
 """
 
 from __future__ import annotations

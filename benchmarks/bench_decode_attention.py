@@ -9,6 +9,9 @@ while.
 
     PYTHONPATH=sglang-kvc:. python benchmarks/bench_decode_attention.py [--batch 256]
         [--contexts 140 384 640] [--sweep]
+
+Internals timed (a component micro-benchmark, tests/test_layout.py): `sglang_kvc.layers`'
+`triton_decode.paged_decode_attention` and `fused_ops.rope_store_`, without an engine.
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ GPU (Qwen2.5-0.5B shape, random bf16 weights):
 CPU smoke (tiny shape, eager: a CPU has no graphs; checks the plumbing, not the numbers):
     PYTHONPATH=sglang-kvc:. python benchmarks/bench_decode_tail.py --shape tiny --device cpu \\
         --batches 1,2 --prompt-len 8 --output-len 6 --repeats 2 --breakdown
+
+Internals timed (a component micro-benchmark, tests/test_layout.py): a public `sglang_kvc.Engine`,
+with `--breakdown` timing its step loop's stages (`engine.step_io.PendingStep.result`) and its
+`engine.step_loop.StepStats` reset per generate.
 """
 
 from __future__ import annotations

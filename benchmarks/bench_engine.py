@@ -117,9 +117,7 @@ def make_engine(path: str, B: int, P: int, O: int, overlap: bool, args):
 
 
 def timed_generate(engine, ids: list, params: dict, logprobs: bool) -> dict:
-    from sglang_kvc.engine.step_loop import StepStats
-
-    engine.loop.step_stats = StepStats()
+    engine.loop.step_stats = type(engine.step_stats)()  # fresh counters
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     outs = engine.generate(input_ids=ids, sampling_params=params, return_logprob=logprobs)

@@ -270,8 +270,8 @@ def start_run(args, extra: list[str], work: Path):
     targs = trainer_args(trainer_argv(args, hf, data, work, rollouts) + extra)
     init_parallel(parallel_config_from_args(targs))
     # --rollout-engine-process: the engine as a child process
-    fleet, cfg = with_engine_processes(run_config_from_args(targs))
-    return targs, Run(cfg), fleet
+    launched, cfg = with_engine_processes(run_config_from_args(targs))
+    return targs, Run(cfg), launched
 
 
 def measure(args, targs, run) -> tuple[list[dict], Path | None]:
@@ -320,14 +320,13 @@ def main(argv=None) -> dict:
     args, extra = parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-rl-step-"))
     work.mkdir(parents=True, exist_ok=True)
-    targs, run, fleet = start_run(args, extra, work)
+    targs, run, launched = start_run(args, extra, work)
     try:
         steps, trace = measure(args, targs, run)
         rank, machine = _rank(), Machine.detect(args)  # the ranks: before the teardown
     finally:
         run.close()
-        if fleet is not None:
-            fleet.stop()
+        launched.stop()
         cpu_megatron.teardown()
     if rank != 0:  # torchrun: rank 0 reports for the job
         return {}

@@ -9,6 +9,9 @@ printed: the fraction of ids both paths agree on (they may differ only where u *
 float rounding of a CDF boundary).
 
     python benchmarks/bench_sampler.py [--batches 64 256] [--vocab 151936] [--repeats 20]
+
+Internals timed (a component micro-benchmark, tests/test_layout.py): `sglang_kvc.engine.sampler`'s
+`Sampler` on a `SamplingBatch`, without an engine.
 """
 
 from __future__ import annotations

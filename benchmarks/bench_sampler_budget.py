@@ -69,7 +69,8 @@ def engine_args(a, budget: int, tokens: int):
 
 def measure(a, budget: int, ids: list[list[int]], labels: list[str], score) -> dict:
     from sglang_kvc import Engine
-    from trainer.rollout.backends import EngineRollout, RolloutConfig
+    from trainer.rollout.engines.inprocess import EngineRollout
+    from trainer.rollout.engines.interface import RolloutConfig
 
     n = a.samples
     per_sample = max(map(len, ids)) + a.max_new_tokens  # dense holds all of it

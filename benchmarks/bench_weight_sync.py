@@ -2,7 +2,7 @@
 
 A random checkpoint of the Qwen2.5-0.5B shape (``checkpoint_tools.tiny_models --shape
 qwen2.5-0.5b``, bf16) is held by this process as the "trainer" (on the GPU when there is one) and
-pushed through ``trainer.rollout.weight_sync.WeightSync`` to a server started from the same
+pushed through ``trainer.rollout.engines.weight_sync.WeightSync`` to a server started from the same
 checkpoint on the same device, ``--pushes`` times per mode after one warm-up push (the first push
 sets up the process group / CUDA IPC mappings). Each mode's last push is read back through
 ``/get_weights_by_name`` and compared bit for bit.
@@ -29,11 +29,11 @@ from pathlib import Path
 import requests
 import torch
 
+from checkpoint_tools.hf_io import read_all_tensors
 from checkpoint_tools.tiny_models import SHAPES, make_tiny_model
-from sglang_kvc.weights.loader import iter_safetensors
-from trainer.rollout.backends import HTTPRollout
-from trainer.rollout.fleet import EngineFleet, FleetConfig
-from trainer.rollout.weight_sync import WeightSync
+from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
+from trainer.rollout.engines.servers import HTTPRollout
+from trainer.rollout.engines.weight_sync import WeightSync
 
 MODES = ("tensor", "ipc", "distributed", "disk")
 
@@ -114,7 +114,7 @@ def run(args) -> dict:
         if not (ckpt / "config.json").exists():
             make_tiny_model("qwen2.5", ckpt, dtype=getattr(torch, args.dtype),
                             overrides=SHAPES[args.shape])
-        cpu_named = list(iter_safetensors(ckpt))
+        cpu_named = list(read_all_tensors(ckpt).items())
         nbytes = sum(t.numel() * t.element_size() for _, t in cpu_named)
         out = {"device": torch.cuda.get_device_name() if gpu else "cpu", "shape": args.shape,
                "dtype": args.dtype, "bytes": nbytes, "tensors": len(cpu_named),

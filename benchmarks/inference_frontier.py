@@ -97,7 +97,7 @@ def load_eval_prompts(checkpoint: Path, bench: Bench) -> list:
     """The eval rows as the trainer reads them (chat template applied to message lists)."""
     from transformers import AutoTokenizer
 
-    from trainer.rollout.data import load_prompts
+    from trainer.rollout.samples.data import load_prompts
 
     return load_prompts(str(bench.eval_path), AutoTokenizer.from_pretrained(checkpoint))
 
@@ -122,8 +122,9 @@ def server_args(checkpoint: Path, bench: Bench, prompts: list, algorithm: str | 
 
 def greedy_pass(engine, prompts: list, rewards, bench: Bench, setting: Setting) -> dict:
     """The prompts answered greedily in one batch, scored; the pool's peak over this pass."""
-    from trainer.rollout.backends import EngineRollout, RolloutConfig
-    from trainer.rollout.rewards import RewardInput
+    from trainer.rollout.engines.inprocess import EngineRollout
+    from trainer.rollout.engines.interface import RolloutConfig
+    from trainer.rollout.samples.rewards import RewardInput
 
     engine.release_memory(["kv_cache"])  # a re-allocated pool starts its peak from zero
     engine.resume_memory(["kv_cache"])
@@ -158,7 +159,7 @@ def pool_bound(prompts: list, bench: Bench, setting: Setting) -> int:
     """The most slots the pass can hold (the engine's admission bound, summed over prompts):
     prompt + cap dense; compressed max(P + 1, B + N), or P + B + N with the prompt kept."""
     from trainer.quickstart import COMPRESS_SHAPE
-    from trainer.rollout.capacity import slots_per_sample
+    from trainer.rollout.engines.capacity import slots_per_sample
 
     divide = COMPRESS_SHAPE[bench.model][0] if setting.algorithm else None
     return sum(slots_per_sample(len(p.input_ids), bench.spec.max_len, setting.budget, divide,
@@ -371,7 +372,7 @@ def make_bench(args) -> Bench:
 
 
 def run(args) -> int:
-    from trainer.rollout.rewards import RewardConfig, RewardModel
+    from trainer.rollout.samples.rewards import RewardConfig, RewardModel
 
     args.out.mkdir(parents=True, exist_ok=True)
     todo = checkpoints(args)

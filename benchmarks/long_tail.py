@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 import random
 
-from trainer.rollout.generate import Request
-from trainer.rollout.traces import Call, Trace
+from trainer.rollout.samples.generate import Request
+from trainer.rollout.samples.traces import Call, Trace
 
 
 def long_tail_length(index: int, seed: int, cap: int, median_frac: float, sigma: float,

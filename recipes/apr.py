@@ -41,8 +41,8 @@ from pathlib import Path
 from dataset.countdown_r1 import SYSTEM, make_rows
 from dataset.formats import write_rows
 
-from trainer.rollout.generate import GenerateContext, Request
-from trainer.rollout.traces import Call, Trace
+from trainer.rollout.samples.generate import GenerateContext, Request
+from trainer.rollout.samples.traces import Call, Trace
 
 NO_SOLUTION = "No Solution"
 BUDGET_EXHAUSTED = "No Solution (subcall budget exhausted)"

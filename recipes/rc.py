@@ -31,8 +31,8 @@ import collections
 import dataclasses
 import random
 
-from trainer.rollout.generate import GenerateContext, Request
-from trainer.rollout.traces import Trace
+from trainer.rollout.samples.generate import GenerateContext, Request
+from trainer.rollout.samples.traces import Trace
 
 CONTINUE = ("{problem}\n\nHere is a summary of your earlier work on this problem:\n{summary}\n\n"
             "Continue from this summary and finish the solution.")

@@ -216,3 +216,125 @@ def test_decode_graphs_get_their_parts_not_the_runner():
         names.update([n.attr] if isinstance(n, ast.Attribute) else [n.id] if isinstance(n, ast.Name)
                      else [n.arg] if isinstance(n, ast.arg) else [])
     assert "runner" not in names
+
+
+# --------------------------------------------------------------------------- the engines: one door
+
+ROLLOUT = PACKAGES["trainer"] / "rollout"
+ENGINES = ROLLOUT / "engines"
+# the flags' fields that say where engines run, the objects that stand for them
+TOPOLOGY = {"server_urls", "engine_urls", "engine_process", "num_gpus", "per_gpu", "remote"}
+ENGINE_OBJECTS = {"engine", "engines", "backend", "fleet"}
+ENGINE_CLASSES = {"EngineRollout", "HTTPRollout", "NoEngines", "EngineFleet"}
+
+
+def _leaf(node) -> str | None:
+    return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) \
+        else None
+
+
+def _placement_branches(path: Path) -> list[str]:
+    """Where ``path`` decides by the engines' topology: a condition (if, while, conditional
+    expression) that names a topology field, compares an engine object with None or asks
+    ``isinstance`` of an engine class."""
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, (ast.If, ast.IfExp, ast.While)):
+            continue
+        for sub in ast.walk(node.test):
+            if _leaf(sub) in TOPOLOGY:
+                hits.append(f"{path.name}:{node.lineno} names {_leaf(sub)}")
+            elif isinstance(sub, ast.Compare) and _leaf(sub.left) in ENGINE_OBJECTS and any(
+                    isinstance(op, (ast.Is, ast.IsNot)) for op in sub.ops):
+                hits.append(f"{path.name}:{node.lineno} compares {_leaf(sub.left)} with None")
+            elif isinstance(sub, ast.Call) and _leaf(sub.func) == "isinstance" and \
+                    {_leaf(n) for n in ast.walk(sub.args[1])} & ENGINE_CLASSES:
+                hits.append(f"{path.name}:{node.lineno} isinstance of an engine class")
+    return hits
+
+
+def _outside_engines() -> list[Path]:
+    """The loop and the rollout side's modules that are not the engines package."""
+    return [PACKAGES["trainer"] / "train.py",
+            *(p for p in ROLLOUT.rglob("*.py") if not p.is_relative_to(ENGINES))]
+
+
+def test_topology_is_decided_only_in_the_engines_package():
+    """train.py, the manager, the rollout sources and the samples never branch on where the
+    engines run: they hold an ``Engines`` (rollout/engines/factory.py decides which)."""
+    hits = [h for path in _outside_engines() for h in _placement_branches(path)]
+    assert not hits, hits
+
+
+def test_placement_branch_finder_sees_each_kind(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("if self.engine is None:\n    pass\nx = 1 if cfg.remote else 2\n"
+                   "while isinstance(b, HTTPRollout):\n    pass\n"
+                   "if self.rewards is None:\n    pass\n")
+    assert sorted(h.split(" ", 1)[1] for h in _placement_branches(src)) == [
+        "compares engine with None", "isinstance of an engine class", "names remote"]
+
+
+def test_only_the_engines_package_talks_to_sglang_kvc():
+    """In trainer/rollout/ only engines/ imports ``sglang_kvc``; engines/ imports nothing of
+    the rest of rollout/ (samples and the loop side sit above it)."""
+    for path in (p for p in ROLLOUT.rglob("*.py")):
+        names = _imports(path, "trainer")
+        if path.is_relative_to(ENGINES):
+            up = {n for n in names if n.startswith("trainer.rollout.")
+                  and not n.startswith("trainer.rollout.engines")}
+            assert not up, f"{path.relative_to(ROOT)} imports {up}"
+        else:
+            engine = {n for n in names if n.split(".")[0] == "sglang_kvc"}
+            assert not engine, f"{path.relative_to(ROOT)} imports {engine}: go through Engines"
+
+
+def test_one_health_wait_one_parent_death_guard():
+    """Polling ``/health`` and ``PR_SET_PDEATHSIG`` are written once (engines/lifecycle.py),
+    for the engine processes, the Ray engine actors and the router alike; the weight
+    transports reach engines through the Engines interface, not their failover slots."""
+    polls, guards = set(), set()
+    for path in _modules("trainer"):
+        tree = ast.parse(path.read_text())
+        for loop in (n for n in ast.walk(tree) if isinstance(n, ast.While)):
+            if any(isinstance(c, ast.Call) and _leaf(c.func) == "healthy" for c in ast.walk(loop)):
+                polls.add(path.relative_to(ROOT).as_posix())
+        if "prctl" in {_leaf(n) for n in ast.walk(tree)}:
+            guards.add(path.relative_to(ROOT).as_posix())
+    assert polls == guards == {"trainer/rollout/engines/lifecycle.py"}, (polls, guards)
+    for name in ("weight_sync.py", "transports.py"):
+        tree = ast.parse((ENGINES / name).read_text())
+        slots = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                 and n.attr == "urls" and _leaf(n.value) == "engines"]
+        assert not slots, f"{name}:{slots} reads the failover slots (engines.urls)"
+
+
+def test_runtime_helpers_come_from_the_trainer():
+    """``default_device``, ``free_port`` and ``teardown`` are the trainer's (trainer/launch.py):
+    no trainer module takes them from the converters' package."""
+    helpers = {"default_device", "free_port", "teardown"}
+    for path in _modules("trainer"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            from_converters = isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "checkpoint_tools") and {a.name for a in node.names} & helpers
+            attribute = isinstance(node, ast.Attribute) and node.attr in helpers and \
+                _leaf(node.value) == "cpu_megatron"
+            assert not (from_converters or attribute), f"{path.relative_to(ROOT)}:{node.lineno}"
+
+
+# benchmarks that time engine internals on their own; each says which in its docstring
+COMPONENT_BENCHMARKS = {"bench_compaction.py", "bench_decode_attention.py", "bench_sampler.py",
+                        "bench_decode_tail.py"}
+
+
+def test_benchmarks_drive_the_engine_through_its_public_names():
+    """A benchmark of the whole engine imports only ``sglang_kvc``'s public names; a component
+    micro-benchmark (listed above) names the internals it times ('Internals timed')."""
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        hits = _engine_submodule_imports(path)
+        if path.name in COMPONENT_BENCHMARKS:
+            assert "Internals timed" in (ast.get_docstring(ast.parse(path.read_text())) or ""), \
+                f"{path.name}: say which internals it times"
+        else:
+            assert not hits, f"benchmarks/{path.name} imports {hits}: use sglang_kvc's public API"
+    assert all((ROOT / "benchmarks" / name).is_file() for name in COMPONENT_BENCHMARKS)

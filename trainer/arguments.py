@@ -12,13 +12,13 @@ inconsistent flags stop the run at once with a message naming them.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 from .algorithms.argparse_flags import add_algorithm_args
 from .launch import add_launch_args
-from .rollout.config import add_rollout_args, server_args_from, weight_sync_mode
+from .rollout.config import add_rollout_args
+from .rollout.engines.config import check_engine_args
 from .tracking import add_logging_args
 
 
@@ -65,7 +65,7 @@ def _yaml_defaults(parser: argparse.ArgumentParser, path: str) -> None:
 
 def _check_data_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """A missing data file fails now, not after the model and the engine are up."""
-    from .rollout.data import parse_data_spec
+    from .rollout.samples.data import parse_data_spec
 
     specs = [("--prompt-data", args.prompt_data)]
     specs += [("--eval-prompt-data", s) for s in (args.eval_prompt_data or [])[1::2]]
@@ -121,7 +121,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Inconsistent combinations fail now, not after the first rollout."""
     from .learner.config import check_sparse_replay_args, global_batch_size
-    from .rollout.fidelity import check_fidelity_args
+    from .rollout.samples.fidelity import check_fidelity_args
 
     check_sparse_replay_args(parser, args)
     check_fidelity_args(parser, args)
@@ -178,44 +178,4 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--custom-generate-args needs --custom-generate-function-path")
     if args.eval_prompt_data and len(args.eval_prompt_data) % 2:
         parser.error("--eval-prompt-data takes name path pairs")
-    if args.rollout_num_gpus:
-        _check_rollout_gpus(parser, args)
-    elif args.rollout_engine_process:
-        _check_engine_process(parser, args)
-    mode = weight_sync_mode(args)
-    if mode == "inprocess" and args.rollout_server_urls:
-        parser.error("--weight-sync inprocess needs the in-process engine; drop "
-                     "--rollout-server-urls or pick tensor/disk/distributed")
-    if args.rollout_engine_urls and not args.rollout_server_urls:
-        parser.error("--rollout-engine-urls names the engines behind --rollout-server-urls; "
-                     "give --rollout-server-urls too")
-    if mode != "inprocess" and not (args.rollout_server_urls or args.rollout_num_gpus
-                                    or args.rollout_engine_process):
-        parser.error(f"--weight-sync {mode} needs --rollout-server-urls")
-    if not args.rollout_server_urls:
-        try:
-            server_args_from(args)
-        except ValueError as e:  # the server's own validation names its flag without the prefix
-            parser.error(re.sub(r"--(?!sglang-)", "--sglang-", str(e)))
-
-
-def _check_rollout_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--rollout-num-gpus starts its own servers on GPUs of their own: no other engines."""
-    if args.rollout_num_gpus < 0:
-        parser.error("--rollout-num-gpus must be >= 0")
-    if args.rollout_server_urls or args.rollout_engine_urls or args.rollout_engine_process:
-        parser.error("--rollout-num-gpus starts the engines itself; drop --rollout-server-urls / "
-                     "--rollout-engine-urls / --rollout-engine-process")
-    if args.weight_sync == "inprocess":
-        parser.error("--weight-sync inprocess needs the in-process engine; with "
-                     "--rollout-num-gpus use distributed (GPU), tensor or disk")
-
-
-def _check_engine_process(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--rollout-engine-process starts its own servers: no others, no in-process weight path."""
-    if args.rollout_server_urls or args.rollout_engine_urls:
-        parser.error("--rollout-engine-process starts the engines itself; drop "
-                     "--rollout-server-urls / --rollout-engine-urls")
-    if args.weight_sync == "inprocess":
-        parser.error("--weight-sync inprocess needs the in-process engine; with "
-                     "--rollout-engine-process use ipc (GPU), tensor or disk")
+    check_engine_args(parser, args)

@@ -19,19 +19,18 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from checkpoint_tools import cpu_megatron
+
 from checkpoint_tools.model_config import CheckpointError
 
 from .algorithms.adaptive_budget import BudgetController
 from .algorithms.argparse_flags import AlgorithmConfig, config_from_args
 from .arguments import parse_args
-from .launch import RendezvousError, init_parallel, parallel_config_from_args, phase
+from .launch import RendezvousError, init_parallel, parallel_config_from_args, phase, teardown
 from .learner.checkpoint import is_trainer_checkpoint, load_checkpoint, save_checkpoint
 from .learner.checkpoint_space import warn_if_short
 from .learner.config import LearnerConfig, build_models, learner_config_from_args
@@ -39,24 +38,22 @@ from .learner.fused_old_logp import plan_old_logp
 from .learner.grpo_update import RolloutBatch, gather_dp, mismatch_inputs, prepare_update, run_updates
 from .learner.model_provider import rounds_checkpoint
 from .learner.replay_cache import shared_replay_masks
-from .rollout.backends import RolloutError
 from .rollout.config import RolloutSetup, rollout_setup_from_args
-from .rollout.data import DataError
-from .rollout.engine_process import EngineProcessError, engine_processes
+from .rollout.engines.factory import (Launched, RestartHookFactory, connect_restarts,
+                                      launch_engines, weight_sync_for)
+from .rollout.engines.interface import RolloutError
+from .rollout.engines.processes import EngineProcessError
 from .rollout.evaluation import EvalSetup, evaluate, write_rows
-from .rollout.failover import RestartHook
-from .rollout.fidelity import fidelity_step
-from .rollout.generate import needs_reference
 from .rollout.learner_batch import learner_batch
-from .rollout.shaping import training_rewards
-from .rollout.source import (RolloutGenerator, replace_dead_engines, rollout_source,
-                             start_manager, tokens_per_s, weight_sync_for)
+from .rollout.samples.data import DataError
+from .rollout.samples.fidelity import fidelity_step
+from .rollout.samples.generate import needs_reference
+from .rollout.samples.shaping import training_rewards
+from .rollout.source import RolloutGenerator, rollout_source, start_manager, tokens_per_s
 from .tracking import (TrackingConfig, open_metrics_logger, peak_memory_metrics, print_summary,
                        tracking_config_from_args)
 
-# Given ``WeightSync.resync``, the hook that replaces a dead engine, or None (it stays down).
-# A launcher that can replace engines passes one in (``ray/trainer_actor.py``).
-RestartHookFactory = Callable[[Callable[[str], None]], RestartHook | None]
+# A launcher that can replace engines passes a RestartHookFactory in (``ray/trainer_actor.py``).
 
 
 @dataclasses.dataclass
@@ -93,11 +90,12 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
                      tracking_config_from_args(args, default_dir=logs), flags=flags)
 
 
-def with_engine_processes(cfg: RunConfig):
-    """The engine processes this rank starts (``rollout/engine_process.py``; None without
-    them) and ``cfg`` with the rollouts pointed at every engine's URL."""
-    fleet, engines = engine_processes(cfg.rollout.engines, _engine_device())
-    return fleet, dataclasses.replace(
+def with_engine_processes(cfg: RunConfig) -> tuple[Launched, RunConfig]:
+    """What this rank launches before its models (``rollout/engines/factory.py``: its engine
+    processes, or nothing) and ``cfg`` with the rollouts pointed at every engine's URL."""
+    launched = launch_engines(cfg.rollout.engines, _engine_device())
+    engines = launched.config
+    return launched, dataclasses.replace(
         cfg, rollout=dataclasses.replace(cfg.rollout, engines=engines),
         flags={**cfg.flags, "rollout_server_urls": engines.server_urls})
 
@@ -124,8 +122,9 @@ class Run:
         self.start_rollout = self._resume() if resume else 0
         self.rollouts = start_manager(cfg.rollout, self.tokenizer, self.plugin,
                                       self.prompts.prompts, _engine_device())
-        self.sync = weight_sync_for(cfg.rollout, self.rollouts, self.work_dir)
-        replace_dead_engines(self.rollouts, restart_hook(self.sync.resync) if restart_hook else None)
+        self.sync = weight_sync_for(cfg.rollout.weight_sync, cfg.rollout.engines,
+                                    self.rollouts.engines, self.work_dir)
+        connect_restarts(self.rollouts.engines, restart_hook, self.sync)
         self.generate = RolloutGenerator(self.rollouts, self.prompts, self.plan, self.budget)
         self.eval = EvalSetup(self.rollouts, self.eval_sets, self.plan, self.budget, self.log_dir,
                               write=_rank() == 0)
@@ -286,17 +285,17 @@ def main(argv=None, restart_hook: RestartHookFactory | None = None) -> int:
     except RendezvousError as e:  # the launch itself is wrong: say where, do not hang
         print(f"trainer.train: error: {e}", file=sys.stderr, flush=True)
         return 1
-    fleet = None
+    launched = None
     try:
-        fleet, cfg = with_engine_processes(run_config_from_args(args))
-        train(cfg, restart_hook or (fleet and fleet.restart_hook))
+        launched, cfg = with_engine_processes(run_config_from_args(args))
+        train(cfg, launched.restart_hook(restart_hook))
     except (DataError, CheckpointError, EngineProcessError, RolloutError) as e:  # a message
         print(f"trainer.train: error: {e}", file=sys.stderr)
         return 2
     finally:
-        if fleet is not None:
-            fleet.stop()
-        cpu_megatron.teardown()
+        if launched is not None:
+            launched.stop()
+        teardown()
     return 0
 
 

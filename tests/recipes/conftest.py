@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from trainer.rollout.backends import Backend, Generation, RolloutConfig
-from trainer.rollout.generate import GenerateContext
-from trainer.rollout.rewards import RewardConfig, RewardModel
+from trainer.rollout.engines.interface import Backend, Generation, RolloutConfig
+from trainer.rollout.samples.generate import GenerateContext
+from trainer.rollout.samples.rewards import RewardConfig, RewardModel
 
 
 @dataclasses.dataclass

@@ -15,8 +15,8 @@ from recipes.countdown import reward, reward_binary
 from trainer.algorithms import AdvantageConfig
 from trainer.learner.grpo_update import RolloutBatch, step_bounds, trace_advantages
 from trainer.learner.packing import Sample
-from trainer.rollout.data import Prompt
-from trainer.rollout.rewards import RewardInput
+from trainer.rollout.samples.data import Prompt
+from trainer.rollout.samples.rewards import RewardInput
 
 SPAWN = "think <spawn>\n<child>left 8 2 to 16</child>\n<child>left 15 2 to 16</child>\n</spawn>"
 

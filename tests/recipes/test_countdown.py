@@ -10,7 +10,7 @@ import pytest
 
 from dataset.countdown_r1 import make_rows, split_of
 from recipes.countdown import reward, reward_binary
-from trainer.rollout.rewards import RewardInput
+from trainer.rollout.samples.rewards import RewardInput
 
 LABEL = json.dumps({"target": 16, "numbers": [3, 5, 2]})
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.rollout.data import Prompt
-from trainer.rollout.generate import load_generate_plugin, parse_options, run_plugin
+from trainer.rollout.samples.data import Prompt
+from trainer.rollout.samples.generate import load_generate_plugin, parse_options, run_plugin
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import torch
 
 from recipes.rc import ReasoningCache
 from trainer.algorithms import PolicyLossConfig, policy_loss
-from trainer.rollout.data import Prompt
+from trainer.rollout.samples.data import Prompt
 
 PROBLEM = "What is 2 + 3?"
 

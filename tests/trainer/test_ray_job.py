@@ -476,7 +476,7 @@ def test_engine_urls_need_the_router_url(inputs, capsys):
     """The trainer's hook for a router: weight updates go to --rollout-engine-urls, which only
     make sense behind --rollout-server-urls."""
     from trainer.arguments import parse_args
-    from trainer.rollout.config import weight_sync_mode
+    from trainer.rollout.engines.config import weight_sync_mode
 
     model, tmp = inputs
     (tmp / "unused.jsonl").write_text('{"prompt": "p", "label": "1"}\n')  # checked at parsing

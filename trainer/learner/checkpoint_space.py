@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from checkpoint_tools import cpu_megatron
 from checkpoint_tools.model_config import CheckpointError
 from checkpoint_tools.torch_dist import read_tracker
+
+from ..launch import default_device
 
 GIB = float(1 << 30)
 
@@ -79,7 +80,7 @@ def free_bytes(folder: str | Path) -> int:
 def _all_reduce(value: int, op) -> int:
     if not dist.is_initialized():
         return value
-    t = torch.tensor([value], dtype=torch.int64, device=cpu_megatron.default_device())
+    t = torch.tensor([value], dtype=torch.int64, device=default_device())
     dist.all_reduce(t, op=op)  # on the collective's device: NCCL has no CPU tensors
     return int(t.item())
 

@@ -32,9 +32,9 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from checkpoint_tools import cpu_megatron
 
 from ..algorithms import LossScale, PolicyLossConfig
+from ..launch import default_device
 from .grpo_update import (PreparedUpdate, RolloutBatch, _map_tensors, _reduce_over_dp,
                           apply_correction, gather_dp, make_loss_fn, pad_rows, step_bounds)
 
@@ -169,7 +169,7 @@ def run_fused_update(trainer, batch: RolloutBatch, prep: PreparedUpdate,
                          "loss (plan_old_logp keeps the recompute here)")
     provisional = LossScale.for_batch(prep.loss_mask, row_weights=prep.row_weights)
     after = AfterForward(trainer, batch.keep, prep, loss_cfg, provisional)
-    device = cpu_megatron.default_device()
+    device = default_device()
     on_device = _map_tensors(prep, lambda t: t.to(device, non_blocking=True))
     metrics = trainer.train_step(batch.samples, make_loss_fn(on_device, loss_cfg, provisional),
                                  with_entropy=loss_cfg.entropy_coef != 0,

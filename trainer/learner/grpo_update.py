@@ -15,11 +15,11 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from checkpoint_tools import cpu_megatron
 
 from ..algorithms import (AdvantageConfig, CorrectionConfig, LossScale, PolicyLossConfig,
                          policy_loss, row_correction, select_old_logp)
 from ..algorithms.dense_share import correct_with_dense_rows, sparse_rows_mask
+from ..launch import default_device
 from .packing import Sample
 
 
@@ -290,7 +290,7 @@ def run_updates(trainer, batch: RolloutBatch, prep: PreparedUpdate, loss_cfg: Po
         sub = batch.samples[start:stop]
         sub_prep = _map_tensors(prep, lambda t: t[start:stop])
         scale = LossScale.for_batch(sub_prep.loss_mask, row_weights=sub_prep.row_weights)
-        device = cpu_megatron.default_device()  # once per global batch, not per micro-batch
+        device = default_device()  # once per global batch, not per micro-batch
         sub_prep = _map_tensors(sub_prep, lambda t: t.to(device, non_blocking=True))
         metrics = trainer.train_step(sub, make_loss_fn(sub_prep, loss_cfg, scale),
                                      with_entropy=loss_cfg.entropy_coef != 0,
@@ -314,7 +314,7 @@ def _reduce_over_dp(metrics: dict, trainer) -> dict:
         keys = sorted(summed)
         # on the collective's device: NCCL has no CPU tensors
         t = torch.tensor([summed[k] for k in keys], dtype=torch.float64,
-                         device=cpu_megatron.default_device())
+                         device=default_device())
         dist.all_reduce(t, group=trainer.dp_group)
         summed = dict(zip(keys, t.tolist()))
     out = defaultdict(float, summed)

@@ -20,8 +20,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from checkpoint_tools import cpu_megatron
-
+from ..launch import default_device
 from .forward import packed_forward
 from .fusions import wgrad as fusions_wgrad
 from .logprobs import logprobs_and_entropy
@@ -146,7 +145,7 @@ class PolicyTrainer:
             self._check_replay_attention()
         lengths = [packed_length(samples[i], sparse) for i in ids]
         groups = split_by_token_budget(lengths, self.train_cfg.max_tokens_per_gpu)
-        device = cpu_megatron.default_device()
+        device = default_device()
         # masks built on the device; within a rollout's shared_replay_masks (replay_cache.py)
         # the same micro-batch of another pass (reference, recompute, update) reuses them
         return [pack(samples, [ids[j] for j in g], sparse=sparse, device=device).to(device)

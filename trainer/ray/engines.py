@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 
-from ..rollout.lifecycle import healthy
+from ..rollout.engines.lifecycle import wait_healthy as wait_for_health
 from .node import free_port, node_ip
 from .options import RayJobError
 
@@ -116,12 +116,7 @@ def _counter(counts: collections.Counter, drill: Drill = Drill()):
 
 def wait_healthy(urls: list[str], timeout: float) -> None:
     """Every engine answers ``/health`` within ``timeout`` seconds, or an error naming the silent."""
-    deadline = time.monotonic() + timeout
-    waiting = list(urls)
-    while waiting:
-        waiting = [u for u in waiting if not healthy(u, timeout=5)]
-        if waiting and time.monotonic() > deadline:
-            raise RayJobError(f"rollout engine(s) {waiting} did not answer /health within "
-                              f"{timeout:.0f}s (--engine-start-timeout)")
-        if waiting:
-            time.sleep(0.5)
+    waiting = wait_for_health(urls, timeout, poll=0.5, health_timeout=5)
+    if waiting:
+        raise RayJobError(f"rollout engine(s) {waiting} did not answer /health within "
+                          f"{timeout:.0f}s (--engine-start-timeout)")

@@ -55,7 +55,7 @@ class RayJob:
         trainer at the engines. The trainer talks to the engines itself, not through the router:
         behind one router URL it could not tell which engine died, re-issue that engine's
         requests elsewhere (same index and seed) or ask for its restart."""
-        from ..rollout.config import server_args_from
+        from ..rollout.engines.config import server_args_from
 
         n = self.opts.num_engines
         reservation = self._reserve("rollout engines", n, "PACK")

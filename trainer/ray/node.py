@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..rollout.lifecycle import free_port  # noqa: F401 - this node's engines, router, rendezvous
+from ..rollout.engines.lifecycle import free_port  # noqa: F401 - this node's engines, router, rendezvous
 
 
 def node_ip() -> str:

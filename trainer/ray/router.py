@@ -14,26 +14,19 @@ other clients (evaluations, people).
 from __future__ import annotations
 
 import importlib.util
-import signal
 import subprocess
 import sys
 import time
 
 import requests
 
+from ..rollout.engines.lifecycle import die_with_parent
 from .node import free_port, node_ip
 from .options import RayJobError
 
 
 def router_available() -> bool:
     return importlib.util.find_spec("sglang_router") is not None
-
-
-def _die_with_parent() -> None:
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 class RouterProcess:
@@ -52,9 +45,8 @@ class RouterProcess:
                 "--prometheus-host", host, "--prometheus-port", str(free_port(host)),
                 "--disable-health-check", "--disable-circuit-breaker",
                 "--request-timeout-secs", "3600", "--log-level", "error"]
-        preexec = _die_with_parent if sys.platform.startswith("linux") else None
         # the hook only calls prctl between fork and exec: safe in a process with threads
-        self.proc = subprocess.Popen(argv, preexec_fn=preexec)  # noqa: PLW1509
+        self.proc = subprocess.Popen(argv, preexec_fn=die_with_parent)  # noqa: PLW1509
         return f"http://{host}:{port}"
 
     def wait(self) -> str:

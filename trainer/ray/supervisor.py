@@ -4,7 +4,7 @@ Who does what:
 
     trainer rank 0   generates over the engine URLs itself (``HTTPRollout``): a request that fails
                      on an engine that no longer answers ``/health`` goes to a live engine with its
-                     index and seed (``trainer/rollout/failover.py``), and the engine's URL goes to
+                     index and seed (``trainer/rollout/engines/failover.py``), and the engine's URL goes to
                      the restart hook, in a background thread:
     SupervisorHook   asks the supervisor actor for a replacement, then re-sends it the last pushed
                      weights (``WeightSync.resync``) before the trainer sends it requests again
@@ -18,7 +18,7 @@ its restart bound in the trainer ranks' environment; ``trainer_actor.py`` hands
 exists. It returns None outside such a job (a dead engine stays down).
 A trainer rank's death still ends the job (``job.py``).
 The engines' start, health, restart, re-sync and stop are the steps every engine takes
-(``trainer/rollout/lifecycle.py``); ``EngineSupervisor`` is its ``EngineGroup`` for Ray actors.
+(``trainer/rollout/engines/lifecycle.py``); ``EngineSupervisor`` is its ``EngineGroup`` for Ray actors.
 """
 
 from __future__ import annotations

@@ -193,18 +193,14 @@ def gate_for(manager, cfg: AsyncConfig, version: int) -> WeightGate | None:
         return None
     gate = WeightGate(version, cfg.max_staleness,
                       abort_in_flight(manager) if cfg.partial_rollout else None)
-    if cfg.partial_rollout and manager.backend is not None:
-        manager.backend = ResumableBackend(manager.backend, gate, version)
+    if cfg.partial_rollout:
+        manager.engines = ResumableBackend(manager.engines, gate, version)
     if dist.is_initialized() and dist.get_world_size() > 1:
         manager.place = dataclasses.replace(manager.place, group=dist.new_group(backend="gloo"))
     return gate
 
 
 def abort_in_flight(manager) -> Callable[[], None]:
-    """What interrupts this rank's generation: ``abort_request`` (all requests) on its engine,
-    or on every server (the engines themselves behind a router: ``control``)."""
-    if manager.engine is not None:
-        return lambda: manager.engine.abort_request(abort_all=True)
-    if manager.backend is None:
-        return lambda: None
-    return lambda: manager.backend.call("/abort_request", {"abort_all": True})
+    """What interrupts this rank's generation: ``abort_request`` (all requests) on its engine(s)
+    (``Engines.abort_all``; nothing where it hosts none)."""
+    return manager.engines.abort_all

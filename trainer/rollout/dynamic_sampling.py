@@ -21,10 +21,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from .data import Prompt
 from .manager import RolloutResult, Shard
-from .plugins import load_dotted
-from .traces import Trace
+from .samples.data import Prompt
+from .samples.plugins import load_dotted
+from .samples.traces import Trace
 
 FLAG = "--dynamic-sampling-filter-path"
 

@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from .fidelity import apply_budget
+from .samples.fidelity import apply_budget
 
 
 @dataclasses.dataclass

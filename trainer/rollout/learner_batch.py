@@ -12,7 +12,7 @@ import torch
 
 from ..learner.grpo_update import RolloutBatch
 from ..learner.packing import Sample
-from .fidelity import dense_rows
+from .samples.fidelity import dense_rows
 
 
 def learner_batch(result, shaped, pad_id: int, kl_loss_coef: float) -> RolloutBatch:

@@ -1,31 +1,29 @@
 """This rank's part of a rollout: its engine's shard of the prompts, their rewards, and the
 gathered global batch with its statistics.
 
-    manager = RolloutManager(place, reward_cfg, server_args=..., offload=True)  # colocated engine
+    manager = RolloutManager(place, reward_cfg, engines=engines)  # engines/factory.py's
     result = manager.run(prompts, n_samples, RolloutConfig(...))  # same result on every rank
     result.gens, result.rewards, result.stats()
 
 Each generating rank scores its own samples (the grader runs where the samples are), then all
 ranks receive every shard in engine order. With a generate plug-in
-(``--custom-generate-function-path``, ``rollout/generate.py``) the plug-in decides the requests
+(``--custom-generate-function-path``, ``rollout/samples/generate.py``) the plug-in decides the requests
 and returns traces of several calls; without one every sample is a one-call trace.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
 
-import requests
-
-from .backends import EngineRollout, Generation, HTTPRollout, RolloutConfig, RolloutError
-from .data import Prompt
-from .generate import GenerateContext, run_plugin
-from .rewards import RewardConfig, RewardInput, RewardModel
-from .sharding import Placement, gather_shards, shard_bounds
-from .traces import Trace, sample_traces
+from .engines.factory import open_engines
+from .engines.interface import Engines, Generation, RolloutConfig, RolloutError
+from .engines.sharding import Placement, gather_shards, shard_bounds
+from .samples.data import Prompt
+from .samples.generate import GenerateContext, run_plugin
+from .samples.rewards import RewardConfig, RewardInput, RewardModel
+from .samples.traces import Trace, sample_traces
 
 log = logging.getLogger(__name__)
 
@@ -157,14 +155,6 @@ def replay_stats(gens: list[Generation]) -> dict:
     return {"eviction_records_inexact": sum(not f for f in flags) / len(flags)} if flags else {}
 
 
-def _remote_info(url: str) -> dict | None:
-    """A server's /get_server_info, or None (a stock server may not say; metrics only)."""
-    try:
-        return requests.get(url + "/get_server_info", timeout=10).json()
-    except Exception:  # noqa: BLE001 - a pool metric is never worth failing a rollout for
-        return None
-
-
 def engine_stats(shards: list[Shard]) -> dict:
     """Per-engine sample counts and tokens/s, the slowest engine's reward time, pool peaks."""
     out = {"time_reward": max(s.reward_seconds for s in shards)}
@@ -186,19 +176,17 @@ def engine_stats(shards: list[Shard]) -> dict:
 
 
 class RolloutManager:
-    """Generation on this rank: a colocated engine (``server_args``), remote servers
-    (``server_urls``, global rank 0 only), or nothing (ranks that only train)."""
+    """Generation on this rank through its ``Engines`` (``engines/factory.py``: an in-process
+    engine, servers, or none on ranks that only train); ``server_args`` / ``server_urls`` build
+    them here instead."""
 
-    def __init__(self, place: Placement, reward_cfg: RewardConfig, *, server_args=None,
-                 server_urls: list[str] | None = None, offload: bool = False,
+    def __init__(self, place: Placement, reward_cfg: RewardConfig, *, engines: Engines | None = None,
+                 server_args=None, server_urls: list[str] | None = None, offload: bool = False,
                  generate_plugin=None, tokenizer=None):
         self.place = place
-        self.engine = self.backend = self.rewards = None
-        if place.generates:
-            self.engine, self.backend = _start_backend(server_args, server_urls,
-                                                       progress=place.index == 0)
-            self.rewards = RewardModel(reward_cfg)
-        self.offload = offload and self.engine is not None
+        self.engines = engines or open_engines(place, server_args=server_args,
+                                               server_urls=server_urls, offload=offload)
+        self.rewards = RewardModel(reward_cfg) if place.generates else None
         self.version: str | None = None  # the weight version the engine(s) must report
         self.plugin, self.tokenizer = generate_plugin, tokenizer
         self._context_length: int | None = None  # asked of the engine once, on first use
@@ -229,7 +217,7 @@ class RolloutManager:
         local = prompts[start:stop]
         if cfg.seed is not None:  # seeds by global sample index: same samples on any engine count
             cfg = dataclasses.replace(cfg, seed=cfg.seed + start * n)
-        with self.kv_memory():
+        with self.engines.kv_memory():
             begin = time.perf_counter()
             traces, extra = self._generate(local, n, cfg, mode) if local else ([], {})
             seconds = time.perf_counter() - begin
@@ -241,33 +229,20 @@ class RolloutManager:
         for t in traces:
             t.prompt_index += start
             t.group = None if t.group is None else ("shard", start, t.group)  # unique over shards
-        faults = self.backend.fault_metrics() if hasattr(self.backend, "fault_metrics") else {}
-        return Shard(traces, seconds, time.perf_counter() - begin, self.pool_stats(), extra, faults,
-                     self._decode_deltas())
-
-    def decode_counters(self) -> dict:
-        """The colocated engine's lifetime decode counters: steps, host and GPU-wait seconds, CUDA
-        graph captures (a capture per rollout means the KV pool came back elsewhere)."""
-        if self.engine is None:
-            return {}
-        steps, graphs = self.engine.step_stats, self.engine.get_server_info().get("cuda_graphs", {})
-        return {"rollout/decode_steps": steps.decode_steps, "rollout/decode_host_s": steps.host_s,
-                "rollout/decode_gpu_wait_s": steps.gpu_wait_s,
-                "rollout/graph_captures": graphs.get("captures", 0),
-                "rollout/graph_capture_s": graphs.get("capture_s", 0.0),
-                # async: steps run eagerly because the trainer's thread held the capture gate
-                "rollout/graph_deferred_steps": graphs.get("deferred", 0)}
+        return Shard(traces, seconds, time.perf_counter() - begin, self.pool_stats(), extra,
+                     self.engines.fault_metrics(), self._decode_deltas())
 
     def _decode_deltas(self) -> dict:
-        now = self.decode_counters()
+        """This rollout's share of the engine's decode counters (``Engines.decode_counters``)."""
+        now = self.engines.decode_counters()
         before, self._decode_seen = self._decode_seen, now
         return {k: float(v - before.get(k, 0)) for k, v in now.items()}
 
     def _generate(self, local: list[Prompt], n: int, cfg: RolloutConfig, mode: str):
         if self.plugin is None:
-            gens = self.backend.generate([p.input_ids for p in local], n, cfg)
+            gens = self.engines.generate([p.input_ids for p in local], n, cfg)
             return sample_traces([p.input_ids for p in local], gens, n), {}
-        ctx = GenerateContext(self.backend, cfg, self.tokenizer, self.rewards, mode=mode,
+        ctx = GenerateContext(self.engines, cfg, self.tokenizer, self.rewards, mode=mode,
                               context_length=self.context_length())
         traces = run_plugin(self.plugin, ctx, local, n)
         return traces, {"truncated": ctx.truncated}
@@ -290,35 +265,11 @@ class RolloutManager:
     def _ask_context_length(self) -> int | None:
         if getattr(self.plugin, "context_length", None):  # the plug-in may set it (stock servers)
             return int(self.plugin.context_length)
-        if self.engine is not None:
-            return self.engine.max_seq_len
-        info = _remote_info(self.backend.urls[0]) or {}
-        try:
-            return int(info["context_length"])
-        except (KeyError, TypeError, ValueError):  # a stock server may not say: no clamping
-            return None
-
-    @contextlib.contextmanager
-    def kv_memory(self):
-        """The colocated engine's KV pool exists only while it generates (when offloading)."""
-        if self.offload:
-            self.engine.resume_memory(["kv_cache"])
-        try:
-            yield
-        finally:
-            if self.offload:
-                self.engine.release_memory(["kv_cache"])
+        return self.engines.context_length()
 
     def pool_stats(self) -> dict | None:
-        """The KV pool of this rank's engine, or of the fullest remote server (their peak since
-        start: a server keeps no per-rollout peak); None where no engine says."""
-        infos = [self.engine.get_server_info()] if self.engine is not None else [
-            _remote_info(url) for url in getattr(self.backend, "urls", [])]
-        pools = [i["kv_pool"] for i in infos if i and "kv_pool" in i]
-        if not pools:
-            return None
-        pool = max(pools, key=lambda p: p["peak_used"])
-        return {k: pool[k] for k in ("peak_used", "bytes_per_slot", "capacity")}
+        """The KV pool of this rank's engine, or of the fullest server; None where none says."""
+        return self.engines.pool()
 
     def _check_version(self, gens: list[Generation]) -> None:
         if self.version is None:
@@ -331,8 +282,7 @@ class RolloutManager:
     def close(self) -> None:
         if self.rewards is not None:
             self.rewards.close()
-        if self.engine is not None:
-            self.engine.shutdown()
+        self.engines.close()
 
 
 def _check_complete(gens: list[Generation]) -> None:
@@ -345,12 +295,3 @@ def _check_complete(gens: list[Generation]) -> None:
         why = reason.get("message") if isinstance(reason, dict) else reason
         raise RolloutError(f"{len(aborted)} of {len(gens)} samples came back aborted "
                            f"(first: {why})")
-
-
-def _start_backend(server_args, server_urls, progress: bool):
-    if server_urls:
-        return None, HTTPRollout(server_urls)
-    from sglang_kvc import Engine
-
-    engine = Engine(server_args=server_args)
-    return engine, EngineRollout(engine, progress=progress)

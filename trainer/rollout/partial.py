@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .backends import Backend, Generation, RolloutConfig, SampleRequest
-from .staleness import head_version, token_versions, version_number
+from .engines.interface import Backend, Generation, RolloutConfig, SampleRequest
+from .samples.staleness import head_version, token_versions, version_number
 
 _SEED_STRIDE = 1_000_003  # a continuation's seed: away from every other sample's
 

@@ -17,20 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-from pathlib import Path
 from typing import Callable
 
 from ..launch import phase
 from .async_rollout import AsyncConfig, AsyncRollouts, WeightGate, gate_for
-from .backends import HTTPRollout
-from .capacity import pool_detail, run_capacity
 from .dynamic_sampling import DynamicSampler
-from .fidelity import apply_budget
+from .engines.capacity import pool_detail, run_capacity
+from .engines.factory import describe, engine_placement, engines_for
 from .manager import RolloutManager
-from .sharding import placement
-from .staleness import rollout_staleness, version_number
-from .weight_sync import WeightSync
+from .samples.fidelity import apply_budget
+from .samples.staleness import rollout_staleness, version_number
 
 
 @dataclasses.dataclass
@@ -79,7 +75,7 @@ class SyncRollouts:
         return contextlib.nullcontext()
 
     def device_work(self):
-        return device_work(asynchronous=False, engine=self.manager.engine)
+        return self.manager.engines.device_work(asynchronous=False)
 
     def staleness(self, result, rollout_id: int) -> dict:
         return {}
@@ -119,7 +115,7 @@ class AsyncRolloutSource:
         return self.gate.exclusive()
 
     def device_work(self):
-        return device_work(asynchronous=True, engine=self.manager.engine)
+        return self.manager.engines.device_work(asynchronous=True)
 
     def staleness(self, result, rollout_id: int) -> dict:
         """How many versions each sample lags the weights it trains (bound checked)."""
@@ -148,55 +144,22 @@ def rollout_source(manager, sync, generate: Callable[[int], tuple], cfg: AsyncCo
     return AsyncRolloutSource(manager, sync, generate, gate, start_rollout, num_rollout)
 
 
-def device_work(asynchronous: bool, engine):
-    """Async with an engine in this process: the training thread's GPU work must not overlap
-    the engine thread's CUDA-graph captures (``sglang_kvc.device_work``)."""
-    if not asynchronous or engine is None:
-        return contextlib.nullcontext()
-    from sglang_kvc import device_work as engine_device_work
-
-    return engine_device_work()
-
-
 def tokens_per_s(result, seconds: float) -> float:
     """Generated tokens per second of generation."""
     return sum(len(g.response_ids) for g in result.gens) / max(seconds, 1e-6)
 
 
 def start_manager(setup, tokenizer, plugin, prompts: list, device: str) -> RolloutManager:
-    """The run's engines (colocated, or the servers of ``--rollout-server-urls``) behind one
-    manager, as a startup phase that reports rank 0's KV pool and what it holds."""
+    """The run's engines (``engines/factory.py`` decides which) behind one manager, as a startup
+    phase that reports rank 0's KV pool and what it holds."""
     engines = setup.engines
-    place = placement(engines.remote, engines.per_gpu)
-    what = (f"{len(engines.server_urls)} rollout server(s)" if engines.remote
-            else f"{place.num_generators} colocated rollout engine(s), one per "
-                 + ("GPU" if engines.per_gpu else "data-parallel replica"))
-    with phase(f"start {what}") as info:
-        manager = RolloutManager(
-            place, setup.plan.reward,
-            server_args=None if engines.remote else engines.server_args(device),
-            server_urls=engines.server_urls, generate_plugin=plugin,
-            tokenizer=tokenizer, offload=engines.offloads())
+    place = engine_placement(engines)
+    with phase(f"start {describe(engines, place)}") as info:
+        manager = RolloutManager(place, setup.plan.reward,
+                                 engines=engines_for(engines, place, device),
+                                 generate_plugin=plugin, tokenizer=tokenizer)
         pool = manager.pool_stats()
         info["detail"] = pool and (f"{pool_detail(pool)}; " + run_capacity(
             pool["capacity"], engines.engine_flags, prompts, setup.plan.sampling.max_response_len,
             setup.plan.n_samples))
     return manager
-
-
-def replace_dead_engines(manager: RolloutManager, hook) -> None:
-    """Under ``python -m trainer.ray_job``, a dead engine is replaced by the job's supervisor
-    and re-synced (``trainer/ray/supervisor.py``); elsewhere ``hook`` is None: it stays down."""
-    if hook is not None and isinstance(manager.backend, HTTPRollout):
-        manager.backend.on_engine_failure = hook
-
-
-def weight_sync_for(setup, manager: RolloutManager, work_dir: Path) -> WeightSync:
-    """How the trainer's weights reach ``manager``'s engines (``--weight-sync``)."""
-    ws, engines = setup.weight_sync, setup.engines
-    return WeightSync(ws.mode, engine=manager.engine,
-                      http=engines.control_backend(manager.backend),
-                      bucket_bytes=ws.bucket_bytes, disk_dir=work_dir / "weight_sync",
-                      hf_config_dir=engines.model_path, group_timeout_s=ws.timeout_s,
-                      master_address=ws.master_address
-                      or os.environ.get("MASTER_ADDR", "127.0.0.1"))

@@ -35,7 +35,7 @@ def context_length(args) -> int:
 
 def too_long(args, tokenizer) -> TooLong:
     """Prompts that leave no room for a single generated token (the engine's own rule)."""
-    from ..rollout.data import load_prompts
+    from ..rollout.samples.data import load_prompts
 
     prompts = load_prompts(args.prompt_data, tokenizer, input_key=args.input_key,
                            label_key=args.label_key, apply_chat_template=args.apply_chat_template,
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         from transformers import AutoTokenizer
 
-        from ..rollout.data import DataError
+        from ..rollout.samples.data import DataError
         tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
     try:
         t = too_long(args, tokenizer)

@@ -101,7 +101,7 @@ def test_training_thread_holds_the_capture_gate_with_an_in_process_async_engine(
     graph meanwhile (a device sync during a capture fails both). Synchronous runs and remote
     engines never overlap a capture in this process and take nothing."""
     from sglang_kvc.engine.cuda_graph import CAPTURE_GATE
-    from trainer.rollout.source import device_work
+    from trainer.rollout.engines.inprocess import device_work
 
     with device_work(asynchronous=gate, engine=object() if engine else None):
         free = CAPTURE_GATE.try_capture()

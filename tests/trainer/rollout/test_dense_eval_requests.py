@@ -10,7 +10,8 @@ import torch
 
 from checkpoint_tools.tiny_models import make_tiny_model
 from sglang_kvc.engine.engine import Engine
-from trainer.rollout.backends import EngineRollout, RolloutConfig
+from trainer.rollout.engines.inprocess import EngineRollout
+from trainer.rollout.engines.interface import RolloutConfig
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from trainer.arguments import parse_args
-from trainer.rollout.backends import Generation, RolloutConfig
-from trainer.rollout.data import Prompt, PromptStream
+from trainer.rollout.engines.interface import Generation, RolloutConfig
+from trainer.rollout.samples.data import Prompt, PromptStream
 from trainer.rollout.dynamic_sampling import DynamicSampler, DynamicSamplingConfig
 from trainer.rollout.manager import RolloutResult, Shard
-from trainer.rollout.sharding import shard_bounds
-from trainer.rollout.traces import sample_traces
+from trainer.rollout.engines.sharding import shard_bounds
+from trainer.rollout.samples.traces import sample_traces
 
 # prompt id -> the rewards of its 3 samples: only ids 2, 5, 6 and 9 have any variance
 REWARDS = {i: [1.0, 1.0, 1.0] if i % 2 else [0.0, 0.0, 0.0] for i in range(12)}

@@ -10,9 +10,9 @@ import torch
 
 from trainer.algorithms import correction_preset, compute_mis_weights
 from trainer.rollout.async_rollout import AsyncRollouts, WeightGate
-from trainer.rollout.backends import Backend, Generation, RolloutConfig
+from trainer.rollout.engines.interface import Backend, Generation, RolloutConfig
 from trainer.rollout.partial import ResumableBackend, join
-from trainer.rollout.staleness import check_bound, staleness, staleness_metrics, token_versions
+from trainer.rollout.samples.staleness import check_bound, staleness, staleness_metrics, token_versions
 
 
 class InterruptibleBackend(Backend):

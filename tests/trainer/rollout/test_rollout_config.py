@@ -6,7 +6,7 @@ import pytest
 
 from trainer.arguments import build_parser, parse_args
 from trainer.rollout.config import rollout_setup_from_args
-from trainer.rollout.weight_sync import MODES
+from trainer.rollout.engines.weight_sync import MODES
 
 
 @pytest.fixture

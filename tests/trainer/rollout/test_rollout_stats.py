@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainer.rollout.backends import Generation
+from trainer.rollout.engines.interface import Generation
 from trainer.rollout.manager import sample_stats, tail_stats
 
 
@@ -37,6 +37,7 @@ def _remote_manager(monkeypatch, infos: dict):
     import types
 
     from trainer.rollout import manager
+    from trainer.rollout.engines import servers
 
     def fake_get(url, timeout):
         base = url.removesuffix("/get_server_info")
@@ -44,26 +45,25 @@ def _remote_manager(monkeypatch, infos: dict):
             raise ConnectionError("refused")
         return types.SimpleNamespace(json=lambda: infos[base])
 
-    monkeypatch.setattr(manager.requests, "get", fake_get)
+    monkeypatch.setattr(servers.requests, "get", fake_get)
     rm = manager.RolloutManager.__new__(manager.RolloutManager)
-    rm.engine, rm.plugin = None, None
+    rm.plugin = None
     return rm
 
 
 def test_remote_servers_report_the_fullest_pool(monkeypatch):
     """Disaggregated rank 0 asks each server's /get_server_info; one that does not answer (or a
     stock server without kv_pool) is skipped, and none answering gives no pool metric."""
-    import types
-
     from trainer.rollout import manager
+    from trainer.rollout.engines import servers
 
     rm = _remote_manager(monkeypatch, {
         "http://a": {"kv_pool": {"peak_used": 10, "bytes_per_slot": 4, "capacity": 100}},
         "http://b": {"kv_pool": {"peak_used": 30, "bytes_per_slot": 4, "capacity": 90}},
         "http://c": {"model": "stock"}})
-    rm.backend = types.SimpleNamespace(urls=["http://a", "http://down", "http://b", "http://c"])
+    rm.engines = servers.HTTPRollout(["http://a", "http://down", "http://b", "http://c"])
     assert rm.pool_stats() == {"peak_used": 30, "bytes_per_slot": 4, "capacity": 90}
-    rm.backend = types.SimpleNamespace(urls=["http://down", "http://c"])
+    rm.engines = servers.HTTPRollout(["http://down", "http://c"])
     assert rm.pool_stats() is None
     stats = manager.engine_stats([manager.Shard([], 1.0, 0.0, {"peak_used": 30, "bytes_per_slot": 4,
                                                                  "capacity": 90})])
@@ -73,11 +73,11 @@ def test_remote_servers_report_the_fullest_pool(monkeypatch):
 def test_remote_context_length_from_the_first_server(monkeypatch):
     """A remote engine's context length comes from its /get_server_info; a server that does not
     answer, or does not say, leaves it unknown (plug-ins then do not clamp)."""
-    import types
+    from trainer.rollout.engines import servers
 
     rm = _remote_manager(monkeypatch, {"http://a": {"context_length": "4096"},
                                        "http://stock": {"model": "x"}})
     for urls, want in ((["http://a", "http://down"], 4096), (["http://down"], None),
                        (["http://stock"], None)):
-        rm.backend = types.SimpleNamespace(urls=urls)
+        rm.engines = servers.HTTPRollout(urls)
         assert rm._ask_context_length() == want

@@ -1,6 +1,6 @@
 """The pool's capacity in samples, against hand-computed values."""
 
-from trainer.rollout.capacity import capacity_line, samples_that_fit, slots_per_sample
+from trainer.rollout.engines.capacity import capacity_line, samples_that_fit, slots_per_sample
 
 
 def test_dense_and_compressed_slots():
@@ -31,7 +31,7 @@ def test_kept_prompt_counts_whole():
 def test_trainer_flag_reaches_the_engine():
     import argparse
 
-    from trainer.rollout.config import add_engine_args, engine_config_from_args
+    from trainer.rollout.engines.config import add_engine_args, engine_config_from_args
 
     p = argparse.ArgumentParser()
     add_engine_args(p)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .backends import Generation
+from ..engines.interface import Generation
 
 PREFIX = "rollout-"
 

@@ -14,9 +14,9 @@ import requests
 import torch
 
 from sglang_kvc.weights.loader import iter_safetensors
-from trainer.rollout.backends import HTTPRollout
-from trainer.rollout.fleet import EngineFleet, FleetConfig
-from trainer.rollout.weight_sync import WeightSync
+from trainer.rollout.engines.servers import HTTPRollout
+from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
+from trainer.rollout.engines.weight_sync import WeightSync
 
 SERVER = ["--device", "cpu", "--max-total-tokens", "2048", "--log-level", "warning"]
 

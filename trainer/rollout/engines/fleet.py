@@ -29,25 +29,19 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
-import ctypes
 import dataclasses
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
-from .lifecycle import free_port, healthy, port_free
+from .lifecycle import die_with_parent, free_port, port_free, wait_healthy
 
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 @dataclasses.dataclass
@@ -124,7 +118,7 @@ class EngineFleet:
         return engine.url
 
     def restart_hook(self, resync: Callable[[str], None]) -> Callable[[str], str | None]:
-        """The trainer's restart-hook factory (``train.RestartHookFactory``): replacements get
+        """The trainer's restart-hook factory (``factory.RestartHookFactory``): replacements get
         ``resync`` (the run's last weights), failures go to ``restart``."""
         self.resync = resync
         return self.restart
@@ -167,32 +161,26 @@ class EngineFleet:
                 # from the spawner thread: PR_SET_PDEATHSIG fires when the spawning thread ends
                 engine.proc = self._spawner.submit(
                     subprocess.Popen, self._argv(engine), stdout=out, stderr=subprocess.STDOUT,
-                    env=env, preexec_fn=_die_with_parent).result()
+                    env=env, preexec_fn=die_with_parent).result()
 
     def _wait_healthy(self, engine: EngineProcess) -> None:
-        deadline = time.monotonic() + self.cfg.start_timeout
-        while time.monotonic() < deadline:
-            if engine.proc.poll() is not None:
-                raise RuntimeError(f"rollout engine {engine.index} ({engine.url}) exited with code "
-                                   f"{engine.proc.returncode} while starting; {self._tail(engine)}")
-            if healthy(engine.url):
-                return
-            time.sleep(0.25)
+        if not wait_healthy([engine.url], self.cfg.start_timeout,
+                            check=lambda: self._check_running(engine)):
+            return
         _end(engine.proc)
         raise TimeoutError(f"rollout engine {engine.index} ({engine.url}) did not answer /health "
                            f"within {self.cfg.start_timeout:g} s (FleetConfig.start_timeout); "
                            f"{self._tail(engine)}")
 
+    def _check_running(self, engine: EngineProcess) -> None:
+        if engine.proc.poll() is not None:
+            raise RuntimeError(f"rollout engine {engine.index} ({engine.url}) exited with code "
+                               f"{engine.proc.returncode} while starting; {self._tail(engine)}")
+
     def _tail(self, engine: EngineProcess, lines: int = 20) -> str:
         path = self.log_path(engine)
         text = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
         return f"the end of {path}:\n" + "\n".join(text)
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the trainer dies, even by SIGKILL."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _end(proc: subprocess.Popen | None, grace: float = 30.0) -> None:

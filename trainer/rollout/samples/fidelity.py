@@ -14,8 +14,8 @@ import dataclasses
 
 import torch
 
-from ..algorithms.adaptive_budget import AdaptiveBudgetConfig, BudgetController, low_tail_fraction
-from .backends import Generation, RolloutConfig
+from ...algorithms.adaptive_budget import AdaptiveBudgetConfig, BudgetController, low_tail_fraction
+from ..engines.interface import Generation, RolloutConfig
 
 
 def add_fidelity_args(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ restarted in a background thread while its requests go elsewhere:
 The hook returns the URL of a replacement that already serves the current weights (it may be
 the same URL: a new process on the same port), or None when it could not or would not restart
 it. It runs in its own thread, may block (it should bound itself: a restart it abandons must
-return None), and may raise (counted as no restart). ``trainer.rollout.fleet.EngineFleet.restart``
+return None), and may raise (counted as no restart). ``trainer.rollout.engines.fleet.EngineFleet.restart``
 is one such hook (child processes); a Ray launcher passes its own.
 
 When no engine is up and no restart is pending, requests fail at once with ``AllEnginesDown``;

@@ -15,10 +15,10 @@ import requests
 import torch
 
 from sglang_kvc.weights.loader import iter_safetensors
-from tests.trainer.rollout.test_weight_sync import SERVER, assert_serves, models  # noqa: F401
-from trainer.rollout.backends import HTTPRollout
-from trainer.rollout.fleet import EngineFleet, FleetConfig
-from trainer.rollout.weight_sync import WeightSync
+from tests.trainer.rollout.engines.test_weight_sync import SERVER, assert_serves, models  # noqa: F401
+from trainer.rollout.engines.servers import HTTPRollout
+from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
+from trainer.rollout.engines.weight_sync import WeightSync
 
 BUCKET = 64 << 10  # the tiny model travels in several broadcasts
 

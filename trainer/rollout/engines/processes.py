@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..launch import phase
+from ...launch import phase
 from .fleet import EngineFleet, FleetConfig
 
 _NOT_PASSED = {"model_path", "host", "port"}  # the fleet sets these itself

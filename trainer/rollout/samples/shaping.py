@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from ..algorithms.overlong import keep_rows, overlong_penalty
+from ...algorithms.overlong import keep_rows, overlong_penalty
 from .traces import Trace
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .backends import Generation
+from ..engines.interface import Generation
 
 
 @dataclasses.dataclass

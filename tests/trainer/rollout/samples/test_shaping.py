@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from trainer.arguments import parse_args
-from trainer.rollout.backends import Generation
+from trainer.rollout.engines.interface import Generation
 from trainer.rollout.config import rollout_setup_from_args
-from trainer.rollout.shaping import training_rewards
-from trainer.rollout.traces import Call, Trace
+from trainer.rollout.samples.shaping import training_rewards
+from trainer.rollout.samples.traces import Call, Trace
 
 
 @pytest.fixture

@@ -10,8 +10,9 @@ import threading
 
 import pytest
 
-from trainer.rollout.backends import HTTPRollout, RolloutConfig, sample_requests
-from trainer.rollout.fleet import EngineFleet, FleetConfig
+from trainer.rollout.engines.interface import RolloutConfig, sample_requests
+from trainer.rollout.engines.servers import HTTPRollout
+from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
 
 
 class _Echo(http.server.BaseHTTPRequestHandler):

@@ -12,7 +12,8 @@ import torch
 from checkpoint_tools.tiny_models import make_tiny_model
 from sglang_kvc.engine.engine import Engine
 from trainer.rollout.async_rollout import AsyncRollouts, WeightGate
-from trainer.rollout.backends import EngineRollout, RolloutConfig, SampleRequest
+from trainer.rollout.engines.inprocess import EngineRollout
+from trainer.rollout.engines.interface import RolloutConfig, SampleRequest
 from trainer.rollout.partial import _SEED_STRIDE, ResumableBackend
 
 PROMPTS = [[5, 9, 14, 3], [7, 7, 21, 40, 2, 11]]

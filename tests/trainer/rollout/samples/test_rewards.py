@@ -1,4 +1,4 @@
-"""trainer.rollout.rewards: built-in reward types against hand-checked answers, custom reward loading
+"""trainer.rollout.samples.rewards: built-in reward types against hand-checked answers, custom reward loading
 (sync/async, per-item/batched), the grader timeout, and the flags."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from trainer.rollout.rewards import (RewardConfig, RewardInput, RewardModel, add_reward_args,
+from trainer.rollout.samples.rewards import (RewardConfig, RewardInput, RewardModel, add_reward_args,
                                     reward_config_from_args)
 
 
@@ -164,7 +164,7 @@ def _module(monkeypatch, tmp_path, source: str) -> str:
 def test_custom_sync_per_item_and_batched(monkeypatch, tmp_path):
     name = _module(monkeypatch, tmp_path, """
         from __future__ import annotations
-        from trainer.rollout.rewards import batched_reward
+        from trainer.rollout.samples.rewards import batched_reward
 
         def length(item):
             return len(item.response)

@@ -12,9 +12,9 @@ import torch
 from checkpoint_tools.tiny_models import make_tiny_model
 from sglang_kvc.engine.engine import Engine
 from trainer.algorithms.adaptive_budget import AdaptiveBudgetConfig, BudgetController
-from trainer.rollout.backends import (EngineRollout, Generation, RolloutConfig, batch_body,
-                                      sample_requests)
-from trainer.rollout.fidelity import apply_budget, budget_used, dense_rows
+from trainer.rollout.engines.inprocess import EngineRollout
+from trainer.rollout.engines.interface import Generation, RolloutConfig, batch_body, sample_requests
+from trainer.rollout.samples.fidelity import apply_budget, budget_used, dense_rows
 from trainer.rollout.partial import continuation
 
 RKV = dict(compress_algorithm="rkv", compress_max_prompt=12, compress_divide_length=4,

@@ -15,7 +15,8 @@ import torch
 
 from checkpoint_tools.tiny_models import make_tiny_model
 from sglang_kvc.engine.engine import Engine
-from trainer.rollout.backends import EngineRollout, RolloutConfig, RolloutError
+from trainer.rollout.engines.inprocess import EngineRollout
+from trainer.rollout.engines.interface import RolloutConfig, RolloutError
 
 PROMPTS = [[5, 9, 14, 3], [7, 7, 21, 40, 2, 11], [3, 1, 4, 1, 5]]
 CFG = RolloutConfig(max_response_len=12, seed=11)

@@ -10,11 +10,11 @@ import sys
 import torch.distributed as dist
 
 from sglang_kvc.server_args import ServerArgs
-from trainer.rollout.backends import RolloutConfig, RolloutError
-from trainer.rollout.data import Prompt
+from trainer.rollout.engines.interface import RolloutConfig, RolloutError
+from trainer.rollout.samples.data import Prompt
 from trainer.rollout.manager import RolloutManager
-from trainer.rollout.rewards import RewardConfig
-from trainer.rollout.sharding import Placement
+from trainer.rollout.samples.rewards import RewardConfig
+from trainer.rollout.engines.sharding import Placement
 
 PROMPTS = [[5, 9, 14, 3], [7, 7, 21, 40, 2, 11], [3, 1, 4, 1, 5]]
 CFG = RolloutConfig(max_response_len=12, seed=11)
@@ -30,7 +30,7 @@ def main(model_dir: str, out_dir: str) -> None:
     manager = RolloutManager(Placement(world, rank), RewardConfig(rm_type="arithmetic"),
                              server_args=ServerArgs(model_path=model_dir, device="cpu"))
     if rank == 1:
-        manager.engine.runner.launch = broken_launch
+        manager.engines.engine.runner.launch = broken_launch
     try:
         manager.run([Prompt("p", ids, "1", {}) for ids in PROMPTS], 2, CFG)
         result = "no error"

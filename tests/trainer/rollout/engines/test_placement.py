@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from megatron.core import parallel_state as ps
 
-from trainer.rollout import sharding
+from trainer.rollout.engines import sharding
 
 
 @pytest.fixture

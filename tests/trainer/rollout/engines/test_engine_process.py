@@ -5,7 +5,7 @@ import argparse
 import pytest
 
 from sglang_kvc.server_args import ServerArgs
-from trainer.rollout.engine_process import server_argv
+from trainer.rollout.engines.processes import server_argv
 
 
 def _parsed(argv: list[str]) -> ServerArgs:

@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 import requests
 
-from trainer.rollout.backends import HTTPRollout, RolloutConfig
-from trainer.rollout.data import Prompt
-from trainer.rollout.failover import AllEnginesDown, EngineSet
-from trainer.rollout.fleet import EngineFleet, FleetConfig
+from trainer.rollout.engines.interface import RolloutConfig
+from trainer.rollout.engines.servers import HTTPRollout
+from trainer.rollout.samples.data import Prompt
+from trainer.rollout.engines.failover import AllEnginesDown, EngineSet
+from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
 from trainer.rollout.manager import RolloutManager
-from trainer.rollout.rewards import RewardConfig
-from trainer.rollout.sharding import Placement
+from trainer.rollout.samples.rewards import RewardConfig
+from trainer.rollout.engines.sharding import Placement
 
 SERVER = ["--device", "cpu", "--max-total-tokens", "8192", "--log-level", "warning"]
 PROMPTS = [[1 + i, 5, 7, 9] for i in range(8)]
@@ -68,7 +69,7 @@ def _kill_after(rollout: HTTPRollout, finished: int, pids) -> list:
 def test_killed_engine_requests_reissued_and_engine_restarted(fleet, reference):
     manager = RolloutManager(Placement(1, 0), RewardConfig(rm_type="arithmetic"),
                              server_urls=fleet.urls)
-    rollout = manager.backend
+    rollout = manager.engines
     rollout.on_engine_failure = fleet.restart
     victim = fleet.engines[0]
     old_pid = victim.proc.pid
@@ -199,7 +200,7 @@ def test_engine_not_healthy_in_time_is_stopped(tiny_model_factory, tmp_path):
 
 ORPHAN_CHECK = """
 import os, signal, sys
-from trainer.rollout.fleet import EngineFleet, FleetConfig
+from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
 fleet = EngineFleet(FleetConfig(sys.argv[1], 1, {server}, start_timeout=120))
 fleet.start()
 print(fleet.engines[0].proc.pid, flush=True)

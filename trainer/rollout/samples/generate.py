@@ -4,7 +4,7 @@ requests a rollout makes, as slime's custom generate functions do, without forki
     def generate(ctx: GenerateContext, prompts: list[Prompt], n: int) -> list[Trace]: ...
 
 It runs on every rank that hosts an engine, over that engine's shard of the prompts, and returns
-the traces to train on (``rollout/traces.py``). It talks to the engine in *waves*:
+the traces to train on (``rollout/samples/traces.py``). It talks to the engine in *waves*:
 ``ctx.generate(requests)`` sends a list of requests at once (they are batched by the engine) and
 returns their generations in order. A class works too: it is built once with the options of
 ``--custom-generate-args key=value ...`` and then called like the function, so it can keep state
@@ -17,7 +17,7 @@ import dataclasses
 import inspect
 import json
 
-from .backends import Generation, RolloutConfig, SampleRequest
+from ..engines.interface import Generation, RolloutConfig, SampleRequest
 from .data import Prompt
 from .plugins import load_dotted
 from .rewards import RewardInput

@@ -1,0 +1,145 @@
+"""Push the trainer's weights to the rollout engine after each rollout's updates.
+
+Modes (``--weight-sync``):
+
+- ``inprocess``: the colocated engine copies tensors directly.
+- ``tensor``: ``/update_weights_from_tensor`` with the tensors serialized into the request
+  (base64 ``torch.save``): works over the network, costs a copy to CPU and an encode.
+- ``ipc``: ``/update_weights_from_tensor`` with ``load_format="ipc"``: the request carries a
+  handle to one flattened bucket in this process's memory -- a CUDA IPC handle when the weights
+  are on a GPU, a shared-memory file on CPU -- and the engine copies straight out of it. Same host
+  only (a colocated engine in its own process); sglang-kvc servers only. Each bucket stays alive
+  until every engine has answered.
+- ``disk``: HF safetensors written to a directory, then ``/update_weights_from_disk``.
+- ``distributed``: ``/update_weights_from_distributed``: a process group of its own, NCCL on GPU
+  and gloo on CPU, the trainer broadcasting as rank 0; one broadcast per bucket (the bucket's
+  tensors flattened into one byte buffer, ``load_format="flattened_bucket"``).
+
+Each mode is one ``Transport`` of ``transports.TRANSPORTS`` (one bucket's way to the engines);
+``WeightSync`` is what they share: buckets, the version, the engines lost during a push, re-sync.
+
+Every rank calls ``push`` (tensor-parallel gathers): with colocated engines each engine's host
+(the first rank of its data-parallel replica) hands its full copy to its own engine; with
+servers, global rank 0 talks to all of them. Tensors travel in buckets of ``bucket_bytes`` and the
+engine records the weight version, which the loop checks on the next rollout's ``meta_info``.
+
+``resync(url)`` brings one (re)started server to the last pushed version (the restart hook of
+``failover.py`` calls it through ``fleet.EngineFleet.resync``): disk mode re-sends the last
+directory; tensor and ipc re-export the trainer's weights, which needs no tensor-parallel gather
+(TP = 1; use disk otherwise); distributed re-sends through the tensor transport (a process group
+has a fixed membership) and rebuilds its group before the next push.
+
+An engine lost during a push is handed to failover (``HTTPRollout.lose`` -> the restart hook, which
+re-syncs the replacement) and left out of the rest of the push; the push goes on and
+``sync_engines_lost`` counts it. For ``distributed`` (a group cannot lose a member): a request
+that fails and whose server does not answer ``/health`` marks that engine lost; the trainer aborts
+the group on its side and on every survivor (``/destroy_weights_update_group``, which on
+sglang-kvc ends an NCCL wait from the HTTP thread; a gloo wait there is off the engine thread and
+ends at ``--weight-sync-timeout``), builds a group of the survivors and sends the bucket again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from .hf_export import iter_hf_tensors
+from .transports import GROUP_TIMEOUT_S, MODES, TRANSPORTS, GroupBroken, is_rank0
+
+__all__ = ["GROUP_TIMEOUT_S", "MODES", "WeightSync"]
+
+log = logging.getLogger(__name__)
+
+NamedTensors = Callable[[], Iterator[tuple[str, torch.Tensor]]]
+
+
+class WeightSync:
+    def __init__(self, mode: str, *, engine=None, http=None, bucket_bytes: int = 512 << 20,
+                 disk_dir: str | Path | None = None, hf_config_dir: str | Path | None = None,
+                 master_port: int | None = None, master_address: str = "127.0.0.1",
+                 group_timeout_s: float = GROUP_TIMEOUT_S):
+        """``engine``: this rank's in-process ``Engines`` (``inprocess``), ``http``: the
+        ``HTTPRollout`` weight updates go to (the other modes); None where this rank has none."""
+        if mode not in MODES:
+            raise ValueError(f"--weight-sync must be one of {MODES}, got {mode!r}")
+        if mode == "inprocess" and engine is None and is_rank0():
+            raise ValueError("--weight-sync inprocess needs the in-process engine")
+        if mode != "inprocess" and http is None and is_rank0():
+            raise ValueError(f"--weight-sync {mode} needs --rollout-server-urls")
+        if not group_timeout_s > 0:
+            raise ValueError(f"--weight-sync-timeout must be positive, got {group_timeout_s}")
+        self.mode, self.engine, self.http, self.bucket_bytes = mode, engine, http, bucket_bytes
+        self.disk_dir, self.hf_config_dir = disk_dir, hf_config_dir
+        self.transport = TRANSPORTS[mode](self, master_address, master_port, group_timeout_s)
+        # who talks to an engine: every colocated engine's host, or rank 0 for servers
+        self.pushes = engine is not None if mode == "inprocess" else is_rank0()
+        self.version: str | None = None  # the last version pushed: what a restarted engine needs
+        self.source: NamedTensors | None = None
+        self._lost: set[str] = set()  # URLs of engines that died during the current push
+
+    @property
+    def group(self):
+        """``distributed``: the trainer's side of the weight-update group (else None)."""
+        return getattr(self.transport, "group", None)
+
+    def push(self, trainer, version: str) -> dict:
+        return self.push_tensors(lambda: iter_hf_tensors(trainer.model.module, trainer.arch),
+                                 version)
+
+    def push_tensors(self, source: NamedTensors, version: str) -> dict:
+        """Every engine up gets ``source()``'s tensors as ``version``."""
+        start = time.perf_counter()
+        if self.http is not None:
+            self.http.wait_for_restarts()  # a replacement coming up gets this push too
+        urls = self.http.urls if self.http is not None else []
+        self._lost = set()
+        # what resync() sends: set first, so the restart hook re-syncs an engine that dies during
+        # this push to this push's weights (once), not to the previous ones
+        self.source, self.version = source, version
+        nbytes = self.transport.push(source(), version, urls)
+        lost = self._wait_for_lost()
+        if dist.is_initialized():
+            dist.barrier()
+        return {"sync_bytes": float(nbytes), "time_sync": time.perf_counter() - start,
+                "sync_engines_lost": float(lost)}
+
+    def resync(self, url: str) -> None:
+        """Give one (re)started server the last pushed weights and version (rank 0, servers)."""
+        if self.version is None:
+            return  # nothing pushed yet: it serves the checkpoint it started from, like the rest
+        self.transport.resync(url, self.source, self.version)
+
+    def _wait_for_lost(self) -> int:
+        """Engines that died during this push: wait until their replacements are up (the restart
+        hook re-synced each to this push), so the next rollout uses them; how many there were."""
+        lost, self._lost = len(self._lost), set()
+        if lost:
+            self.http.wait_for_restarts()
+        return lost
+
+    # --- what the transports share ------------------------------------------------------------
+    def control(self, path: str, payload: dict, urls: list[str]) -> None:
+        """A control request to the push's engines. One that dies (fails and does not answer
+        /health) is handed to failover and left out of the rest of this push; the restart hook
+        re-syncs its replacement (``_wait_for_lost``). ``distributed`` has ``lose``."""
+        self._lost.update(self.http.control(path, payload, urls))
+
+    def live(self, urls: list[str]) -> list[str]:
+        return [u for u in urls if u not in self._lost]
+
+    def lose(self, broken: GroupBroken) -> None:
+        """The members of a broken push that are dead go to failover; none dead: a real error."""
+        dead = [u for u in broken.failed if not self.http.alive(u)]
+        if not dead:
+            raise RuntimeError(f"distributed weight update failed: {broken}") from broken
+        for url in dead:
+            log.warning("weight push: rollout engine %s is lost (%s); the push goes on without "
+                        "it", url, broken.failed[url])
+            self._lost.add(url)
+            self.http.lose(url, f"weight push: {broken.failed[url]}")
+

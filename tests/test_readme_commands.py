@@ -170,7 +170,10 @@ def test_command(doc, number, command, tmp_path):
         check_module(args[1], args[2:], command)
     elif program in ("python", "python3") and args[0].startswith("benchmarks/"):
         assert (ROOT / args[0]).is_file(), args[0]
-        known = set(FLAG.findall(help_text(sys.executable, str(ROOT / args[0]))))
+        script = (sys.executable, str(ROOT / args[0]))
+        if len(args) > 1 and not args[1].startswith("-"):  # a subcommand: its own --help
+            script += (args[1],)
+        known = set(FLAG.findall(help_text(*script)))
         assert_flags(args[1:], known, args[0])
     elif program == "torchrun":
         i = args.index("-m")

@@ -96,8 +96,8 @@ def rollout(engine, prompts, lengths, temperature: float, seed: int):
 
 
 def samples_held(cfg: dict, pool_slots: int, response_len: int) -> int:
-    """The pool's slots over a sample's peak slots (trainer/rollout/capacity.py's count)."""
-    from trainer.rollout.capacity import samples_that_fit
+    """The pool's slots over a sample's peak slots (trainer/rollout/engines/capacity.py's count)."""
+    from trainer.rollout.engines.capacity import samples_that_fit
 
     return samples_that_fit(pool_slots, PROMPT_LEN, response_len, cfg.get("budget"), cfg.get("divide"))
 

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from trainer.rollout.capacity import pool_detail
+from trainer.rollout.engines.capacity import pool_detail
 from trainer.rollout.config import add_engine_args, engine_config_from_args
 
 

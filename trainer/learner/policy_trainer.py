@@ -26,7 +26,8 @@ from .forward import packed_forward
 from .fusions import wgrad as fusions_wgrad
 from .logprobs import logprobs_and_entropy
 from .model_provider import ModelConfig, build_policy_model
-from .packing import PackedBatch, Sample, pack, packed_length, split_by_token_budget
+from .packing import (MicroBatches, PackedBatch, Sample, pack, packed_length,
+                      split_by_token_budget)
 from .speed import SpeedMeter, forward_flops, model_parallel_size, train_flops
 from .token_budget import resolve_max_tokens
 
@@ -144,7 +145,7 @@ class PolicyTrainer:
 
     # --- batching ----------------------------------------------------------------------------
     def _micro_batches(self, samples: list[Sample], ids: list[int], sparse: bool = False
-                       ) -> list[PackedBatch]:
+                       ) -> MicroBatches:
         if sparse:
             self._check_replay_attention()
         lengths = [packed_length(samples[i], sparse) for i in ids]
@@ -152,8 +153,9 @@ class PolicyTrainer:
         device = cpu_megatron.default_device()
         # masks built on the device; within a rollout's shared_replay_masks (replay_cache.py)
         # the same micro-batch of another pass (reference, recompute, update) reuses them
-        return [pack(samples, [ids[j] for j in g], sparse=sparse, device=device).to(device)
-                for g in groups]
+        build = lambda g: pack(samples, g, sparse=sparse, device=device).to(device)  # noqa: E731
+        return MicroBatches([[ids[j] for j in g] for g in groups],
+                            [sum(lengths[j] for j in g) for g in groups], build)
 
     def _max_tokens(self) -> int:
         """The micro-batch budget; left unset, sized from free memory at the first pass and
@@ -186,7 +188,7 @@ class PolicyTrainer:
         return list(range(start, start + per + (self.dp_rank < extra)))
 
     # --- forward / backward ------------------------------------------------------------------
-    def _run(self, micro_batches: list[PackedBatch], loss_fn, *, forward_only: bool,
+    def _run(self, micro_batches: MicroBatches, loss_fn, *, forward_only: bool,
              with_entropy: bool):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -198,10 +200,10 @@ class PolicyTrainer:
             loss = partial(self._loss_on_logits, batch, loss_fn, results, with_entropy)
             return packed_forward(model, batch), loss
 
-        max_len = max(mb.tokens.shape[1] for mb in micro_batches)
         get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=it, model=[self.model],
-            num_microbatches=len(micro_batches), seq_length=max_len, micro_batch_size=1,
+            num_microbatches=len(micro_batches), seq_length=micro_batches.longest,
+            micro_batch_size=1,
             forward_only=forward_only)
         return results
 

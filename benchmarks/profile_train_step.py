@@ -19,7 +19,8 @@ The samples are ``bench_train.py --vary-lengths``'s (lengths uniform in [0.25, 1
 * ``breakdown`` of one run update under torch.profiler: micro-batches, GPU kernel time against
   wall time (the host gap, per micro-batch), kernel families (log-probs over the vocab: the
   Triton row statistics and logits gradient; GEMMs; attention; optimizer; the rest), the
-  optimizer step timed alone, and the top kernels (``--top``).
+  optimizer step timed alone, the allocator's retries (a full cache frees and re-allocates:
+  host syncs), and the top kernels and host ops (``--top``).
 
 MFU and FLOPs as bench_train.py counts them (``trainer/learner/speed.py``). Prints numbers,
 asserts nothing.
@@ -150,8 +151,9 @@ def breakdown(trainer, reference, batch, algo, top: int, peak: float | None) -> 
     with timed_optimizer(trainer) as optimizer_s, profile(activities=activities) as prof:
         m = run_update(trainer, reference, batch, algo, peak)
     events = prof.key_averages()
-    key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    print(events.table(sort_by=key, row_limit=top, max_name_column_width=80))
+    for key in (["self_device_time_total"] if cuda else []) + ["self_cpu_time_total"]:
+        print(f"--- one run update, top by {key} ---")
+        print(events.table(sort_by=key, row_limit=top, max_name_column_width=80))
     wall_ms = 1e3 * (m["time_recompute"] + m["time_update"])
     out = dict(micro_batches_per_pass=micro, wall_ms_profiled=round(wall_ms, 1),
                optimizer_ms=round(1e3 * sum(optimizer_s), 1))
@@ -160,7 +162,10 @@ def breakdown(trainer, reference, batch, algo, top: int, peak: float | None) -> 
         busy = sum(families.values())
         gap = wall_ms - busy
         # three passes over the micro-batches: reference, π_old, update
+        stats = torch.cuda.memory_stats()
         out.update(gpu_kernel_ms=round(busy, 1), gpu_busy=round(busy / wall_ms, 3),
+                   alloc_retries=stats.get("num_alloc_retries", 0),
+                   cuda_mallocs=stats.get("segment.all.allocated", 0),
                    host_gap_ms=round(gap, 1),
                    host_gap_ms_per_micro_batch=round(gap / max(1, 3 * micro), 2),
                    kernel_ms=families)
@@ -197,6 +202,9 @@ def parse_args(argv=None):
     p.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))
     p.add_argument("--seq-len", type=int, default=1200, help="mean sample length")
     p.add_argument("--prompt-len", type=int, default=232)
+    p.add_argument("--response-cap", type=int, default=None,
+                   help="cut responses at this many tokens (the run's --rollout-max-response-len:"
+                        " random weights mostly reach it, so the run's samples are ~prompt + cap)")
     p.add_argument("--seqs-per-step", type=int, default=256, help="samples per rollout (32 x 8)")
     p.add_argument("--max-tokens-per-gpu", type=int, nargs="+", default=[8192, 16384])
     p.add_argument("--attention", default="sdpa", choices=["sdpa", "local", "te", "auto"])
@@ -221,12 +229,14 @@ def main(argv=None) -> dict:
     trainer = build_trainer(args_first)
     reference = build_reference(trainer)
     peak = peak_flops(args.peak_tflops)
-    samples = make_samples(trainer.arch.vocab_size, sequence_lengths(args), args.prompt_len,
-                           args.seed)
+    lengths = sequence_lengths(args)
+    if args.response_cap:
+        lengths = [min(n, args.prompt_len + args.response_cap) for n in lengths]
+    samples = make_samples(trainer.arch.vocab_size, lengths, args.prompt_len, args.seed)
     algo = recipe_algorithm()
     result = dict(shape=args.shape, samples=len(samples),
                   tokens_per_step=sum(s.length for s in samples), prompt_len=args.prompt_len,
-                  seq_len=args.seq_len, budgets=[])
+                  seq_len=args.seq_len, response_cap=args.response_cap, budgets=[])
     for budget in args.max_tokens_per_gpu:
         r = profile_budget(trainer, reference, samples, args, algo, budget, peak)
         print_budget(r)

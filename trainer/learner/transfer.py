@@ -30,3 +30,20 @@ def single_threaded():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def to_device_together(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Several host tensors to ``device`` in one copy: their bytes side by side in one (pinned,
+    for a GPU) buffer, copied without blocking the host, viewed back as the same dtypes and
+    shapes there (16-byte aligned parts: no kernel to split them)."""
+    layout, offset = [], 0
+    for t in tensors:
+        size = t.numel() * t.element_size()
+        layout.append((offset, size, t.dtype, t.shape))
+        offset += -(-size // 16) * 16
+    buf = torch.empty(offset, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    for t, (start, size, _, _) in zip(tensors, layout):
+        buf[start:start + size] = t.contiguous().reshape(-1).view(torch.uint8)
+    moved = buf.to(device, non_blocking=True)
+    return [moved[start:start + size].view(dtype).reshape(shape)
+            for start, size, dtype, shape in layout]

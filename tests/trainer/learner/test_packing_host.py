@@ -10,6 +10,7 @@ packs before the schedule fails ``test_micro_batches_built_on_demand``."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from checkpoint_tools import cpu_megatron
@@ -75,6 +76,40 @@ def test_pack_equals_token_loop():
         want = EvictionMasks.from_records(records, lengths, L, H, len(tokens))
         assert torch.equal(got.eviction.evict, want.evict)
         assert torch.equal(got.eviction.seq_id, want.seq_id)
+
+
+def _moved_equal(batch, moved):
+    for name in ("tokens", "targets", "response_positions", "response_index"):
+        a, b = getattr(batch, name), getattr(moved, name)
+        assert a.dtype == b.dtype and torch.equal(a, b.cpu()), name
+    assert moved.cu_seqlens_device.dtype == torch.int32
+    assert torch.equal(moved.cu_seqlens_device.cpu(), batch.cu_seqlens)
+    assert moved.cu_seqlens is batch.cu_seqlens  # the host bounds stay on the host
+
+
+def test_one_copy_keeps_every_field():
+    from trainer.learner.packing import pack
+    from trainer.learner.transfer import to_device_together
+
+    parts = [torch.arange(5), torch.tensor([True, False, True]), torch.zeros(0, dtype=torch.long),
+             torch.arange(6, dtype=torch.int32).reshape(2, 3), torch.tensor([1.5, -2.0])]
+    back = to_device_together(parts, torch.device("cpu"))
+    for a, b in zip(parts, back):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    batch = pack(_samples(), [0, 1, 2], 8)
+    _moved_equal(batch, batch.to("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_one_copy_to_the_gpu():
+    from trainer.learner.packing import pack
+
+    batch = pack(_samples(), [0, 1, 2, 3], 8)
+    moved = batch.to("cuda")
+    torch.cuda.synchronize()
+    assert moved.tokens.is_cuda and moved.cu_seqlens_device.is_cuda
+    _moved_equal(batch, moved)
 
 
 def test_single_threaded_restores_threads():

@@ -64,7 +64,8 @@ def this_gpu_peak() -> float | None:
     """This process's GPU peak; the first time it is unknown, one line says MFU is left out."""
     name = device_name()
     peak = peak_for(name)
-    if peak is None:
+    rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    if peak is None and rank0:
         print(f"speed: MFU left out of the perf/ metrics: no dense bf16 peak known for "
               f"{name!r} (learner/speed.py PEAK_BF16)", flush=True)
     return peak

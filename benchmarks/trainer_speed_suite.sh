@@ -6,9 +6,10 @@
 #      the run's own perf/ metrics, and where an update's time goes (torch.profiler);
 #   2. bench_sparse_recompute.py: replay with flex and with gather against dense (0.5B at 4k,
 #      budget 512), with the kernel families of each (--profile);
-#   3. bench_logprob_kernels.py: lm head + log-probs, the trainer's path against
-#      cut-cross-entropy and liger-kernel when importable;
-#   4. bench_train.py at 8192 and 16384, the measurement.
+#   3. bench_train.py at 8192 and 16384, the measurement (profile_train_step's "bench"
+#      numbers are the same train step on the same samples: the fallback if time cuts these);
+#   4. bench_logprob_kernels.py: lm head + log-probs, the trainer's path against
+#      cut-cross-entropy and liger-kernel when importable.
 # Each step's JSON and log go to OUT_DIR; a step is cut at its limit or at the suite's
 # TOTAL_S (300) and the next one still runs when time is left.
 #   benchmarks/trainer_speed_suite.sh OUT_DIR [WHEEL_DIR]
@@ -51,9 +52,9 @@ step profile_train_step 170 benchmarks/profile_train_step.py --seqs-per-step 128
     --max-tokens-per-gpu 8192 16384
 step bench_sparse_recompute 100 benchmarks/bench_sparse_recompute.py --seqs-per-step 8 --steps 2 \
     --profile
-step bench_logprob_kernels 40 benchmarks/bench_logprob_kernels.py --tokens 8192 16384
 for budget in 8192 16384; do
     step "bench_train_$budget" 45 benchmarks/bench_train.py --seq-len 1200 --prompt-len 232 \
         --vary-lengths --seqs-per-step 128 --max-tokens-per-gpu "$budget" --steps 2 --warmup 1
 done
+step bench_logprob_kernels 40 benchmarks/bench_logprob_kernels.py --tokens 8192 16384
 echo "suite done in $((SECONDS - START)) s; JSON in $OUT"

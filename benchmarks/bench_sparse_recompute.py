@@ -7,7 +7,9 @@ then min / median / max over warm builds of the step's micro-batches and the med
 ``from_kv_blocks`` build this replaced, ``legacy_layers``, on the same masks). Also how many
 graphs torch.compile made in the warm-up and during the timed steps (should be 0: a recompile
 there is a recompile per micro-batch), and with ``--profile`` the top CUDA kernels and CPU ops of
-one sparse recompute and one sparse train step (``TORCH_LOGS=recompiles`` names the guards).
+one recompute and one train step of each mode (dense, flex, gather), and their device time by
+kernel family (attention, the gathered replay's index_select / index_add, GEMMs, log-probs, ...;
+in the JSON under ``profile``) (``TORCH_LOGS=recompiles`` names the guards).
 
     python benchmarks/bench_sparse_recompute.py                       # 0.5B shape, GPU
     python benchmarks/bench_sparse_recompute.py --shape tiny --response-len 300 --budget 64 \\
@@ -87,12 +89,18 @@ def build_masks_once(samples, group, arch, device) -> dict:
     the device, every layer's block tiles, and one training pass's per-layer BlockMasks (the
     backward's tiles too)."""
     from trainer.learner.sparse_attention import EvictionMasks
+    from trainer.learner.transfer import single_threaded
 
     picked = [samples[i] for i in group]
     lengths = [s.length for s in picked]
-    masks, records = _timed_ms(lambda: EvictionMasks.from_records(
-        [s.eviction_record for s in picked], lengths, arch.num_layers, arch.num_query_groups,
-        sum(lengths), device))
+
+    def records_to_device():
+        with single_threaded():  # as ``pack`` builds them in the trainer
+            return EvictionMasks.from_records([s.eviction_record for s in picked], lengths,
+                                              arch.num_layers, arch.num_query_groups,
+                                              sum(lengths), device)
+
+    masks, records = _timed_ms(records_to_device)
     _, tiles = _timed_ms(masks.tiles)
     with torch.enable_grad():
         _, layers = _timed_ms(lambda: masks.use().block_masks(arch.num_attention_heads))
@@ -212,8 +220,12 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def profile_phase(name: str, step) -> None:
-    """The top CUDA kernels and CPU ops of one call of ``step``, and how busy the GPU was."""
+def profile_phase(name: str, step) -> dict:
+    """The top CUDA kernels and CPU ops of one call of ``step``, how busy the GPU was, and its
+    device time by kernel family (``profile_train_step.FAMILIES``: attention, the replay's
+    index_select / index_add, GEMMs, ...), which is returned."""
+    from profile_train_step import kernel_families
+
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
@@ -228,10 +240,14 @@ def profile_phase(name: str, step) -> None:
     for key in (["self_device_time_total"] if cuda else []) + ["self_cpu_time_total"]:
         print(f"--- {name}: top by {key} ---")
         print(events.table(sort_by=key, row_limit=25, max_name_column_width=80))
-    if cuda:
-        busy = sum(e.self_device_time_total for e in events) / 1e3
-        print(f"{name}: GPU kernel time {busy:.0f} ms in {elapsed * 1e3:.0f} ms "
-              f"({busy / (elapsed * 1e3):.0%} busy, profiler overhead included)")
+    if not cuda:
+        return {}
+    busy = sum(e.self_device_time_total for e in events) / 1e3
+    print(f"{name}: GPU kernel time {busy:.0f} ms in {elapsed * 1e3:.0f} ms "
+          f"({busy / (elapsed * 1e3):.0%} busy, profiler overhead included)")
+    families = kernel_families(events)
+    print(f"{name}: device ms by kernel family {families}")
+    return dict(wall_ms=round(elapsed * 1e3, 1), kernel_ms=families)
 
 
 def parse_args(argv=None):
@@ -355,10 +371,9 @@ def run(args) -> dict:
         calls["sparse" if i == 0 else f"sparse_{impl}"] = phases(trainer, samples, loss_fn, True,
                                                                  impl)
     result.update(sparse_impls=impls, **time_phases(calls, args, tokens))
-    if args.profile:
-        for mode in calls:
-            for phase in ("recompute", "update") if mode != "dense" else ():
-                profile_phase(f"{mode} {phase}", calls[mode][phase])
+    if args.profile:  # dense too: the families' baseline
+        result["profile"] = {f"{mode}_{phase}": profile_phase(f"{mode} {phase}", calls[mode][phase])
+                             for mode in calls for phase in ("recompute", "update")}
     cpu_megatron.teardown()
     return result
 

@@ -12,7 +12,8 @@ Adam) with a token-mean NLL loss over the response tokens; the forward pass is
 length uniformly from [0.25, 1.75] x ``--seq-len`` (seeded): RL-shaped batches of many short
 sequences. MFU counts the matmul FLOPs of the model (6 x params x tokens, lm head included)
 plus causal attention (6 x layers x S x heads x head_dim per token of a length-S sequence),
-a third of that for the forward pass, against the GPU's dense bf16 peak. ``--repeats``
+a third of that for the forward pass, against the GPU's dense bf16 peak: the count a training
+run's ``perf/`` metrics use (``trainer/learner/speed.py``). ``--repeats``
 measures ``--steps`` steps that many times and prints min / median / max.
 
 ``--grpo-step`` also times one rollout's whole GRPO update as ``trainer/train.py`` runs it
@@ -36,6 +37,9 @@ from pathlib import Path
 
 import torch
 
+# one FLOP count and one peak table for the benchmarks and the training run's perf/ metrics
+from trainer.learner.speed import device_name, flops_per_token, peak_for, train_flops  # noqa: F401
+
 QWEN25_05B = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=896,
                   intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
@@ -50,34 +54,14 @@ TINY = dict(QWEN25_05B, hidden_size=64, intermediate_size=128, num_hidden_layers
             num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
             max_position_embeddings=4096)
 SHAPES = {"qwen2.5-0.5b": QWEN25_05B, "smollm2-135m": SMOLLM2_135M, "tiny": TINY}
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-
-
-def flops_per_token(arch, seq_len: int) -> float:
-    """Forward + backward FLOPs per token of a length-``seq_len`` sequence (forward: a third)."""
-    d, f, hd = arch.hidden_size, arch.ffn_hidden_size, arch.head_dim
-    nh, ng, L, V = arch.num_attention_heads, arch.num_query_groups, arch.num_layers, arch.vocab_size
-    per_layer = d * (nh + 2 * ng) * hd + nh * hd * d + 2 * d * f + f * d
-    matmul_params = L * per_layer + V * d
-    return 6 * matmul_params + 6 * L * seq_len * nh * hd
-
-
-def train_flops(arch, lengths: list[int]) -> float:
-    """Forward + backward FLOPs of one pass over sequences of these lengths."""
-    return sum(n * flops_per_token(arch, n) for n in lengths)
-
-
-def device_name() -> str:
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
 def peak_flops(override_tflops: float | None = None) -> float | None:
-    """Dense bf16 peak of this GPU (``--peak-tflops`` wins); None where unknown (a CPU)."""
+    """Dense bf16 peak of this GPU (``--peak-tflops`` wins); None where unknown (a CPU, a GPU
+    missing from ``trainer/learner/speed.py``'s table): MFU is then left out."""
     if override_tflops:
         return override_tflops * 1e12
-    if not torch.cuda.is_available():
-        return None
-    return next((v for k, v in PEAK_BF16.items() if k in device_name()), 989e12)
+    return peak_for(device_name()) if torch.cuda.is_available() else None
 
 
 def sync() -> None:

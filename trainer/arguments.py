@@ -137,7 +137,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                  "num_rollout", "max_tokens_per_gpu", "tensor_model_parallel_size",
                  "pipeline_model_parallel_size", "rollout_concurrency",
                  "rollout_samples_per_request"):
-        if getattr(args, flag) < 1:
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:  # None: automatic
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     samples = args.rollout_batch_size * args.n_samples_per_prompt
     step = global_batch_size(args)

@@ -19,7 +19,8 @@ is ignored when matching, so ``rollout/reward_mean`` counts as ``reward_mean``):
 * KV memory: every key whose name starts with ``kv_`` (``*_bytes`` shown in MiB/GiB);
 * evaluation: every key starting with ``eval/`` (kept out of the training groups above);
 * time split: ``time/<phase>``, ``time_<phase>`` or ``<phase>_time`` in seconds, phases
-  ``rollout``, ``recompute``, ``update``, ``sync`` first, others after.
+  ``rollout``, ``recompute``, ``update``, ``sync`` first, others after;
+* speed: ``perf/<phase>_tokens_per_s`` and ``perf/<phase>_mfu`` per GPU (``learner/speed.py``).
 
 Only rank 0 should create a :class:`MetricsLogger`.
 """
@@ -445,12 +446,45 @@ def format_summary(history: list[dict], window: int = 1) -> str:
         phase = _time_phase(key)
         if phase is not None:
             totals[phase] = totals.get(phase, 0.0) + sum(_series(rows, key)[1])
+    lines += format_speed(rows)
     total = sum(totals.values())
     if total > 0:
         order = [p for p in TIME_PHASES if p in totals] + sorted(p for p in totals if p not in TIME_PHASES)
         split = " | ".join(f"{p} {totals[p]:.1f} s ({100 * totals[p] / total:.0f}%)" for p in order)
         lines.append(f"time split (total {total:.1f} s): {split}")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- speed
+
+SPEED_PHASES = ("generate", "reference", "old_logp", "update")  # learner/speed.py's phases
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def format_speed(rows: list[dict]) -> list[str]:
+    """The ``perf/`` metrics' table: per phase, the median tokens/s and MFU per GPU over the
+    rollouts after the first (its compiles and warm-up), over all when there is one."""
+    measured = rows[1:] if len(rows) > 1 else rows
+    table = []
+    for phase in SPEED_PHASES:
+        rate = _series(measured, f"perf/{phase}_tokens_per_s")[1]
+        if rate:
+            mfu = _series(measured, f"perf/{phase}_mfu")[1]
+            table.append((phase, f"{_median(rate):,.0f}", f"{_median(mfu):.1%}" if mfu else "-"))
+    if not table:
+        return []
+    steps = [r["step"] for r in measured]
+    head = (f"speed per GPU (median over rollouts {min(steps)}..{max(steps)}"
+            + ("; the first left out as warm-up" if len(rows) > 1 else "") + "):")
+    widths = [max(len(r[c]) for r in table + [("phase", "tokens/s", "MFU")]) for c in range(3)]
+    fmt = lambda r: "  " + "  ".join(c.ljust(w) if j == 0 else c.rjust(w)  # noqa: E731
+                                     for j, (c, w) in enumerate(zip(r, widths)))
+    return [head, fmt(("phase", "tokens/s", "MFU"))] + [fmt(r) for r in table]
 
 
 # --------------------------------------------------------------------------- flags

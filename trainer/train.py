@@ -38,6 +38,7 @@ from .learner.fused_old_logp import plan_old_logp
 from .learner.grpo_update import RolloutBatch, gather_dp, mismatch_inputs, prepare_update, run_updates
 from .learner.model_provider import rounds_checkpoint
 from .learner.replay_cache import shared_replay_masks
+from .learner.speed import generation_gpus, generation_timing, rollout_speed
 from .rollout.config import RolloutSetup, rollout_setup_from_args
 from .rollout.engines.factory import (Launched, RestartHookFactory, connect_restarts,
                                       launch_engines, weight_sync_for)
@@ -158,8 +159,8 @@ class Run:
         stats = {**result.stats(), **sampled, **self.source.staleness(result, rollout_id)}
         # async: generation overlapped training; what is left is the wait for it
         t["time_rollout"] = max(1e-6, time.perf_counter() - start - stats["time_reward"])
-        stats["rollout_tokens_per_s"] = tokens_per_s(
-            result, self.source.generation_seconds(result, t["time_rollout"]))
+        gen_seconds = self.source.generation_seconds(result, t["time_rollout"])
+        stats["rollout_tokens_per_s"] = tokens_per_s(result, gen_seconds)
         shaped = training_rewards(result.traces, self.plan)
         batch = learner_batch(result, shaped, self.tokenizer.pad_token_id or 0,
                               self.algo.loss.kl_loss_coef)
@@ -175,7 +176,15 @@ class Run:
         t["time_sync"] = sync.pop("time_sync")
         train = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
         return {**stats, **shaped.metrics, **prep.metrics, **{f"train/{k}": v for k, v in train.items()}, **sync,
-                **t, **peak_memory_metrics(), "time_total": time.perf_counter() - start}
+                **t, **self._speed(batch, gen_seconds), **peak_memory_metrics(),
+                "time_total": time.perf_counter() - start}
+
+    def _speed(self, batch: RolloutBatch, gen_seconds: float) -> dict:
+        """``perf/``: tokens/s and MFU per GPU of generation and each trainer phase."""
+        gpus = generation_gpus(self.cfg.rollout.engines,
+                               dist.get_world_size() if dist.is_initialized() else 1)
+        gen = gpus and generation_timing(self.trainer.arch, batch.samples, gen_seconds, gpus)
+        return rollout_speed((self.trainer, self.reference), gen or None)
 
     def _prepare(self, batch: RolloutBatch):
         """Advantages, the dense π_old (and reference) recompute, the sparse correction."""

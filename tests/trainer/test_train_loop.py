@@ -127,7 +127,7 @@ def test_fused_old_logprobs_equal_the_recompute_in_the_loop(setup, tmp_path):
     assert fused.pop("old_logp_fused") == 1.0 and recompute.pop("old_logp_fused") == 0.0
     assert recompute["rejected_fraction"] > 0 and recompute["batch_norm_factor"] != 1.0
     for key, value in recompute.items():
-        if not key.startswith(("time", "rollout", "sync", "eval")) and isinstance(value, float):
+        if not key.startswith(("time", "rollout", "sync", "eval", "perf")) and isinstance(value, float):
             assert fused[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
 
 
@@ -269,7 +269,7 @@ def test_dynamic_sampling_and_overlong_shaping(setup, tmp_path):
 def _same_run_keys(row: dict) -> dict:
     """The metrics that do not measure time (equal between two runs that compute the same)."""
     return {k: v for k, v in row.items()
-            if not (k.startswith("time_") or "per_s" in k or k.startswith("rollout/staleness")
+            if not (k.startswith(("time_", "perf/")) or "per_s" in k or k.startswith("rollout/staleness")
                     or k.endswith(("_s", "_ms_per_step"))  # rollout/decode_host_s, ...
                     or k in ("rollout/interruptions", "rollout/partial_samples", "rollout_tail_fraction"))}
 

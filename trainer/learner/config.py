@@ -149,8 +149,10 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--adam-beta2", type=float, default=0.98)
     g.add_argument("--adam-eps", type=float, default=1e-8)
     g.add_argument("--clip-grad", type=float, default=1.0)
-    g.add_argument("--max-tokens-per-gpu", type=int, default=8192,
-                   help="token budget of one packed micro-batch")
+    g.add_argument("--max-tokens-per-gpu", type=int, default=None,
+                   help="token budget of one packed micro-batch; speed only, not the maths "
+                        "(default: sized from free memory at the first pass and printed, "
+                        "learner/token_budget.py)")
     g.add_argument("--log-probs-chunk-size", type=int, default=1024,
                    help="tokens per fp32 chunk of the log-prob pass off CUDA (on CUDA one Triton "
                         "pass covers the micro-batch)")

@@ -37,6 +37,7 @@ from ..algorithms import LossScale, PolicyLossConfig
 from ..launch import default_device
 from .grpo_update import (PreparedUpdate, RolloutBatch, _map_tensors, _reduce_over_dp,
                           apply_correction, gather_dp, make_loss_fn, pad_rows, step_bounds)
+from .transfer import to_device
 
 FUSED_REASON = "on-policy: one optimizer step from the weights that π_old is"
 _PER_STEP = {"grad_norm", "lr", "update_skipped"}  # not loss terms: never rescaled
@@ -170,7 +171,7 @@ def run_fused_update(trainer, batch: RolloutBatch, prep: PreparedUpdate,
     provisional = LossScale.for_batch(prep.loss_mask, row_weights=prep.row_weights)
     after = AfterForward(trainer, batch.keep, prep, loss_cfg, provisional)
     device = default_device()
-    on_device = _map_tensors(prep, lambda t: t.to(device, non_blocking=True))
+    on_device = _map_tensors(prep, lambda t: to_device(t, device))
     metrics = trainer.train_step(batch.samples, make_loss_fn(on_device, loss_cfg, provisional),
                                  with_entropy=loss_cfg.entropy_coef != 0,
                                  sparse=trainer.train_cfg.train_sparse_policy, before_step=after)

@@ -21,6 +21,7 @@ from ..algorithms import (AdvantageConfig, CorrectionConfig, LossScale, PolicyLo
 from ..algorithms.dense_share import correct_with_dense_rows, sparse_rows_mask
 from ..launch import default_device
 from .packing import Sample
+from .transfer import to_device
 
 
 @dataclasses.dataclass
@@ -222,7 +223,9 @@ def make_loss_fn(prep: PreparedUpdate, loss_cfg: PolicyLossConfig, scale: LossSc
     def loss_fn(logp_list, entropy_list, ids):
         width = prep.advantages.shape[1]
         device = logp_list[0].device
-        rows = torch.tensor(ids).to(prep.advantages.device, non_blocking=True)
+        # pinned, so the copy does not wait for the forward just queued (a pageable copy did:
+        # one host sync per micro-batch, which bench_train's loss never had)
+        rows = to_device(torch.tensor(ids), prep.advantages.device)
         logp = torch.zeros(len(ids), width, device=device, dtype=torch.float32)
         logp = _scatter_rows(logp, logp_list)
         entropy = _scatter_rows(torch.zeros_like(logp), entropy_list) if entropy_list else None
@@ -291,7 +294,7 @@ def run_updates(trainer, batch: RolloutBatch, prep: PreparedUpdate, loss_cfg: Po
         sub_prep = _map_tensors(prep, lambda t: t[start:stop])
         scale = LossScale.for_batch(sub_prep.loss_mask, row_weights=sub_prep.row_weights)
         device = default_device()  # once per global batch, not per micro-batch
-        sub_prep = _map_tensors(sub_prep, lambda t: t.to(device, non_blocking=True))
+        sub_prep = _map_tensors(sub_prep, lambda t: to_device(t, device))
         metrics = trainer.train_step(sub, make_loss_fn(sub_prep, loss_cfg, scale),
                                      with_entropy=loss_cfg.entropy_coef != 0,
                                      sparse=trainer.train_cfg.train_sparse_policy)

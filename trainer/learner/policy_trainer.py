@@ -25,7 +25,10 @@ from .forward import packed_forward
 from .fusions import wgrad as fusions_wgrad
 from .logprobs import logprobs_and_entropy
 from .model_provider import ModelConfig, build_policy_model
-from .packing import PackedBatch, Sample, pack, packed_length, split_by_token_budget
+from .packing import (MicroBatches, PackedBatch, Sample, pack, packed_length,
+                      split_by_token_budget)
+from .speed import SpeedMeter, forward_flops, model_parallel_size, train_flops
+from .token_budget import resolve_max_tokens
 
 
 @dataclasses.dataclass
@@ -45,7 +48,7 @@ class OptimConfig:
 
 @dataclasses.dataclass
 class TrainConfig:
-    max_tokens_per_gpu: int = 8192
+    max_tokens_per_gpu: int | None = 8192  # None: sized from free memory (token_budget.py)
     log_probs_chunk_size: int = 1024
     temperature: float = 1.0  # --rollout-temperature: logits are divided by it everywhere
     seed: int = 1234
@@ -117,6 +120,7 @@ class PolicyTrainer:
         self.dp_group = ps.get_data_parallel_group()
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.step = 0
+        self.speed = SpeedMeter()  # per-phase tokens, FLOPs, seconds (learner/speed.py)
 
     # --- optimizer ---------------------------------------------------------------------------
     def _build_optimizer(self, distributed: bool):
@@ -140,16 +144,32 @@ class PolicyTrainer:
 
     # --- batching ----------------------------------------------------------------------------
     def _micro_batches(self, samples: list[Sample], ids: list[int], sparse: bool = False
-                       ) -> list[PackedBatch]:
+                       ) -> MicroBatches:
         if sparse:
             self._check_replay_attention()
         lengths = [packed_length(samples[i], sparse) for i in ids]
-        groups = split_by_token_budget(lengths, self.train_cfg.max_tokens_per_gpu)
+        groups = split_by_token_budget(lengths, self._max_tokens())
         device = default_device()
         # masks built on the device; within a rollout's shared_replay_masks (replay_cache.py)
         # the same micro-batch of another pass (reference, recompute, update) reuses them
-        return [pack(samples, [ids[j] for j in g], sparse=sparse, device=device).to(device)
-                for g in groups]
+        build = lambda g: pack(samples, g, sparse=sparse, device=device).to(device)  # noqa: E731
+        return MicroBatches([[ids[j] for j in g] for g in groups],
+                            [sum(lengths[j] for j in g) for g in groups], build)
+
+    def _max_tokens(self) -> int:
+        """The micro-batch budget; left unset, sized from free memory at the first pass and
+        kept in the config the reference shares (the passes of a rollout pack alike)."""
+        if self.train_cfg.max_tokens_per_gpu is None:
+            self.train_cfg.max_tokens_per_gpu = resolve_max_tokens(self)
+        return self.train_cfg.max_tokens_per_gpu
+
+    def _timed(self, phase: str, samples: list[Sample], ids: list[int], sparse: bool,
+               flops_fn):
+        """``speed.timed`` for a pass over this rank's samples, per GPU of its model-parallel
+        group."""
+        lengths = [packed_length(samples[i], sparse) for i in ids]
+        share = model_parallel_size()
+        return self.speed.timed(phase, sum(lengths) / share, flops_fn(self.arch, lengths) / share)
 
     def _check_replay_attention(self) -> None:
         """Eviction masks are applied by SDPACoreAttention only: any other core attention
@@ -167,7 +187,7 @@ class PolicyTrainer:
         return list(range(start, start + per + (self.dp_rank < extra)))
 
     # --- forward / backward ------------------------------------------------------------------
-    def _run(self, micro_batches: list[PackedBatch], loss_fn, *, forward_only: bool,
+    def _run(self, micro_batches: MicroBatches, loss_fn, *, forward_only: bool,
              with_entropy: bool):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -179,10 +199,10 @@ class PolicyTrainer:
             loss = partial(self._loss_on_logits, batch, loss_fn, results, with_entropy)
             return packed_forward(model, batch), loss
 
-        max_len = max(mb.tokens.shape[1] for mb in micro_batches)
         get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=it, model=[self.model],
-            num_microbatches=len(micro_batches), seq_length=max_len, micro_batch_size=1,
+            num_microbatches=len(micro_batches), seq_length=micro_batches.longest,
+            micro_batch_size=1,
             forward_only=forward_only)
         return results
 
@@ -209,25 +229,20 @@ class PolicyTrainer:
         pipeline stage; None elsewhere.
         """
         ids = self.local_sample_ids(len(samples))
-        self.model.eval()
-        zero = lambda logp, ent, idx: (logp[0].sum() * 0.0, {})  # noqa: E731
-        results = self._run(self._micro_batches(samples, ids, sparse), zero, forward_only=True,
-                            with_entropy=False)
-        self.model.train()
-        return _per_sample_logps(results, len(samples))
+        phase = "old_logp" if self.optimizer is not None else "reference"
+        with self._timed(phase, samples, ids, sparse, forward_flops):
+            self.model.eval()
+            zero = lambda logp, ent, idx: (logp[0].sum() * 0.0, {})  # noqa: E731
+            results = self._run(self._micro_batches(samples, ids, sparse), zero,
+                                forward_only=True, with_entropy=False)
+            self.model.train()
+            return _per_sample_logps(results, len(samples))
 
-    def train_step(self, samples: list[Sample], loss_fn: LossFn, *, with_entropy: bool = False,
-                   sparse: bool = False, before_step: BeforeStep | None = None) -> dict:
-        """One optimizer step on this rank's share of a global batch (``sparse``: the policy's
-        forward attends under the samples' eviction records, --train-sparse-policy).
-
-        ``before_step``, after every micro-batch's backward and before the optimizer: given the
-        forward's log-probs (as ``compute_logprobs`` returns them), it returns a factor for the
-        accumulated gradients (a batch-wide scalar the loss could not know per micro-batch)."""
+    def _step(self, samples, ids, loss_fn, with_entropy, sparse, before_step):
+        """Forward-backward over the micro-batches and the optimizer step."""
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        ids = self.local_sample_ids(len(samples))
         results = self._run(self._micro_batches(samples, ids, sparse), loss_fn,
                             forward_only=False, with_entropy=with_entropy)
         if before_step is not None:
@@ -238,6 +253,20 @@ class PolicyTrainer:
         if update_ok:
             self.scheduler.step(increment=1)
         self.step += 1
+        return results, update_ok, grad_norm
+
+    def train_step(self, samples: list[Sample], loss_fn: LossFn, *, with_entropy: bool = False,
+                   sparse: bool = False, before_step: BeforeStep | None = None) -> dict:
+        """One optimizer step on this rank's share of a global batch (``sparse``: the policy's
+        forward attends under the samples' eviction records, --train-sparse-policy).
+
+        ``before_step``, after every micro-batch's backward and before the optimizer: given the
+        forward's log-probs (as ``compute_logprobs`` returns them), it returns a factor for the
+        accumulated gradients (a batch-wide scalar the loss could not know per micro-batch)."""
+        ids = self.local_sample_ids(len(samples))
+        with self._timed("update", samples, ids, sparse, train_flops):
+            results, update_ok, grad_norm = self._step(samples, ids, loss_fn, with_entropy,
+                                                       sparse, before_step)
         metrics = _sum_metrics([m for _, _, m in results])
         metrics.update(grad_norm=float(grad_norm or 0.0),
                        lr=float(self.optimizer.param_groups[0]["lr"]),

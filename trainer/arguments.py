@@ -22,12 +22,12 @@ from .rollout.config import add_rollout_args, server_args_from, weight_sync_mode
 from .tracking import add_logging_args
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m trainer.train") -> argparse.ArgumentParser:
     from sglang_kvc import OneLineParser  # one-line errors, no abbreviations
 
     from .learner.config import add_learner_args  # imports Megatron (its import-time notes)
 
-    p = OneLineParser(prog="python -m trainer.train",
+    p = OneLineParser(prog=prog,
                       description="GRPO with sparse (KV-compressed) rollouts.")
     p.add_argument("--config", default=None, help="YAML file with any of these flags as keys")
     # each package's flags beside the config that reads them; --help shows them by package
@@ -105,8 +105,9 @@ def _check_dynamic_sampling(parser: argparse.ArgumentParser, args: argparse.Name
             parser.error(str(e))
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = build_parser()
+def parse_args(argv=None, prog: str = "python -m trainer.train") -> argparse.Namespace:
+    """The flags, checked; errors name ``prog`` (the command the user typed)."""
+    parser = build_parser(prog)
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--config" in argv:
         i = argv.index("--config")

@@ -9,6 +9,7 @@ reshards to any TP/PP on load; optimizer state is saved per rank (resume keeps t
 from __future__ import annotations
 
 import random
+import shutil
 from argparse import Namespace
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from checkpoint_tools.torch_dist import (iteration_dir_name, read_common, read_tracker,
+from checkpoint_tools.torch_dist import (METADATA, iteration_dir_name, read_common, read_tracker,
                                          resolve_checkpoint_dir, write_tracker)
 
 from .checkpoint_space import any_rank, check_room, write_failed
@@ -196,3 +197,28 @@ def is_trainer_checkpoint(path: str | None) -> bool:
     if not path or not Path(path).exists() or read_tracker(path) in (None, "release"):
         return False
     return "extra" in read_common(resolve_checkpoint_dir(path))
+
+
+def partial_checkpoints(save_dir: str | Path) -> list[Path]:
+    """The ``iter_*`` folders under ``save_dir`` that no resume will ever read: saves cut short
+    (the tracker is written after every rank finished, so it never names one; Megatron's
+    ``metadata.json`` is missing, or the folder is newer than the tracker)."""
+    latest = latest_iteration(save_dir)
+    partial = []
+    for folder in sorted(Path(save_dir).glob("iter_*")):
+        number = folder.name.removeprefix("iter_")
+        if not (folder.is_dir() and number.isdigit()):
+            continue
+        if not (folder / METADATA).is_file() or latest is None or int(number) > latest:
+            partial.append(folder)
+    return partial
+
+
+def remove_partial(save_dir: str | Path) -> None:
+    """Collective: rank 0 removes :func:`partial_checkpoints`, one line each."""
+    if dist.get_rank() == 0:
+        for folder in partial_checkpoints(save_dir):
+            print(f"[startup] removing {folder}: a save that did not finish (interrupted)",
+                  flush=True)
+            shutil.rmtree(folder, ignore_errors=True)
+    dist.barrier()

@@ -121,10 +121,12 @@ def parse_args(argv=None, prog: str = "python -m trainer.train") -> argparse.Nam
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Inconsistent combinations fail now, not after the first rollout."""
+    from .learner.checkpoint_policy import check_checkpoint_args
     from .learner.config import check_sparse_replay_args, global_batch_size
     from .rollout.fidelity import check_fidelity_args
 
     check_sparse_replay_args(parser, args)
+    check_checkpoint_args(parser, args)
     check_fidelity_args(parser, args)
     if args.save_debug_rollout_data:
         try:

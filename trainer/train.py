@@ -37,7 +37,8 @@ from .arguments import parse_args
 from .launch import RendezvousError, init_parallel, parallel_config_from_args, phase
 from .learner.checkpoint import (is_trainer_checkpoint, load_checkpoint, remove_partial,
                                  save_checkpoint)
-from .learner.checkpoint_space import warn_if_short
+from .learner.checkpoint_policy import CheckpointPolicy, checkpoint_policy_from_args
+from .learner.checkpoint_space import report_space
 from .learner.config import LearnerConfig, build_models, learner_config_from_args
 from .learner.fused_old_logp import plan_old_logp
 from .learner.grpo_update import RolloutBatch, gather_dp, mismatch_inputs, prepare_update, run_updates
@@ -70,6 +71,7 @@ class LoopConfig:
     save_dir: Path | None = None  # trainer checkpoints
     save_interval: int | None = None  # save every N rollouts (and always after the last)
     eval_before_train: bool = False  # evaluate the starting policy too, logged as step 0
+    checkpoint: CheckpointPolicy = CheckpointPolicy()  # what a save holds, how many stay
 
 
 @dataclasses.dataclass
@@ -88,7 +90,7 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     args = _resume_from_save(args)
     loop = LoopConfig(args.num_rollout, args.eval_interval,
                       Path(args.save) if args.save else None, args.save_interval,
-                      args.eval_before_train)
+                      args.eval_before_train, checkpoint_policy_from_args(args))
     logs = loop.save_dir / "logs" if loop.save_dir else Path("runs/train")
     rollout, learner = rollout_setup_from_args(args), learner_config_from_args(args)
     # what the flags' defaults resolved to, as they were recorded before the configs did it
@@ -139,7 +141,7 @@ class Run:
             cfg.learner, resume, self.algo.loss.needs_ref_logp or needs_reference(self.plugin),
             cache_dir=self.work_dir / "hf_import")
         if self.save_dir is not None:  # hours before the first save, while space can be freed
-            warn_if_short(self.save_dir, self.trainer)
+            report_space(self.save_dir, self.trainer, cfg.loop.checkpoint)
         self.start_rollout = self._resume() if resume else 0
         self.rollouts = start_manager(cfg.rollout, self.tokenizer, self.plugin,
                                       self.prompts.prompts, _engine_device())
@@ -166,7 +168,7 @@ class Run:
         """The trainer, data position and rollout id of the checkpoint at ``--load``."""
         path = self.cfg.learner.model.load
         with phase(f"resume from {path}"):
-            extra = load_checkpoint(self.trainer, path)
+            extra = load_checkpoint(self.trainer, path, policy=self.cfg.loop.checkpoint)
         start = int(extra.get("rollout_id", 0))
         self.prompts.load_state(extra.get("data", {"epoch": 0, "offset": 0}))
         self.budget.load(extra.get("compress_budget"))
@@ -222,10 +224,12 @@ class Run:
             return
         plain = {k: v for k, v in self.cfg.flags.items()
                  if isinstance(v, (int, float, str, bool, list, type(None)))}
-        with self.source.device_work(), interrupt.doing(f"the save of checkpoint iteration {rollout_id}"):
+        extra = {"rollout_id": rollout_id, "compress_budget": self.budget.budget,
+                 "data": self.generate.data_states.get(rollout_id, self.prompts.state())}
+        with self.source.device_work(), \
+                interrupt.doing(f"the save of checkpoint iteration {rollout_id}"):
             save_checkpoint(self.trainer, self.save_dir, rollout_id, args=argparse.Namespace(**plain),
-                            extra={"rollout_id": rollout_id, "compress_budget": self.budget.budget,
-                                   "data": self.generate.data_states.get(rollout_id, self.prompts.state())})
+                            policy=self.cfg.loop.checkpoint, extra=extra)
 
     def close(self) -> None:
         self.source.close()

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import interrupt
+from .startup import interrupt
 
 PROMPT = "<|im_start|>user\nadd {a} {b}<|im_end|>\n<|im_start|>assistant\n"
 

@@ -23,17 +23,22 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import torch
-import torch.distributed as dist
-from tqdm import tqdm
+from .startup import interrupt
+from .arguments import parse_args
+
+if __name__ == "__main__":  # --help and flag errors before the imports below (torch, Megatron,
+    interrupt.install()  # the engine): they would take several times as long
+    _PARSED = parse_args(sys.argv[1:], prog=interrupt.prog("python -m trainer.train"))
+
+import torch  # noqa: E402 - after the early parse above
+import torch.distributed as dist  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 from checkpoint_tools import cpu_megatron
 from checkpoint_tools.model_config import CheckpointError
 
 from .algorithms.adaptive_budget import BudgetController
 from .algorithms.argparse_flags import AlgorithmConfig, config_from_args
-from . import interrupt
-from .arguments import parse_args
 from .launch import RendezvousError, init_parallel, parallel_config_from_args, phase
 from .learner.checkpoint import (is_trainer_checkpoint, load_checkpoint, remove_partial,
                                  save_checkpoint)
@@ -307,13 +312,15 @@ def _saves_after(loop: LoopConfig, done: int) -> bool:
     return loop.save_dir is not None and bool(done == loop.num_rollout or every)
 
 
-def main(argv=None, restart_hook: RestartHookFactory | None = None) -> int:
+def main(argv=None, restart_hook: RestartHookFactory | None = None,
+         parsed: argparse.Namespace | None = None) -> int:
+    """``python -m trainer.train``; ``parsed``: ``argv`` already parsed."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if threading.current_thread() is threading.main_thread():  # a Ray actor's may not be
         interrupt.install()
-    args = None
+    args = parsed
     try:
-        args = parse_args(argv, prog=interrupt.prog("python -m trainer.train"))
+        args = args or parse_args(argv, prog=interrupt.prog("python -m trainer.train"))
         return _main(args, restart_hook)
     except BaseException as e:  # noqa: BLE001 - after a signal, whatever it broke ends quietly
         if interrupt.received() is None or isinstance(e, SystemExit):
@@ -355,4 +362,4 @@ def _prog() -> str:
 
 
 if __name__ == "__main__":
-    interrupt.exit(main())
+    interrupt.exit(main(parsed=_PARSED))

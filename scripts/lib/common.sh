@@ -14,7 +14,7 @@
 #   NUM_ROLLOUT (100)  SAVE_INTERVAL (20)  EVAL_INTERVAL (20)  EVAL_SAMPLES (1)  SEED (1234)
 #   MAX_TOKENS_PER_GPU (8192 R-KV / 9216 dense)  MEM_FRACTION (0.7 R-KV / 0.75 dense)  CUSTOM_RM_PATH
 #   USE_WANDB (0)  WANDB_PROJECT (sparse-rl)  TORCHRUN_ARGS (--standalone; e.g. --nnodes/--rdzv-* for
-#   several nodes)  TORCHRUN (the launcher; default: python -m trainer.torchrun, torchrun quiet on Ctrl-C)
+#   several nodes)  TORCHRUN (the launcher; default: python -m trainer.startup.torchrun, torchrun quiet on Ctrl-C)
 #   DRY_RUN=1: print the command instead of running it (works with nothing on disk: missing inputs
 #     are noted; the eval prompts are written when the eval sets are there).
 #   PREFLIGHT=0: skip the start-up check (the trainer's flags, every prompt against the context).
@@ -227,8 +227,8 @@ torchrun_command() {
         # shellcheck disable=SC2206  # a command with its arguments
         launcher=($TORCHRUN)
     else
-        # torchrun, quiet on Ctrl-C: the trainer's one line says what to rerun (trainer/torchrun.py)
-        launcher=("$PYTHON" -m trainer.torchrun)
+        # torchrun, quiet on Ctrl-C: the trainer's one line says what to rerun (trainer/startup/torchrun.py)
+        launcher=("$PYTHON" -m trainer.startup.torchrun)
     fi
     # shellcheck disable=SC2206  # TORCHRUN_ARGS is a list of words on purpose
     local torchrun_args=(${TORCHRUN_ARGS:---standalone})

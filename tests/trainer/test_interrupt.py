@@ -1,5 +1,5 @@
 """Ctrl-C and SIGTERM on a training run, then the same command again: one line, no traceback, a
-resume whose metrics are the uninterrupted run's (``trainer/interrupt.py``, ``trainer/torchrun.py``,
+resume whose metrics are the uninterrupted run's (``trainer/startup/interrupt.py``, ``trainer/startup/torchrun.py``,
 ``train.py``'s resume from ``--save``, ``tracking.truncate_metrics``,
 ``learner/checkpoint.partial_checkpoints``)."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import interrupt
+from trainer.startup import interrupt
 from trainer.learner.checkpoint import partial_checkpoints
 from trainer.tracking import truncate_metrics
 
@@ -77,7 +77,7 @@ def test_report_names_the_typed_command_and_the_checkpoint(tmp_path, monkeypatch
 
 WORKER = textwrap.dedent("""
     import time
-    from trainer import interrupt
+    from trainer.startup import interrupt
     interrupt.install()
     try:
         with interrupt.doing("the test's wait"):
@@ -93,11 +93,11 @@ WORKER = textwrap.dedent("""
                                       pytest.param(signal.SIGTERM, 143, marks=pytest.mark.launch)])
 def test_torchrun_wrapper_ends_quietly_on_a_signal(tmp_path, sig, code):
     """torchrun forwards the signal to its two workers and would then print its agent's
-    traceback and two warnings per worker; trainer.torchrun leaves rank 0's line alone.
+    traceback and two warnings per worker; trainer.startup.torchrun leaves rank 0's line alone.
     Mutation: torchrun.py without the SignalException branch -> a traceback, rc 1."""
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
-    proc = subprocess.Popen([sys.executable, "-m", "trainer.torchrun", "--standalone",
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.startup.torchrun", "--standalone",
                              "--nproc-per-node", "2", str(worker)], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -133,7 +133,7 @@ def tiny_run(tiny_model_factory, tmp_path_factory):
 
 
 def _command(hf, data, weights, out: Path) -> list[str]:
-    return [sys.executable, "-m", "trainer.torchrun", "--standalone", "--nproc-per-node", "2",
+    return [sys.executable, "-m", "trainer.startup.torchrun", "--standalone", "--nproc-per-node", "2",
             "-m", "trainer.train", "--hf-checkpoint", str(hf), "--load", str(weights),
             "--prompt-data", str(data), "--save", str(out / "ckpt"), "--save-interval", "1",
             "--log-dir", str(out / "logs"), "--num-rollout", "5", "--rollout-batch-size", "4",
@@ -170,6 +170,7 @@ def _interrupted_line(log: str) -> str:
 
 
 @pytest.mark.launch
+@pytest.mark.timeout(2400)  # four torchrun runs of two ranks each
 def test_interrupted_mid_rollout_and_mid_save_then_resumed_equals_uninterrupted(tiny_run, tmp_path):
     """Ctrl-C in rollout 3 (checkpoint 2 complete), the same command, Ctrl-C in the save of
     iteration 4 (its model written, not its optimizer), the same command to the end: each step
@@ -185,7 +186,7 @@ def test_interrupted_mid_rollout_and_mid_save_then_resumed_equals_uninterrupted(
     rc, log = _launch(command, at="rollout:3")
     line = _interrupted_line(log)
     assert rc == 130 and "during rollout 3 of 5" in line and "iteration 2" in line, line
-    assert "the same command to resume from it: python -m trainer.torchrun --standalone" in line
+    assert "the same command to resume from it: python -m trainer.startup.torchrun --standalone" in line
     assert line.endswith(" ".join(command[command.index("--standalone") + 1:])), line
 
     rc, log = _launch(command, at="save:2")  # resumed at 2: saves 3, then 4 is cut

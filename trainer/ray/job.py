@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from .. import interrupt
+from ..startup import interrupt
 from ..launch import phase
 from . import cluster, options, placement
 from .engines import FAULT_ENV, exit_after, new_engine, wait_healthy

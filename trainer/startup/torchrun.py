@@ -1,4 +1,4 @@
-"""``python -m trainer.torchrun [torchrun's flags] -m trainer.train ...``: torchrun, quiet on Ctrl-C.
+"""``python -m trainer.startup.torchrun [torchrun's flags] -m trainer.train ...``: torchrun, quiet on Ctrl-C.
 
 torchrun itself answers SIGINT / SIGTERM by forwarding the signal to every worker and then dying
 of it: two warnings per worker and a 30-line traceback of its own agent, after the trainer's line
@@ -20,7 +20,7 @@ SIGNAL_EXIT_CODES = (130, 143)  # a worker that ended on SIGINT / SIGTERM (train
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    interrupt.set_command(["python", "-m", "trainer.torchrun", *argv])
+    interrupt.set_command(["python", "-m", "trainer.startup.torchrun", *argv])
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main

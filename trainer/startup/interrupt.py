@@ -14,7 +14,7 @@ left) die silently, and the entry point prints :func:`report`: what was interrup
 complete checkpoint and the command that resumes (the same command: ``--save`` resumes itself).
 
 Entry points that wrap others (``scripts/*.sh``, ``trainer.quickstart``, ``trainer.ray_job``,
-``trainer.torchrun``) name themselves in ``SPARSE_RL_COMMAND`` (:func:`set_command`), so the line
+``trainer.startup.torchrun``) name themselves in ``SPARSE_RL_COMMAND`` (:func:`set_command`), so the line
 and the trainer's flag errors show the command the user typed, not the inner ``trainer.train``.
 """
 

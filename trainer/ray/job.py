@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     interrupt.install()  # Ctrl-C, and `kill` / a scheduler's SIGTERM, end the job the same way
     try:
         job = RayJob(opts, rest, trainer_args(opts, rest))
-        job.run()
+        with interrupt.doing("the Ray job (every trainer rank and engine is stopped)"):
+            job.run()
         return 0
     except RayJobError as e:
         print(f"{interrupt.prog('trainer.ray_job')}: error: {e}", file=sys.stderr, flush=True)

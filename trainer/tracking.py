@@ -162,7 +162,9 @@ class MetricsLogger:
             except ImportError as exc:
                 raise ImportError(f"--use-tensorboard needs the tensorboard package "
                                   f"(pip install tensorboard): {exc}") from exc
-            self._tb = SummaryWriter(log_dir=str(self.log_dir / "tensorboard"))
+            # a resumed run's events after its step replace the interrupted run's (as the rows)
+            purge = None if keep_through is None else keep_through + 1
+            self._tb = SummaryWriter(log_dir=str(self.log_dir / "tensorboard"), purge_step=purge)
         if use_wandb:
             if wandb_mode not in WANDB_MODES:
                 raise ValueError(f"--wandb-mode {wandb_mode!r}: choose one of {', '.join(WANDB_MODES)}")

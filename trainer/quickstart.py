@@ -217,7 +217,9 @@ def train_argv(model_dir: Path, data: Path, work: Path, rollouts: int, lr: float
     """``trainer.train``'s flags of a quickstart run: logs (and, with ``save``, the final
     checkpoint) under ``work``, a cosine schedule over ``rollouts``, no KL, the setup's ``flags``."""
     return ["--hf-checkpoint", str(model_dir), "--prompt-data", str(data),
-            *(["--save", str(work / "ckpt")] if save else []), "--log-dir", str(work / "logs"),
+            # a checkpoint every 10 rollouts, the last one kept: Ctrl-C, then the same command, resumes
+            *(["--save", str(work / "ckpt"), "--save-interval", "10", "--save-retain", "1"]
+              if save else []), "--log-dir", str(work / "logs"),
             "--num-rollout", str(rollouts), "--rollout-temperature", "1.0", "--lr", str(lr),
             "--min-lr", str(lr / 10), "--lr-decay-style", "cosine",
             "--lr-decay-iters", str(rollouts), "--adam-beta2", "0.99", "--weight-decay", "0.0",

@@ -150,7 +150,21 @@ def exit(code: int) -> None:  # noqa: A001 - the entry points' ``raise SystemExi
     """End the process with ``code``. After an interrupt, without waiting for the threads it left
     behind (joining them would hang or print); the run's own cleanup ran in its ``finally``."""
     if received() is not None:
+        _stop_children()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     raise SystemExit(code)
+
+
+def _stop_children() -> None:
+    """multiprocessing's children end with this process: ``os._exit`` skips the atexit hook that
+    stops them (Megatron's checkpoint writer keeps a Manager process, which would outlive the
+    run and hold its output pipe open)."""
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(timeout=5)

@@ -9,4 +9,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 # Megatron and torch.distributed warn about missing TE/Apex and deprecated internals: noise here.
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::UserWarning,ignore::FutureWarning,ignore::DeprecationWarning}"
+# an interrupt's line and flag errors name this script (the same command resumes)
+SPARSE_RL_COMMAND="${SPARSE_RL_COMMAND:-$(printf '%q ' "$0" "$@")}"
+export SPARSE_RL_COMMAND="${SPARSE_RL_COMMAND% }"
 exec "$ROOT/.venv/bin/python" -m trainer.quickstart "$@"

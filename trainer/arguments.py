@@ -22,12 +22,12 @@ from .rollout.engines.config import check_engine_args
 from .tracking import add_logging_args
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m trainer.train") -> argparse.ArgumentParser:
     from sglang_kvc import OneLineParser  # one-line errors, no abbreviations
 
     from .learner.config import add_learner_args  # imports Megatron (its import-time notes)
 
-    p = OneLineParser(prog="python -m trainer.train",
+    p = OneLineParser(prog=prog,
                       description="GRPO with sparse (KV-compressed) rollouts.")
     p.add_argument("--config", default=None, help="YAML file with any of these flags as keys")
     # each package's flags beside the config that reads them; --help shows them by package
@@ -105,8 +105,9 @@ def _check_dynamic_sampling(parser: argparse.ArgumentParser, args: argparse.Name
             parser.error(str(e))
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = build_parser()
+def parse_args(argv=None, prog: str = "python -m trainer.train") -> argparse.Namespace:
+    """The flags, checked; errors name ``prog`` (the command the user typed)."""
+    parser = build_parser(prog)
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--config" in argv:
         i = argv.index("--config")
@@ -120,10 +121,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Inconsistent combinations fail now, not after the first rollout."""
+    from .learner.checkpoint_policy import check_checkpoint_args
     from .learner.config import check_sparse_replay_args, global_batch_size
     from .rollout.samples.fidelity import check_fidelity_args
 
     check_sparse_replay_args(parser, args)
+    check_checkpoint_args(parser, args)
     check_fidelity_args(parser, args)
     if args.save_debug_rollout_data:
         try:

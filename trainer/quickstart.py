@@ -19,13 +19,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
 
-import torch
-
-from checkpoint_tools.hf_io import fix_safetensors_modes
+from .startup import interrupt
 
 PROMPT = "<|im_start|>user\nadd {a} {b}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -54,7 +54,10 @@ def build_model(out: Path, seed: int) -> Path:
 
 def warm_up(model_dir: Path, steps: int, seed: int, lr: float = 3e-3) -> float:
     """Supervised steps on demonstrations (response tokens only); returns the final loss."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from checkpoint_tools.hf_io import fix_safetensors_modes
 
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -196,6 +199,8 @@ def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     4 prompts x 8 samples per rollout on a CPU (~1 min each on 2 cores for arith), 64 x 8 on a GPU."""
     import subprocess
 
+    import torch
+
     model_dir = Path(args.model_dir or Path(__file__).resolve().parents[1] / "models" /
                      "SmolLM2-135M-Instruct")
     if not (model_dir / "model.safetensors").is_file():
@@ -229,7 +234,9 @@ def train_argv(model_dir: Path, data: Path, work: Path, rollouts: int, lr: float
     """``trainer.train``'s flags of a quickstart run: logs (and, with ``save``, the final
     checkpoint) under ``work``, a cosine schedule over ``rollouts``, no KL, the setup's ``flags``."""
     return ["--hf-checkpoint", str(model_dir), "--prompt-data", str(data),
-            *(["--save", str(work / "ckpt")] if save else []), "--log-dir", str(work / "logs"),
+            # a checkpoint every 10 rollouts, the last one kept: Ctrl-C, then the same command, resumes
+            *(["--save", str(work / "ckpt"), "--save-interval", "10", "--save-retain", "1"]
+              if save else []), "--log-dir", str(work / "logs"),
             "--num-rollout", str(rollouts), "--rollout-temperature", "1.0", "--lr", str(lr),
             "--min-lr", str(lr / 10), "--lr-decay-style", "cosine",
             "--lr-decay-iters", str(rollouts), "--adam-beta2", "0.99", "--weight-decay", "0.0",
@@ -240,7 +247,7 @@ SETUPS = {"tiny": tiny_setup, "smollm2": smollm2_setup}
 DEFAULT_LR = {"tiny": 3e-4, "smollm2": 2e-6}
 
 
-def check_trainer_flags(extra: list[str]) -> None:
+def check_trainer_flags(extra: list[str], prog: str = "python -m trainer.quickstart") -> None:
     """The trainer's flags given to the quickstart, checked before any warm-up (a typo used to
     take 20-50 s to report). The model and data do not exist yet: stand-ins take their place,
     so only the flags themselves are judged."""
@@ -254,13 +261,16 @@ def check_trainer_flags(extra: list[str]) -> None:
         warnings.simplefilter("ignore")
         Path(d, "config.json").write_text("{}")
         Path(d, "train.jsonl").write_text("")
-        parse_args(["--hf-checkpoint", d, "--prompt-data", str(Path(d, "train.jsonl")), *extra])
+        parse_args(["--hf-checkpoint", d, "--prompt-data", str(Path(d, "train.jsonl")), *extra],
+                   prog=prog)
 
 
-def main(argv=None) -> int:
+def build_parser(prog: str):
     from sglang_kvc import OneLineParser  # one-line errors, no abbreviations
 
-    p = OneLineParser(prog="python -m trainer.quickstart", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0],
+                      epilog="Any other flag goes to trainer.train (python -m trainer.train --help). "
+                             "Interrupted, the same command resumes from the last checkpoint.")
     p.add_argument("--model", choices=sorted(SETUPS), default="tiny",
                    help="tiny: a small random model warmed up on addition (default); smollm2: the "
                         "real SmolLM2-135M-Instruct on one-digit arithmetic (or --task chain)")
@@ -279,14 +289,35 @@ def main(argv=None) -> int:
     p.add_argument("--kv-budget", type=int, default=None, help="--sglang-compress-max-prompt "
                    "(default: 20 tiny, 40 smollm2 arith, 128 smollm2 chain)")
     p.add_argument("--lr", type=float, default=None, help="default: 3e-4 tiny, 2e-6 smollm2")
+    return p
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    interrupt.set_command(["python", "-m", "trainer.quickstart", *argv])
+    if threading.current_thread() is threading.main_thread():
+        interrupt.install()  # the warm-up too, not only the trainer
+    prog = interrupt.prog("python -m trainer.quickstart")
+    p = build_parser(prog)
     args, extra = p.parse_known_args(argv)  # anything else goes to trainer.train
     if args.model == "tiny" and args.task != "arith":
         p.error("--task is for --model smollm2 (the tiny model learns its own counting task)")
     if args.model_dir and not Path(args.model_dir).is_dir() and args.model != "smollm2":
         p.error(f"--model-dir {args.model_dir}: only --model smollm2 reads a model directory")
-    check_trainer_flags(extra)
+    check_trainer_flags(extra, prog)
     work = Path(args.workdir or ("runs/quickstart" if args.model == "tiny" else
                                  "runs/quickstart-smollm2" + ("" if args.task == "arith" else f"-{args.task}")))
+    try:
+        return _run(args, extra, work)
+    except interrupt.Interrupted:  # before the trainer started (it reports its own)
+        interrupt.say(interrupt.report(work / "ckpt", interrupt.command([])))
+        return interrupt.exit_code()
+
+
+def _run(args, extra: list[str], work: Path) -> int:
+    """Warm-up, then GRPO through ``trainer.train``, then the reward's first-vs-last line."""
+    import torch
+
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     lr = args.lr or DEFAULT_LR[args.model]
@@ -312,4 +343,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    interrupt.exit(main())

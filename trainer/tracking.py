@@ -148,10 +148,13 @@ class MetricsLogger:
 
     def __init__(self, log_dir, *, use_tensorboard: bool = False, use_wandb: bool = False,
                  wandb_project: str | None = None, wandb_mode: str = "offline",
-                 run_name: str | None = None, config: dict | None = None):
+                 run_name: str | None = None, config: dict | None = None,
+                 keep_through: int | None = None):
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.log_dir / METRICS_FILE
+        if keep_through is not None:
+            truncate_metrics(self.path, keep_through)
         self._tb = None
         self._wandb = None
         if use_tensorboard:
@@ -160,7 +163,9 @@ class MetricsLogger:
             except ImportError as exc:
                 raise ImportError(f"--use-tensorboard needs the tensorboard package "
                                   f"(pip install tensorboard): {exc}") from exc
-            self._tb = SummaryWriter(log_dir=str(self.log_dir / "tensorboard"))
+            # a resumed run's events after its step replace the interrupted run's (as the rows)
+            purge = None if keep_through is None else keep_through + 1
+            self._tb = SummaryWriter(log_dir=str(self.log_dir / "tensorboard"), purge_step=purge)
         if use_wandb:
             if wandb_mode not in WANDB_MODES:
                 raise ValueError(f"--wandb-mode {wandb_mode!r}: choose one of {', '.join(WANDB_MODES)}")
@@ -537,11 +542,31 @@ def tracking_config_from_args(args: argparse.Namespace, default_dir: Path | None
 
 
 def open_metrics_logger(cfg: TrackingConfig, config: dict | None = None,
-                        run_name: str | None = None) -> MetricsLogger:
-    """A :class:`MetricsLogger` as ``cfg`` says (rank 0 only)."""
+                        run_name: str | None = None,
+                        keep_through: int | None = None) -> MetricsLogger:
+    """A :class:`MetricsLogger` as ``cfg`` says (rank 0 only); ``keep_through``: see
+    :func:`truncate_metrics`."""
     return MetricsLogger(cfg.log_dir, use_tensorboard=cfg.use_tensorboard,
                          use_wandb=cfg.use_wandb, wandb_project=cfg.wandb_project,
-                         wandb_mode=cfg.wandb_mode, run_name=run_name, config=config)
+                         wandb_mode=cfg.wandb_mode, run_name=run_name, config=config,
+                         keep_through=keep_through)
+
+
+def truncate_metrics(path: Path, keep_through: int) -> None:
+    """Drop the rows of ``metrics.jsonl`` after step ``keep_through``: a run resumed from the
+    checkpoint of that step logs the later steps again, and each step must appear once. A fresh
+    run (``keep_through`` 0) keeps none. A torn last line (the writer was killed) goes too."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if keep_through > 0 and step <= keep_through:
+            kept.append(line + "\n")
+    path.write_text("".join(kept), encoding="utf-8")
 
 
 def metrics_logger_from_args(args: argparse.Namespace, config: dict | None = None,

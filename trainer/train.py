@@ -16,23 +16,33 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from tqdm import tqdm
+from .startup import interrupt
+from .arguments import parse_args
+
+if __name__ == "__main__":  # --help and flag errors before the imports below (torch, Megatron,
+    interrupt.install()  # the engine): they would take several times as long
+    _PARSED = parse_args(sys.argv[1:], prog=interrupt.prog("python -m trainer.train"))
+
+import torch  # noqa: E402 - after the early parse above
+import torch.distributed as dist  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 
 from checkpoint_tools.model_config import CheckpointError
 
 from .algorithms.adaptive_budget import BudgetController
 from .algorithms.argparse_flags import AlgorithmConfig, config_from_args
-from .arguments import parse_args
 from .launch import RendezvousError, init_parallel, parallel_config_from_args, phase, teardown
-from .learner.checkpoint import is_trainer_checkpoint, load_checkpoint, save_checkpoint
-from .learner.checkpoint_space import warn_if_short
+from .learner.checkpoint import (is_trainer_checkpoint, load_checkpoint, remove_partial,
+                                 save_checkpoint)
+from .learner.checkpoint_policy import CheckpointPolicy, checkpoint_policy_from_args
+from .learner.checkpoint_space import report_space
 from .learner.config import LearnerConfig, build_models, learner_config_from_args
 from .learner.fused_old_logp import plan_old_logp
 from .learner.grpo_update import RolloutBatch, gather_dp, mismatch_inputs, prepare_update, run_updates
@@ -64,6 +74,7 @@ class LoopConfig:
     save_dir: Path | None = None  # trainer checkpoints
     save_interval: int | None = None  # save every N rollouts (and always after the last)
     eval_before_train: bool = False  # evaluate the starting policy too, logged as step 0
+    checkpoint: CheckpointPolicy = CheckpointPolicy()  # what a save holds, how many stay
 
 
 @dataclasses.dataclass
@@ -79,9 +90,10 @@ class RunConfig:
 
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
+    args = _resume_from_save(args)
     loop = LoopConfig(args.num_rollout, args.eval_interval,
                       Path(args.save) if args.save else None, args.save_interval,
-                      args.eval_before_train)
+                      args.eval_before_train, checkpoint_policy_from_args(args))
     logs = loop.save_dir / "logs" if loop.save_dir else Path("runs/train")
     rollout, learner = rollout_setup_from_args(args), learner_config_from_args(args)
     # what the flags' defaults resolved to, as they were recorded before the configs did it
@@ -89,6 +101,18 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
              "global_batch_size": learner.global_batch_size}
     return RunConfig(loop, rollout, learner, config_from_args(args),
                      tracking_config_from_args(args, default_dir=logs), flags=flags)
+
+
+def _resume_from_save(args: argparse.Namespace) -> argparse.Namespace:
+    """A ``--save`` folder that holds a trainer checkpoint is resumed, unless ``--load`` names a
+    trainer checkpoint itself: the same command goes on after an interrupt (slime's idiom of
+    ``--load`` = ``--save``; ``--load`` then only gives the first run's weights)."""
+    if is_trainer_checkpoint(args.load) or not is_trainer_checkpoint(args.save):
+        return args
+    if _rank() == 0:
+        print(f"[startup] --save {args.save} holds a checkpoint of this run: resuming from it "
+              f"(pass another --save to start over)", flush=True)
+    return argparse.Namespace(**{**vars(args), "load": args.save})
 
 
 def with_engine_processes(cfg: RunConfig) -> tuple[Launched, RunConfig]:
@@ -114,12 +138,14 @@ class Run:
         self.plugin = self.plan.load_plugin()
         self.budget = BudgetController(self.plan.adaptive)  # the sampler's budget (adaptive)
         self.save_dir, self.log_dir = cfg.loop.save_dir, cfg.tracking.log_dir
+        if self.save_dir is not None:  # saves an interrupt cut short: never resumed, in the way
+            remove_partial(self.save_dir)
         resume = is_trainer_checkpoint(cfg.learner.model.load)  # reads common.pt: once
         self.trainer, self.reference = build_models(
             cfg.learner, resume, self.algo.loss.needs_ref_logp or needs_reference(self.plugin),
             cache_dir=self.work_dir / "hf_import")
         if self.save_dir is not None:  # hours before the first save, while space can be freed
-            warn_if_short(self.save_dir, self.trainer)
+            report_space(self.save_dir, self.trainer, cfg.loop.checkpoint)
         self.start_rollout = self._resume() if resume else 0
         self.rollouts = start_manager(cfg.rollout, self.tokenizer, self.plugin,
                                       self.prompts.prompts, _engine_device())
@@ -132,7 +158,10 @@ class Run:
         self.source = rollout_source(self.rollouts, self.sync, self.generate,
                                      cfg.rollout.asynchrony, self.start_rollout,
                                      cfg.loop.num_rollout)  # after the hook: it may wrap the backend
-        self.logger = open_metrics_logger(cfg.tracking, config=cfg.flags) if _rank() == 0 else None
+        # the metrics of the steps after the checkpoint are logged again: each step once
+        self.logger = (open_metrics_logger(cfg.tracking, config=cfg.flags,
+                                           keep_through=self.start_rollout)
+                       if _rank() == 0 else None)
         self.history: list[dict] = []
 
     @property
@@ -144,7 +173,7 @@ class Run:
         """The trainer, data position and rollout id of the checkpoint at ``--load``."""
         path = self.cfg.learner.model.load
         with phase(f"resume from {path}"):
-            extra = load_checkpoint(self.trainer, path)
+            extra = load_checkpoint(self.trainer, path, policy=self.cfg.loop.checkpoint)
         start = int(extra.get("rollout_id", 0))
         self.prompts.load_state(extra.get("data", {"epoch": 0, "offset": 0}))
         self.budget.load(extra.get("compress_budget"))
@@ -208,10 +237,12 @@ class Run:
             return
         plain = {k: v for k, v in self.cfg.flags.items()
                  if isinstance(v, (int, float, str, bool, list, type(None)))}
-        with self.source.device_work():
+        extra = {"rollout_id": rollout_id, "compress_budget": self.budget.budget,
+                 "data": self.generate.data_states.get(rollout_id, self.prompts.state())}
+        with self.source.device_work(), \
+                interrupt.doing(f"the save of checkpoint iteration {rollout_id}"):
             save_checkpoint(self.trainer, self.save_dir, rollout_id, args=argparse.Namespace(**plain),
-                            extra={"rollout_id": rollout_id, "compress_budget": self.budget.budget,
-                                   "data": self.generate.data_states.get(rollout_id, self.prompts.state())})
+                            policy=self.cfg.loop.checkpoint, extra=extra)
 
     def close(self) -> None:
         self.source.close()
@@ -262,11 +293,13 @@ def _one_rollout(run: Run, rollout_id: int) -> dict:
     """A rollout step (the first one a startup phase), its eval when due, its metrics logged."""
     first = rollout_id == run.start_rollout
     with phase("first rollout (generate, reward, recompute, update, sync)") if first \
-            else contextlib.nullcontext():
+            else contextlib.nullcontext(), \
+            interrupt.doing(f"rollout {rollout_id + 1} of {run.cfg.loop.num_rollout}"):
         metrics = run.rollout_step(rollout_id)
     interval = run.cfg.loop.eval_interval
     if interval and (rollout_id + 1) % interval == 0:
-        metrics.update(run.evaluate(rollout_id + 1))
+        with interrupt.doing(f"the evaluation after rollout {rollout_id + 1}"):
+            metrics.update(run.evaluate(rollout_id + 1))
     if run.logger is not None:
         run.logger.log(rollout_id + 1, metrics)
     run.history.append({"rollout": rollout_id + 1, **metrics})
@@ -287,19 +320,43 @@ def _saves_after(loop: LoopConfig, done: int) -> bool:
     return loop.save_dir is not None and bool(done == loop.num_rollout or every)
 
 
-def main(argv=None, restart_hook: RestartHookFactory | None = None) -> int:
-    args = parse_args(argv)
+def main(argv=None, restart_hook: RestartHookFactory | None = None,
+         parsed: argparse.Namespace | None = None) -> int:
+    """``python -m trainer.train``; ``parsed``: ``argv`` already parsed."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if threading.current_thread() is threading.main_thread():  # a Ray actor's may not be
+        interrupt.install()
+    args = parsed
+    try:
+        args = args or parse_args(argv, prog=interrupt.prog("python -m trainer.train"))
+        return _main(args, restart_hook)
+    except BaseException as e:  # noqa: BLE001 - after a signal, whatever it broke ends quietly
+        if interrupt.received() is None or isinstance(e, SystemExit):
+            raise
+        save = args.save if args is not None else None
+        interrupt.say(interrupt.report(save, _resume_command(argv)))
+        return interrupt.exit_code()
+
+
+def _resume_command(argv: list[str]) -> str:
+    """The command that goes on from the last checkpoint: the one the user typed."""
+    if "TORCHELASTIC_RUN_ID" in os.environ and not os.environ.get(interrupt.COMMAND_ENV):
+        return "the same torchrun command"
+    return interrupt.command([sys.executable.rsplit("/", 1)[-1], "-m", "trainer.train", *argv])
+
+
+def _main(args: argparse.Namespace, restart_hook: RestartHookFactory | None) -> int:
     try:
         init_parallel(parallel_config_from_args(args))
     except RendezvousError as e:  # the launch itself is wrong: say where, do not hang
-        print(f"trainer.train: error: {e}", file=sys.stderr, flush=True)
+        print(f"{_prog()}: error: {e}", file=sys.stderr, flush=True)
         return 1
     launched = None
     try:
         launched, cfg = with_engine_processes(run_config_from_args(args))
         train(cfg, launched.restart_hook(restart_hook))
     except (DataError, CheckpointError, EngineProcessError, RolloutError) as e:  # a message
-        print(f"trainer.train: error: {e}", file=sys.stderr)
+        print(f"{_prog()}: error: {e}", file=sys.stderr)
         return 2
     finally:
         if launched is not None:
@@ -308,5 +365,9 @@ def main(argv=None, restart_hook: RestartHookFactory | None = None) -> int:
     return 0
 
 
+def _prog() -> str:
+    return interrupt.prog("trainer.train")
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    interrupt.exit(main(parsed=_PARSED))

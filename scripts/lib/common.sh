@@ -16,7 +16,7 @@
 #   MAX_TOKENS_PER_GPU (8192 R-KV / 9216 dense)  MEM_FRACTION (0.7 R-KV / 0.75 dense)  CUSTOM_RM_PATH
 #   KEEP_PROMPT (1: R-KV never evicts the prompt's KV; 0: the paper's setting)
 #   USE_WANDB (0)  WANDB_PROJECT (sparse-rl)  TORCHRUN_ARGS (--standalone; e.g. --nnodes/--rdzv-* for
-#   several nodes)  TORCHRUN (the launcher; default: .venv/bin/python -m torch.distributed.run, else torchrun)
+#   several nodes)  TORCHRUN (the launcher; default: python -m trainer.startup.torchrun, torchrun quiet on Ctrl-C)
 #   DRY_RUN=1: print the command instead of running it (works on any machine, with nothing on disk:
 #     missing inputs are noted; the eval prompts are written when the eval sets are there; where
 #     the GPUs present do not fit TP*PP, the command is printed for the recipe's RECIPE_GPUS=8).
@@ -253,8 +253,9 @@ torchrun_command() {
     if [[ -n "${TORCHRUN:-}" ]]; then
         # shellcheck disable=SC2206  # a command with its arguments
         launcher=($TORCHRUN)
-    elif [[ -x "$ROOT/.venv/bin/python" ]]; then
-        launcher=("$ROOT/.venv/bin/python" -m torch.distributed.run)
+    else
+        # torchrun, quiet on Ctrl-C: the trainer's one line says what to rerun (trainer/startup/torchrun.py)
+        launcher=("$PYTHON" -m trainer.startup.torchrun)
     fi
     # shellcheck disable=SC2206  # TORCHRUN_ARGS is a list of words on purpose
     local torchrun_args=(${TORCHRUN_ARGS:---standalone})
@@ -295,6 +296,9 @@ run_trainer() {
     fi
     # stay in the caller's directory (relative paths and --custom-rm-path modules resolve there)
     export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    # the command an interrupt says to rerun, and the one flag errors name: this script's
+    SPARSE_RL_COMMAND="${SPARSE_RL_COMMAND:-$(printf '%q ' "$0" "$@")}"
+    export SPARSE_RL_COMMAND="${SPARSE_RL_COMMAND% }"
     if [[ "${PREFLIGHT:-1}" == 1 ]]; then
         # the trainer's flags and every prompt against the context, before any rank starts
         "$PYTHON" -m trainer.startup.preflight "${ARGS[@]}" "$@" || exit 1

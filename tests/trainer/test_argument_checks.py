@@ -73,6 +73,6 @@ def test_quickstart_checks_trainer_flags_before_warming_up(tmp_path):
                         "--max-stalenes", "1"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        "python -m trainer.train: error: unrecognized arguments: --max-stalenes 1 "
+        "python -m trainer.quickstart: error: unrecognized arguments: --max-stalenes 1 "
         "(--help lists the flags)"]
     assert not work.exists()  # nothing built, nothing warmed up

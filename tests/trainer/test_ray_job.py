@@ -368,7 +368,8 @@ def test_ctrl_c_stops_engines_router_and_ranks(inputs, tmp_path, jobs):
     engine = re.search(r"sglang-kvc HTTP servers\): [\d.]+s \((http://[^,)]+)\)", job.output)[1]
     os.killpg(job.proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
     rc, log, left = job.finish(timeout=60)
-    assert rc == 130 and "interrupted: stopping every trainer rank and engine" in log, log[-3000:]
+    assert rc == 130 and "interrupted (SIGINT) during the Ray job (every trainer rank and engine " \
+        "is stopped)" in log, log[-3000:]
     assert _refuses(engine) and left == [], left
 
 

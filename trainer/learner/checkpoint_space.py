@@ -64,9 +64,10 @@ def optimizer_bytes(optimizer) -> int:
     return total
 
 
-def rank_bytes(trainer) -> int:
+def rank_bytes(trainer, with_optimizer: bool = True) -> int:
     """Bytes this rank writes into one checkpoint (RNG, scheduler and args are kilobytes)."""
-    return model_bytes(trainer.model.module.sharded_state_dict()) + optimizer_bytes(trainer.optimizer)
+    model = model_bytes(trainer.model.module.sharded_state_dict())
+    return model + (optimizer_bytes(trainer.optimizer) if with_optimizer else 0)
 
 
 def free_bytes(folder: str | Path) -> int:
@@ -85,17 +86,17 @@ def _all_reduce(value: int, op) -> int:
     return int(t.item())
 
 
-def room(save_dir: str | Path, trainer) -> tuple[int, int]:
+def room(save_dir: str | Path, trainer, with_optimizer: bool = True) -> tuple[int, int]:
     """Collective: (bytes one checkpoint needs over all ranks, the least free bytes any rank sees
     under ``save_dir``). Every rank gets the same pair, so every rank decides the same way. The
     sum assumes the ranks share the filesystem (one host, or shared storage)."""
-    need = _all_reduce(rank_bytes(trainer), dist.ReduceOp.SUM)
+    need = _all_reduce(rank_bytes(trainer, with_optimizer), dist.ReduceOp.SUM)
     return need, _all_reduce(free_bytes(save_dir), dist.ReduceOp.MIN)
 
 
-def check_room(save_dir: str | Path, out: Path, trainer) -> None:
+def check_room(save_dir: str | Path, out: Path, trainer, with_optimizer: bool = True) -> None:
     """Collective: raise on every rank, before anything is written, if the save cannot fit."""
-    need, free = room(save_dir, trainer)
+    need, free = room(save_dir, trainer, with_optimizer)
     if free < need:
         raise CheckpointSpaceError(
             f"checkpoint {out} needs {size(need)} but {save_dir} has {size(free)} free:"
@@ -123,11 +124,41 @@ def write_failed(out: Path, save_dir: str | Path, error: BaseException | None) -
         f"in {save_dir}; {_latest(save_dir)}, and {out.name} is incomplete: remove it")
 
 
-def warn_if_short(save_dir: str | Path, trainer) -> None:
+def report_space(save_dir: str | Path, trainer, policy) -> None:
+    """Collective, at startup: rank 0 prints what one checkpoint will take (per parameter too)
+    and the free space under ``--save``; then :func:`warn_if_short`."""
+    need, free = room(save_dir, trainer, policy.save_optim)
+    params = _all_reduce(_model_parameters(trainer), dist.ReduceOp.SUM)
+    if _is_rank0():
+        what = "weights and optimizer" if policy.save_optim else "weights only (--no-save-optim)"
+        kept = f"the last {policy.keep_last} kept" if policy.keep_last else "all kept"
+        if policy.retain_interval:
+            kept += f" and every multiple of {policy.retain_interval}"
+        print(f"[startup] checkpoints in {save_dir}: {size(need)} each ({what}, "
+              f"{need / max(params, 1):.1f} bytes a parameter; {kept}); {size(free)} free there",
+              flush=True)
+    warn_if_short(save_dir, trainer, policy.save_optim, (need, free))
+
+
+def _model_parameters(trainer) -> int:
+    """This rank's share of the model's parameters (the main replica of each shard)."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, is_main_replica
+
+    return sum(v.data.numel() for v in nested_values(trainer.model.module.sharded_state_dict())
+               if isinstance(v, ShardedTensor) and is_main_replica(v.replica_id))
+
+
+def _is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def warn_if_short(save_dir: str | Path, trainer, with_optimizer: bool = True,
+                  measured: tuple[int, int] | None = None) -> None:
     """Collective, at startup: one warning line on rank 0 when ``--save`` cannot hold one
     checkpoint now (not an error: space may be freed before the first save)."""
-    need, free = room(save_dir, trainer)
-    if free < need and (not dist.is_initialized() or dist.get_rank() == 0):
+    need, free = measured or room(save_dir, trainer, with_optimizer)
+    if free < need and _is_rank0():
         print(f"python -m trainer.train: warning: --save {save_dir} has {size(free)} free, one "
               f"checkpoint needs {size(need)}: saves will fail unless space is freed",
               file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from .checkpoint_policy import add_checkpoint_args
 from .model_provider import ModelConfig
 from .policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
 from .sparse_attention import SPARSE_IMPLS
@@ -128,6 +129,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save", default=None, help="where trainer checkpoints are written")
     g.add_argument("--save-interval", type=int, default=None,
                    help="save every N rollouts (and always after the last)")
+    add_checkpoint_args(g)
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     g.add_argument("--attention-backend", default="auto", choices=["auto", "te", "sdpa", "local"])

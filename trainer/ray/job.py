@@ -13,10 +13,10 @@ servers and the router.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 
+from ..startup import interrupt
 from ..launch import phase
 from . import cluster, options, placement
 from .engines import FAULT_ENV, exit_after, new_engine, wait_healthy
@@ -299,7 +299,7 @@ def trainer_args(opts: RayOptions, argv: list[str]):
     from ..arguments import parse_args
 
     probe = [] if opts.colocate else ["--rollout-server-urls", "http://engines.invalid"]
-    args = parse_args(argv + probe)
+    args = parse_args(argv + probe, prog=interrupt.prog("python -m trainer.ray_job"))
     model_parallel = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
     if opts.trainer_gpus % model_parallel:
         raise RayJobError(f"{opts.trainer_gpus} trainer GPU(s) (--actor-num-nodes x "
@@ -309,26 +309,35 @@ def trainer_args(opts: RayOptions, argv: list[str]):
     return args
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    interrupt.set_command(["python", "-m", "trainer.ray_job", *argv])
     opts, rest = options.parse(argv)
     job = None
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` / a scheduler ends the job like Ctrl-C
+    interrupt.install()  # Ctrl-C, and `kill` / a scheduler's SIGTERM, end the job the same way
     try:
         job = RayJob(opts, rest, trainer_args(opts, rest))
-        job.run()
+        with interrupt.doing("the Ray job (every trainer rank and engine is stopped)"):
+            job.run()
         return 0
     except RayJobError as e:
-        print(f"trainer.ray_job: error: {e}", file=sys.stderr, flush=True)
+        print(f"{interrupt.prog('trainer.ray_job')}: error: {e}", file=sys.stderr, flush=True)
         return 1
-    except KeyboardInterrupt:
-        print("trainer.ray_job: interrupted: stopping every trainer rank and engine",
-              file=sys.stderr, flush=True)
-        return 130
+    except interrupt.Interrupted:
+        if job is not None:  # the trainer ranks are Ray actors: no signal reaches them
+            job.stop()
+            job = None
+        interrupt.say(interrupt.report(_save_dir(rest), interrupt.command([])))
+        return interrupt.exit_code()
     finally:
         if job is not None:
             job.stop()
+
+
+def _save_dir(trainer_argv: list[str]) -> str | None:
+    """``--save`` among the trainer's flags (parsed again: the job may not have been built)."""
+    import argparse
+
+    probe = argparse.ArgumentParser(add_help=False)
+    probe.add_argument("--save", default=None)
+    return probe.parse_known_args(trainer_argv)[0].save

@@ -1,1 +1,2 @@
-"""Start-up checks run before any rank: flags and data against the model (preflight.py)."""
+"""How a run starts and stops: the checks before any rank (preflight.py), torchrun quiet on
+Ctrl-C (torchrun.py), the one line an interrupt prints and the command that resumes (interrupt.py)."""

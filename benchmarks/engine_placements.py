@@ -25,18 +25,19 @@ import argparse
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import requests
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 from bench_run_scripts import read_metrics, summarize  # noqa: E402
+
+from trainer.launch import free_port  # noqa: E402
+from trainer.rollout.engines.lifecycle import wait_healthy  # noqa: E402
 
 SCRIPT = "run-qwen2.5-1.5b-rkv.sh"
 DATA_NAME = "simplelr_qwen_level3to5"  # the script's training set under DATA_DIR
@@ -82,27 +83,24 @@ def engine_flags(tree: Path, env: dict, flags: list[str]) -> list[str]:
     return picked
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _exited(proc: subprocess.Popen, log: Path):
+    """wait_healthy's check: a server that exited while starting ends the wait at once."""
+    def check() -> None:
+        if proc.poll() is not None:
+            raise RuntimeError(f"launch_server exited while starting (log: {log})")
+    return check
 
 
 def start_server(tree: Path, model: Path, env: dict, flags: list[str], log: Path, timeout=600.0):
     """``python -m sglang_kvc.launch_server`` of ``tree`` on GPU ``SERVER_GPU``; its URL."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([env["PYTHON"], "-m", "sglang_kvc.launch_server", "--model-path",
                              str(model), "--port", str(port), *flags], cwd=tree,
                             env={**env, "CUDA_VISIBLE_DEVICES": SERVER_GPU},
                             stdout=log.open("w"), stderr=subprocess.STDOUT)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except requests.RequestException:  # not listening yet, or busy loading
-            pass
-        time.sleep(0.5)
+    url = f"http://127.0.0.1:{port}"
+    if proc.poll() is None and not wait_healthy([url], timeout, poll=0.5, check=_exited(proc, log)):
+        return proc, url
     proc.kill()
     raise RuntimeError(f"launch_server did not come up (log: {log})")
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import requests
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from trainer.launch import free_port  # noqa: E402
+from trainer.rollout.engines.lifecycle import wait_healthy  # noqa: E402
 
 PLACEMENTS = {"inprocess": [], "engine-process": ["--rollout-engine-process"],
               "server-urls": ["SERVER"], "async": ["--max-staleness", "1"]}
@@ -58,31 +58,20 @@ def _flags(hf: Path, data: Path, out: Path) -> list[str]:
             "--seed", "7", "--sglang-max-total-tokens", "4096", "--reward-workers", "1"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env(tree: Path) -> dict:
     return {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{tree / 'sglang-kvc'}",
             "PYTHONWARNINGS": "ignore"}
 
 
 def _server(tree: Path, hf: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sglang_kvc.launch_server", "--model-path",
                              str(hf), "--port", str(port), "--max-total-tokens", "4096"],
                             cwd=tree, env=_env(tree), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if requests.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except requests.RequestException:  # not listening yet, or busy loading
-            pass
-        time.sleep(0.5)
+    if not wait_healthy([url], 300.0, poll=0.5, health_timeout=1.0):
+        return proc, url
     proc.kill()
     raise RuntimeError(f"the server of {tree} did not start")
 

@@ -118,16 +118,17 @@ def test_run_rc_through_torchrun(run_recipe, tmp_path, compress):
              "--eval-interval", "2", "--rollout-max-response-len", "10",
              "--max-tokens-per-gpu", "4096", "--sglang-max-total-tokens", "8192", "--lr", "1e-3",
              "--save-debug-rollout-data", str(tmp_path / "rollout{rollout_id}.jsonl")]
-    if compress:  # a budget the rounds overrun, so eviction really happens
-        flags += ["--sglang-compress-max-prompt", "12", "--sglang-compress-max-window", "4",
-                  "--sglang-compress-divide-length", "4"]
+    if compress:  # a budget the rounds overrun, so eviction really happens: the script keeps
+        # the prompt (KEEP_PROMPT=1), so B + N = 5 + 2 counts response tokens of the 10 drawn
+        flags += ["--sglang-compress-max-prompt", "5", "--sglang-compress-max-window", "4",
+                  "--sglang-compress-divide-length", "2"]
     metrics = run_recipe("run-rc.sh", flags, DATA_DIR=str(tmp_path / "data"), EVAL_SETS="",
                          COMPRESS=compress)
     assert [m["step"] for m in metrics] == [1, 2] and "eval/sums/score" in metrics[1]
     # per prompt: 2 reasoning + 2 summaries + 2 x 2 reasoning = 8 traces of one call each
     assert all(m["rollout/traces"] == 16 and m["rollout/calls_per_trace"] == 1 for m in metrics)
     if compress:
-        assert all(m["kv_compressions_per_sample"] > 0 for m in metrics)
+        assert all(m["kv_compressions_per_sample"] > 0 for m in metrics), metrics
     rows = [json.loads(x) for x in (tmp_path / "rollout1.jsonl").read_text().splitlines()]
     # waves over both prompts: round 0, the summaries, round 1 (the answers)
     assert [r["role"] for r in rows] == ["reasoning"] * 4 + ["summary"] * 4 + ["reasoning"] * 8

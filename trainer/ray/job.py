@@ -323,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     except RayJobError as e:
         print(f"{interrupt.prog('trainer.ray_job')}: error: {e}", file=sys.stderr, flush=True)
         return 1
-    except interrupt.Interrupted:
+    except (interrupt.Interrupted, SystemError) as e:
+        if not _interrupted(e):
+            raise
         if job is not None:  # the trainer ranks are Ray actors: no signal reaches them
             job.stop()
             job = None
@@ -332,6 +334,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if job is not None:
             job.stop()
+
+
+def _interrupted(error: BaseException) -> bool:
+    """The signal handler's Interrupted, also when Ray's Cython wait loop (``check_signals``)
+    re-raised it as a SystemError "returned a result with an exception set"."""
+    return isinstance(error, interrupt.Interrupted) or (
+        interrupt.received() is not None and isinstance(error.__cause__, interrupt.Interrupted))
 
 
 def _save_dir(trainer_argv: list[str]) -> str | None:

@@ -556,20 +556,17 @@ def test_supervisor_replaces_each_death_once_and_gives_up_after_max_restarts(mon
     sup = supervisor.EngineSupervisor([None, None], ["http://e0", "http://e1"], None, None,
                                       None, 1.0)
 
-    def replace(slot):  # what _replace records, with a made-up URL
-        sup.restarts[slot] += 1
-        url = f"http://e{slot}-{sup.restarts[slot]}"
-        sup.urls[slot], sup.slot_of[url] = url, slot
-        return url
+    def replace(slot):  # a made-up URL for the replacement (no actor)
+        return f"http://e{slot}-{sup.restarts.counts[slot]}"
 
-    monkeypatch.setattr(sup, "_replace", replace)
+    monkeypatch.setattr(sup.restarts, "replace", replace)
     assert sup.restart("http://e0/") == "http://e0-1"
     assert sup.restart("http://e0") == "http://e0-1"  # the same death again: no second engine
     assert sup.restart("http://elsewhere") is None
     for k in range(2, supervisor.MAX_RESTARTS + 1):
         assert sup.restart(f"http://e0-{k - 1}") == f"http://e0-{k}"
     assert sup.restart(f"http://e0-{supervisor.MAX_RESTARTS}") is None  # died too often
-    assert sup.restarts == [supervisor.MAX_RESTARTS, 0]
+    assert sup.restarts.counts == [supervisor.MAX_RESTARTS, 0]
 
 
 @pytest.mark.launch

@@ -18,17 +18,18 @@ its restart bound in the trainer ranks' environment; ``trainer_actor.py`` hands
 exists. It returns None outside such a job (a dead engine stays down).
 A trainer rank's death still ends the job (``job.py``).
 The engines' start, health, restart, re-sync and stop are the steps every engine takes
-(``trainer/rollout/engines/lifecycle.py``); ``EngineSupervisor`` is its ``EngineGroup`` for Ray actors.
+(``trainer/rollout/engines/lifecycle.py``); ``EngineSupervisor`` is its ``EngineGroup`` for Ray actors,
+with the fleet's restart policy (``trainer/rollout/engines/restarts.py``): only the replacement differs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from collections.abc import Callable
 
+from ..rollout.engines.restarts import SlotRestarts
 from .engines import new_engine, wait_healthy
 from .router import add_worker, remove_worker
 
@@ -39,6 +40,10 @@ MAX_RESTARTS = 3  # per engine: one that keeps dying stays down (the others carr
 ROUTE_TIMEOUT = 60.0  # seconds for the router to drop or take one worker
 
 
+def _say(line: str) -> None:
+    print(f"[ray] {line}", flush=True)
+
+
 def restart_bound(start_timeout: float) -> float:
     """The longest one restart may take: an engine start plus both router changes."""
     return start_timeout + 2 * ROUTE_TIMEOUT + 30
@@ -47,12 +52,10 @@ def restart_bound(start_timeout: float) -> float:
 class EngineSupervisor:
     def __init__(self, engines: list, urls: list[str], reservation, server_args,
                  router: str | None, start_timeout: float):
-        self.engines, self.urls = list(engines), list(urls)  # slot -> current actor and URL
+        self.engines = list(engines)  # slot -> current actor
         self.reservation, self.server_args = reservation, server_args
         self.router, self.start_timeout = router, start_timeout
-        self.restarts = [0] * len(urls)
-        self.slot_of = {u: i for i, u in enumerate(urls)}  # every URL a slot ever had
-        self.locks = [threading.Lock() for _ in urls]  # restarts of different engines overlap
+        self.restarts = SlotRestarts(urls, self._replace, MAX_RESTARTS, say=_say)
 
     def __repr__(self) -> str:  # the prefix of its output: (EngineSupervisor pid=...)
         return "EngineSupervisor"
@@ -62,35 +65,22 @@ class EngineSupervisor:
 
     def restart(self, dead_url: str) -> str | None:
         """The replacement's URL once it answers ``/health`` (and the router has it); None when
-        the URL is unknown or its engine died too often."""
-        slot = self.slot_of.get(dead_url.rstrip("/"))
-        if slot is None:
-            print(f"[ray] no rollout engine was ever at {dead_url}: nothing to restart", flush=True)
-            return None
-        with self.locks[slot]:
-            if self.urls[slot] != dead_url.rstrip("/"):
-                return self.urls[slot]  # replaced already (an earlier report of the same death)
-            if self.restarts[slot] >= MAX_RESTARTS:
-                print(f"[ray] rollout engine {slot} died {MAX_RESTARTS + 1} times: left down",
-                      flush=True)
-                return None
-            return self._replace(slot)
+        the URL is unknown or its engine died too often (``SlotRestarts``: the trainer's
+        ``SupervisorHook`` re-syncs it)."""
+        return self.restarts.restart(dead_url)
 
     def _replace(self, slot: int) -> str:
         import ray
 
-        old, begin = self.urls[slot], time.monotonic()
-        self.restarts[slot] += 1
-        print(f"[ray] rollout engine {slot} ({old}) is down: starting another on its GPU bundle "
-              f"(restart {self.restarts[slot]} of at most {MAX_RESTARTS})", flush=True)
+        old, begin = self.restarts.urls[slot], time.monotonic()
+        _say(f"rollout engine {slot} ({old}) is down: starting another on its GPU bundle "
+             f"(restart {self.restarts.counts[slot]} of at most {MAX_RESTARTS})")
         self._route(remove_worker, old)
         ray.kill(self.engines[slot], no_restart=True)  # a hung process must free its GPU
         self.engines[slot] = new_engine(self.reservation, slot, self.server_args)
         url = self._start(slot)
-        self.urls[slot], self.slot_of[url] = url, slot
         self._route(add_worker, url)
-        print(f"[ray] rollout engine {slot} is back at {url} after "
-              f"{time.monotonic() - begin:.0f}s", flush=True)
+        _say(f"rollout engine {slot} is back at {url} after {time.monotonic() - begin:.0f}s")
         return url
 
     def _start(self, slot: int) -> str:
@@ -131,12 +121,13 @@ class EngineSupervisor:
         import ray
 
         counts = ray.get([e.requests_served.remote() for e in self.engines], timeout=30)
-        return list(zip(range(len(self.urls)), self.urls, counts, self.restarts))
+        return list(zip(range(len(self.engines)), self.restarts.urls, counts, self.restarts.counts))
 
     def stop(self) -> None:
         """Kill every engine (replacements included: the job's driver only knows the first ones)."""
         import ray
 
+        self.restarts.close()
         for engine in self.engines:
             try:
                 ray.kill(engine, no_restart=True)

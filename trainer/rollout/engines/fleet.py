@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Callable
 
 from .lifecycle import die_with_parent, free_port, port_free, wait_healthy
+from .restarts import SlotRestarts
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,6 @@ class EngineProcess:
     host: str
     port: int
     proc: subprocess.Popen | None = None
-    restarts: int = 0
 
     @property
     def url(self) -> str:
@@ -81,6 +81,7 @@ class EngineFleet:
         self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fleet-spawn")
         self._lock = threading.Lock()
         self._stopped = False
+        self.restarts = SlotRestarts(self.urls, self._replace, cfg.max_restarts, say=log.warning)
         atexit.register(self.stop)
 
     @property
@@ -100,21 +101,17 @@ class EngineFleet:
         return self.urls
 
     def restart(self, url: str) -> str | None:
-        """The ``on_engine_failure`` hook: a new process for the engine that served ``url``."""
-        engine = next((e for e in self.engines if e.url == url.rstrip("/")), None)
-        if engine is None or self._stopped:
-            return None
-        if engine.restarts >= self.cfg.max_restarts:
-            log.warning("engine %d died %d times: left down", engine.index, engine.restarts + 1)
-            return None
-        engine.restarts += 1
+        """The ``on_engine_failure`` hook: a new process for the engine that served ``url``
+        (which report restarts, how often, and the re-sync: ``restarts.SlotRestarts``)."""
+        return self.restarts.restart(url, self.resync)
+
+    def _replace(self, slot: int) -> str:
+        engine = self.engines[slot]
         _end(engine.proc)  # a hung process must not keep the port or its memory
         if not port_free(engine.host, engine.port):
             engine.port = free_port(engine.host)
         self._spawn(engine)
         self._wait_healthy(engine)
-        if self.resync is not None:
-            self.resync(engine.url)
         return engine.url
 
     def restart_hook(self, resync: Callable[[str], None]) -> Callable[[str], str | None]:
@@ -128,6 +125,7 @@ class EngineFleet:
             if self._stopped:
                 return
             self._stopped = True
+        self.restarts.close()
         for e in self.engines:
             if e.proc is not None and e.proc.poll() is None:
                 e.proc.terminate()

@@ -7,7 +7,9 @@ Every kind of engine goes through the same five steps, each written once:
     start    -> a URL (or the in-process ``Engine``) that answers ``/health``
     health   -> ``healthy(url)``: an HTTP engine is up when ``GET /health`` answers 200
     restart  -> ``hook(dead_url) -> new_url | None`` (``failover.RestartHook``): a replacement
-                that answers ``/health``, or None (the engine stays down)
+                that answers ``/health``, or None (the engine stays down); which report
+                restarts, how often, and the re-sync are ``restarts.SlotRestarts``'s, the one
+                restart owner of the fleet and the Ray supervisor
     re-sync  -> ``WeightSync.resync(new_url)``: the replacement gets the last pushed weights
                 and version before the hook returns its URL
     stop     -> ``stop()`` / ``close()``: every process and its port released

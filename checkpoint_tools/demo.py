@@ -12,18 +12,18 @@ import time
 from pathlib import Path
 
 
-from .hf2megatron import convert_hf_to_torch_dist
-from .hf_io import read_all_tensors, same_tensors
-from .megatron2hf import convert_torch_dist_to_hf
-from .tiny_models import make_tiny_model
-from .verify import compare_with_hf
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", default="runs/quickstart", help="where the checkpoints are written")
     p.add_argument("--family", default="qwen2.5", help="tiny model family (see tiny_models)")
     args = p.parse_args(argv)
+    # the converters import torch and Megatron: after the flags, so --help is immediate
+    from .hf2megatron import convert_hf_to_torch_dist
+    from .hf_io import read_all_tensors, same_tensors
+    from .megatron2hf import convert_torch_dist_to_hf
+    from .tiny_models import make_tiny_model
+    from .verify import compare_with_hf
+
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     rows = []

@@ -14,9 +14,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
+from .cli import gguf2hf_args
 
-from .model_config import CheckpointError, ConverterParser, run_converter
+if __name__ == "__main__":  # --help and flag errors before torch loads
+    gguf2hf_args(description=__doc__.split("\n\n")[0])
+
+import torch  # noqa: E402
+
+from .model_config import CheckpointError, run_converter  # noqa: E402
 
 # GGUF architecture -> what transformers builds from it (families this project trains)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -91,11 +96,7 @@ def convert(gguf_path: str | Path, output_dir: str | Path, dtype: torch.dtype = 
 
 
 def main(argv=None) -> int:
-    p = ConverterParser(prog="gguf2hf", description=__doc__.split("\n\n")[0])
-    p.add_argument("--gguf", required=True, help="the .gguf file")
-    p.add_argument("--output-dir", required=True, help="HF checkpoint directory to write")
-    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
-    args = p.parse_args(argv)
+    args = gguf2hf_args(argv, description=__doc__.split("\n\n")[0])
     return run_converter("gguf2hf", lambda: convert(
         args.gguf, args.output_dir, getattr(torch, args.dtype)))
 

@@ -10,21 +10,25 @@ result loads into any Megatron-core model (local or TE spec) at any TP/PP.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 from argparse import Namespace
 from pathlib import Path
 
-import torch
+from .cli import hf2megatron_args as parse_args
 
-from . import cpu_megatron
-from .hf_io import HFCheckpointReader
-from .mapping import (EMBEDDING, FINAL_NORM, HF_EMBEDDING, HF_FINAL_NORM, HF_LM_HEAD, LAYER_PREFIX,
-                      OUTPUT_LAYER, hf_to_megatron_layer, pad_vocab)
-from .model_config import (CheckpointError, ConverterParser, load_arch, megatron_args,
-                           read_config_json, run_converter)
-from .torch_dist import METADATA, iteration_dir_name, write_tracker
+if __name__ == "__main__":  # --help and flag errors before torch and Megatron load
+    parse_args()
+
+import torch  # noqa: E402
+
+from . import cpu_megatron  # noqa: E402
+from .hf_io import HFCheckpointReader  # noqa: E402
+from .mapping import (EMBEDDING, FINAL_NORM, HF_EMBEDDING, HF_FINAL_NORM, HF_LM_HEAD,  # noqa: E402
+                      LAYER_PREFIX, OUTPUT_LAYER, hf_to_megatron_layer, pad_vocab)
+from .model_config import (CheckpointError, load_arch, megatron_args, read_config_json,  # noqa: E402
+                           run_converter)
+from .torch_dist import METADATA, iteration_dir_name, write_tracker  # noqa: E402
 
 
 # Megatron's linear layers (and TE's attention) save an ``_extra_state`` object per layer (fp8
@@ -129,32 +133,6 @@ def convert_hf_to_torch_dist(
         raise CheckpointError(f"{out}: save did not complete (no {METADATA})")
     write_tracker(save_dir, iteration)
     return out
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = ConverterParser(
-        prog="hf2megatron",
-        description="Convert a Hugging Face checkpoint to Megatron torch_dist.")
-    p.add_argument("--hf-checkpoint", required=True, help="HF model directory (config.json + safetensors)")
-    p.add_argument("--save", required=True, help="output root; gets latest_checkpointed_iteration.txt")
-    p.add_argument("--tensor-model-parallel-size", "--tp", type=int, default=1, dest="tp",
-                   help="TP size the vocab padding is computed for (loads at any TP regardless)")
-    p.add_argument("--pipeline-model-parallel-size", "--pp", type=int, default=1, dest="pp",
-                   help="recorded in common.pt args; the checkpoint loads at any PP")
-    p.add_argument("--iteration", default="release",
-                   help="'release' (default, as slime writes) or an iteration number")
-    p.add_argument("--padded-vocab-size", type=int, default=None,
-                   help="explicit padded vocab size (default: Megatron's rule)")
-    p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="parameter dtype of the checkpoint (auto = the HF checkpoint's)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing iteration dir")
-    args = p.parse_args(argv)
-    if args.iteration != "release" and not args.iteration.isdigit():
-        p.error(f"--iteration must be 'release' or a non-negative integer, got {args.iteration!r}")
-    if args.tp < 1 or args.pp < 1:
-        p.error("--tensor-model-parallel-size and --pipeline-model-parallel-size must be >= 1")
-    return args
 
 
 def main(argv=None) -> int:

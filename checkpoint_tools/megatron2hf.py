@@ -12,20 +12,24 @@ embeddings write no ``lm_head``. Optimizer state in the checkpoint is never read
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-import torch
-from tqdm import tqdm
+from .cli import megatron2hf_args as parse_args
 
-from .hf_io import SAFE_INDEX, ShardedSafetensorsWriter, copy_tokenizer_files
-from .mapping import (EMBEDDING, FINAL_NORM, HF_EMBEDDING, HF_FINAL_NORM, HF_LM_HEAD, LAYER_PREFIX,
-                      OUTPUT_LAYER, layer_suffixes, megatron_to_hf_tensor)
-from .model_config import (CheckpointError, ConverterParser, ModelArch, arch_from_hf_config,
+if __name__ == "__main__":  # --help and flag errors before torch loads
+    parse_args()
+
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from .hf_io import SAFE_INDEX, ShardedSafetensorsWriter, copy_tokenizer_files  # noqa: E402
+from .mapping import (EMBEDDING, FINAL_NORM, HF_EMBEDDING, HF_FINAL_NORM, HF_LM_HEAD,  # noqa: E402
+                      LAYER_PREFIX, OUTPUT_LAYER, layer_suffixes, megatron_to_hf_tensor)
+from .model_config import (CheckpointError, ModelArch, arch_from_hf_config,  # noqa: E402
                            read_config_json, run_converter)
-from .torch_dist import read_common, resolve_checkpoint_dir, tensor_metadata
+from .torch_dist import read_common, resolve_checkpoint_dir, tensor_metadata  # noqa: E402
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -149,31 +153,6 @@ def convert_torch_dist_to_hf(
         print(f"megatron2hf: {len(files)} safetensors file(s), "
               f"{writer.total_bytes / 1e9:.2f} GB, dtype {config['dtype']}")
     return out
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = ConverterParser(
-        prog="megatron2hf",
-        description="Convert a Megatron torch_dist checkpoint to Hugging Face.")
-    p.add_argument("--load", "--input-dir", dest="load", required=True,
-                   help="checkpoint root (with latest_checkpointed_iteration.txt) or an "
-                        "iter_XXXXXXX/release directory")
-    p.add_argument("--output-dir", required=True, help="HF output directory")
-    p.add_argument("--origin-hf-dir", "--hf-checkpoint", dest="origin_hf_dir", default=None,
-                   help="original HF model: config.json and tokenizer files are taken from it "
-                        "(optional when the checkpoint was written by hf2megatron)")
-    p.add_argument("--vocab-size", type=int, default=None,
-                   help="rows of the exported embedding (trims Megatron's vocab padding; default: "
-                        "the config's vocab_size)")
-    p.add_argument("--chunk-size", type=float, default=5.0,
-                   help="maximum safetensors shard size in GiB (default 5)")
-    p.add_argument("-f", "--force", action="store_true", help="overwrite existing safetensors files")
-    args = p.parse_args(argv)
-    if args.vocab_size is not None and args.vocab_size < 1:
-        p.error("--vocab-size must be positive")
-    if args.chunk_size <= 0:
-        p.error("--chunk-size must be positive")
-    return args
 
 
 def main(argv=None) -> int:

@@ -6,13 +6,14 @@ Megatron-core GPT model; the trainer's model provider and both converters use it
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
 from pathlib import Path
 
 import torch
+
+from .cli import ConverterParser  # noqa: F401 - its home is cli.py (no torch); re-exported
 
 
 class CheckpointError(ValueError):
@@ -27,18 +28,6 @@ SUPPORTED_MODEL_TYPES = {
 }
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-
-
-class ConverterParser(argparse.ArgumentParser):
-    """The converters' command line: errors in one line (not the usage block), and no flag is
-    expanded from an abbreviation (`--hf-check` must not silently mean `--hf-checkpoint`)."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs["allow_abbrev"] = False
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
 
 
 def run_converter(prog: str, convert) -> int:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from .hf_io import fix_safetensors_modes
+if TYPE_CHECKING:  # torch loads with make_tiny_model: --help comes before
+    import torch
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -128,17 +128,20 @@ def make_tiny_model(
     family: str,
     out_dir: str | Path,
     *,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     seed: int = 0,
     overrides: dict | None = None,
     max_shard_size: str | None = None,
 ) -> Path:
     """Build a random model of ``family`` and save model, tokenizer and generation config.
 
-    ``overrides`` replaces config values (e.g. a larger hidden size for benchmarks).
-    Returns ``out_dir``.
+    ``overrides`` replaces config values (e.g. a larger hidden size for benchmarks); ``dtype``
+    None is float32. Returns ``out_dir``.
     """
+    import torch
     import transformers
+
+    from .hf_io import fix_safetensors_modes
 
     if family not in FAMILIES:
         raise ValueError(f"unknown tiny family {family!r}; choose from {sorted(FAMILIES)}")
@@ -153,6 +156,7 @@ def make_tiny_model(
                   bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
     values.update(overrides or {})
     config = getattr(transformers, spec.config_class)(**values)
+    dtype = dtype or torch.float32
     config.dtype = dtype
 
     torch.manual_seed(seed)
@@ -193,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
                         help="layer sizes: tiny, or a real model's (random weights, tiny tokenizer)")
     args = parser.parse_args(argv)
+    import torch
+
     path = make_tiny_model(args.family, args.out, dtype=getattr(torch, args.dtype), seed=args.seed,
                            overrides=SHAPES[args.shape])
     print(f"wrote {args.shape} {args.family} checkpoint to {path}")

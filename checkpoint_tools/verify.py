@@ -13,10 +13,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
+from .cli import verify_args
 
-from . import cpu_megatron
-from .model_config import CheckpointError, ConverterParser, ModelArch, load_arch
+if __name__ == "__main__":  # --help and flag errors before torch and Megatron load
+    verify_args(description=__doc__.split("\n\n")[0])
+
+import torch  # noqa: E402
+
+from . import cpu_megatron  # noqa: E402
+from .model_config import CheckpointError, ModelArch, load_arch  # noqa: E402
 
 DEFAULT_PROMPTS = (
     "What is 3 + 4?",
@@ -166,13 +171,7 @@ def _checked_inputs(args) -> None:
 
 
 def main(argv=None) -> int:
-    p = ConverterParser(prog="verify", description=__doc__.split("\n\n")[0])
-    p.add_argument("--hf-checkpoint", required=True, help="HF model directory (the reference)")
-    p.add_argument("--load", required=True, help="torch_dist checkpoint root or iteration dir")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size to load at")
-    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size to load at")
-    p.add_argument("--tolerance", type=float, default=1e-4, help="max abs logit difference allowed")
-    args = p.parse_args(argv)
+    args = verify_args(argv, description=__doc__.split("\n\n")[0])
     try:  # before any rank is spawned: one line, not a traceback from every rank
         _checked_inputs(args)
     except CheckpointError as e:

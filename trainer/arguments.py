@@ -1,7 +1,9 @@
 """Command-line flags of ``python -m trainer.train``, slime's names where slime has them: each
-package defines its flags beside the config that reads them (``learner/config.py``,
+package defines its flags beside the config that reads them (``learner/flags.py``,
 ``launch.py``, ``rollout/config.py``, ``algorithms/argparse_flags.py``, ``tracking.py``); this
 module builds the parser from them and checks the combinations (:func:`check_args`).
+None of them imports torch, Megatron or transformers: ``--help`` and a flag error take a second
+or two, not the 10-25 s those imports take (``tests/trainer/test_entry_messages.py``).
 
 A YAML file (``--config run.yaml``) may hold the same keys (dashes or underscores); flags given
 on the command line win. Rollout-server flags take the ``--sglang-`` prefix
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from .algorithms.argparse_flags import add_algorithm_args
 from .launch import add_launch_args
+from .learner.flags import add_learner_args
 from .rollout.config import add_rollout_args
 from .rollout.engines.config import check_engine_args
 from .tracking import add_logging_args
@@ -24,8 +27,6 @@ from .tracking import add_logging_args
 
 def build_parser(prog: str = "python -m trainer.train") -> argparse.ArgumentParser:
     from sglang_kvc import OneLineParser  # one-line errors, no abbreviations
-
-    from .learner.config import add_learner_args  # imports Megatron (its import-time notes)
 
     p = OneLineParser(prog=prog,
                       description="GRPO with sparse (KV-compressed) rollouts.")
@@ -122,7 +123,7 @@ def parse_args(argv=None, prog: str = "python -m trainer.train") -> argparse.Nam
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Inconsistent combinations fail now, not after the first rollout."""
     from .learner.checkpoint_policy import check_checkpoint_args
-    from .learner.config import check_sparse_replay_args, global_batch_size
+    from .learner.flags import check_sparse_replay_args, global_batch_size
     from .rollout.samples.fidelity import check_fidelity_args
 
     check_sparse_replay_args(parser, args)

@@ -21,9 +21,10 @@ import datetime
 import os
 import socket
 import time
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch loads in the functions that use it: the flags below need none of it
+    import torch
 
 # Variables by which launchers describe a rank's place in a job (torchrun, torch.distributed).
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -88,6 +89,8 @@ def launcher_free_env(env: dict | None = None) -> dict:
 
 def select_device(launch: Launch) -> torch.device:
     """``cuda:LOCAL_RANK`` (made current) when there is a GPU, else the CPU."""
+    import torch
+
     if not torch.cuda.is_available():
         return torch.device("cpu")
     count = torch.cuda.device_count()
@@ -101,6 +104,8 @@ def select_device(launch: Launch) -> torch.device:
 def _connect(launch: Launch, timeout: float):
     """A client of torchrun's agent store when it offers one; otherwise rank 0 serves the store.
     Nobody waits for the others here: :func:`_wait_for_ranks` does, and can name the missing."""
+    import torch.distributed as dist
+
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     try:
         store = dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size,
@@ -117,6 +122,8 @@ def _connect(launch: Launch, timeout: float):
 
 def _wait_for_ranks(store, launch: Launch, timeout: float) -> None:
     """Every rank checks in; after ``timeout`` the missing ranks are named."""
+    import torch.distributed as dist
+
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     checkin = dist.PrefixStore(f"sparse_rl/checkin/{attempt}", store)
     checkin.set(f"rank{launch.rank}", socket.gethostname())
@@ -135,6 +142,9 @@ def _wait_for_ranks(store, launch: Launch, timeout: float) -> None:
 def init_process_group(launch: Launch, *, rendezvous_timeout: float = 300.0,
                        timeout_minutes: float = 30.0, backend: str | None = None) -> None:
     """The default process group for ``launch`` (gloo on CPU, NCCL on GPU)."""
+    import torch
+    import torch.distributed as dist
+
     from checkpoint_tools import cpu_megatron
 
     cpu_megatron.install_cpu_stand_ins()
@@ -151,6 +161,8 @@ def init_process_group(launch: Launch, *, rendezvous_timeout: float = 300.0,
 
 
 def _is_rank0() -> bool:
+    import torch.distributed as dist
+
     if dist.is_initialized():
         return dist.get_rank() == 0
     return os.environ.get("RANK", "0") == "0"
@@ -189,6 +201,8 @@ def parallel_config_from_args(args) -> ParallelConfig:
 
 def init_parallel(cfg: ParallelConfig) -> None:
     """Process groups from the launcher (or a private one), then Megatron's parallel state."""
+    import torch.distributed as dist
+
     from checkpoint_tools import cpu_megatron
 
     launch = detect_launch()
@@ -219,6 +233,8 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
 # --- the process's runtime: its device, a free port, the end of its groups ------------------------
 def default_device() -> torch.device:
     """This rank's device: its current CUDA device, else the CPU."""
+    import torch
+
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
         else torch.device("cpu")
 
@@ -232,6 +248,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def teardown() -> None:
     """Megatron's parallel state and the default process group, ended (where they exist)."""
+    import torch.distributed as dist
     from megatron.core import parallel_state
 
     if parallel_state.model_parallel_is_initialized():

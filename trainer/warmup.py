@@ -19,10 +19,10 @@ import argparse
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from checkpoint_tools.hf_io import fix_safetensors_modes
+if TYPE_CHECKING:  # torch loads in the functions that use it: --help comes before
+    import torch
 
 
 def example_ids(tok, row: dict) -> tuple[list[int], list[int]]:
@@ -36,6 +36,8 @@ def example_ids(tok, row: dict) -> tuple[list[int], list[int]]:
 
 def batch_tensors(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids`` and ``labels`` (-100 everywhere but the answers)."""
+    import torch
+
     width = max(len(p) + len(r) for p, r in pairs)
     ids = torch.full((len(pairs), width), pad_id)
     labels = torch.full_like(ids, -100)
@@ -47,6 +49,8 @@ def batch_tensors(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tupl
 
 def save(model, tok, source: Path, out: Path, dtype: torch.dtype) -> None:
     """The checkpoint in ``dtype``, with the tokenizer and the source's chat/generation configs."""
+    from checkpoint_tools.hf_io import fix_safetensors_modes
+
     out.mkdir(parents=True, exist_ok=True)
     model.to(dtype).save_pretrained(out)
     fix_safetensors_modes(out)  # save_pretrained leaves them 0600
@@ -57,14 +61,15 @@ def save(model, tok, source: Path, out: Path, dtype: torch.dtype) -> None:
 
 
 def warm_up(model_dir: str | Path, rows: list[dict], out: str | Path, steps: int, batch: int = 4,
-            lr: float = 5e-5, seed: int = 0, dtype: torch.dtype = torch.float32,
+            lr: float = 5e-5, seed: int = 0, dtype: torch.dtype | None = None,
             device: str = "cpu") -> list[float]:
     """``steps`` AdamW steps of ``batch`` rows each (in order, then again), trained in fp32 on
-    ``device`` and saved in ``dtype`` to ``out``. Returns the losses.
+    ``device`` and saved in ``dtype`` (None: fp32) to ``out``. Returns the losses.
 
     fp32 by default: the steps are small against bf16's resolution, and a bf16 copy of the
     12-step SmolLM2 warm-up sampled reward 0.165 where the fp32 one sampled 0.3 (docs/long_task.md).
     """
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
@@ -84,7 +89,7 @@ def warm_up(model_dir: str | Path, rows: list[dict], out: str | Path, steps: int
         losses.append(loss.item())
         print(f"[warmup] step {step + 1}/{steps}: loss {losses[-1]:.3f} "
               f"({time.perf_counter() - begin:.0f}s)", flush=True)
-    save(model.cpu(), tok, source, out, dtype)
+    save(model.cpu(), tok, source, out, dtype or torch.float32)
     return losses
 
 
@@ -106,6 +111,8 @@ def main(argv=None) -> int:
     missing = [i for i, r in enumerate(rows) if "solution" not in r or "prompt" not in r]
     if not rows or missing:
         p.error(f"{a.data}: every row needs 'prompt' and 'solution' (rows {missing[:5]} do not)")
+    import torch
+
     losses = warm_up(a.model_dir, rows, a.out, a.steps, a.batch, a.lr, a.seed, getattr(torch, a.dtype))
     print(f"[warmup] {a.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; wrote {a.out}")
     return 0

@@ -7,21 +7,37 @@ loaders and the training-data importers all call it).
     grade_many([(completion, gold), ...], timeout=5, workers=8)      # worker processes
 
 ``grade`` is the fast in-process path; ``grade_many`` runs every pair in worker processes with
-a hard per-item timeout, so no input can hang the caller.
+a hard per-item timeout, so no input can hang the caller. Names load on first use: the symbolic
+checks import sympy (a second or more), which ``last_boxed`` and the task scorers never need.
 """
 
-from .equivalence import GradeOptions, answers_equal, gold_answer, grade, prediction_answer
-from .extract import boxed_contents, extract_answer, final_boxed, gsm8k_answer, last_boxed
-from .normalize import normalize
-from .pool import GraderPool, GradeResult, grade_many, grade_one
-from .tasks import (chain_equations, chain_spec, check_countdown, countdown_spec, exact_number,
-                    math_gold, score_arithmetic, score_chain, score_countdown, score_countdown_r1,
-                    score_gsm8k)
+from __future__ import annotations
 
-__all__ = [
-    "GradeOptions", "GradeResult", "GraderPool", "answers_equal", "boxed_contents", "chain_equations",
-    "chain_spec", "check_countdown", "countdown_spec", "exact_number", "extract_answer", "final_boxed",
-    "gold_answer", "grade", "grade_many", "grade_one", "gsm8k_answer", "last_boxed", "math_gold",
-    "normalize", "prediction_answer", "score_arithmetic", "score_chain", "score_countdown",
-    "score_countdown_r1", "score_gsm8k",
-]
+import importlib
+
+# public name -> its module here
+_EXPORTS = {
+    **dict.fromkeys(("GradeOptions", "answers_equal", "gold_answer", "grade", "prediction_answer"),
+                    "equivalence"),
+    **dict.fromkeys(("boxed_contents", "extract_answer", "final_boxed", "gsm8k_answer",
+                     "last_boxed"), "extract"),
+    "normalize": "normalize",
+    **dict.fromkeys(("GraderPool", "GradeResult", "grade_many", "grade_one"), "pool"),
+    **dict.fromkeys(("chain_equations", "chain_spec", "check_countdown", "countdown_spec",
+                     "exact_number", "math_gold", "score_arithmetic", "score_chain",
+                     "score_countdown", "score_countdown_r1", "score_gsm8k"), "tasks"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -24,7 +24,6 @@ from .extract import extract_answer, has_anchor, last_boxed
 from .normalize import compact, normalize
 from .numeric import numbers_equal, parse_number
 from .structure import Composite, parse_composite, split_top_level
-from .symbolic import proportional, symbolic_equal, to_sympy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +93,8 @@ def _equal(p: str, g: str, options: GradeOptions, depth: int) -> bool:
         return False
     if np_ is None and ng is None and not _could_be_math(p) and not _could_be_math(g):
         return False
+    from .symbolic import symbolic_equal, to_sympy  # sympy: loaded by the first symbolic check
+
     a, b = to_sympy(p), to_sympy(g)
     if a is None or b is None:
         return False
@@ -115,6 +116,8 @@ def _equations_equal(p: str, g: str, options: GradeOptions) -> bool:
     gl, gr = split_top_level(g, "=")
     if compact(pl) == compact(gl) and _equal(pr, gr, options, _MAX_DEPTH - 1):
         return True
+    from .symbolic import proportional, to_sympy
+
     sides = [to_sympy(x) for x in (pl, pr, gl, gr)]
     if any(x is None for x in sides):
         return False

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .compression import POLICIES
+from .compression import POLICY_NAMES
 
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8_e5m2", "fp8_e4m3")
 
@@ -127,7 +127,7 @@ class ServerArgs:
 
     # KV-cache compression (reference sglang-kvc names; docs/engine.md "Compression").
     compress_algorithm: str | None = _arg(
-        None, f"{', '.join(POLICIES)} (case-insensitive; RKV accepted); unset = dense KV")
+        None, f"{', '.join(POLICY_NAMES)} (case-insensitive; RKV accepted); unset = dense KV")
     compress_max_prompt: int = _arg(
         512, "KV token budget B: a request is compressed back to B tokens, and only once it "
              "holds more than B")
@@ -196,8 +196,8 @@ class ServerArgs:
         if isinstance(algo, str):
             algo = algo.strip().lower()
             self.compress_algorithm = None if algo in ("", "none") else algo
-        if self.compress_algorithm not in (None, *POLICIES):
-            raise ValueError(f"--compress-algorithm must be one of {', '.join(POLICIES)} "
+        if self.compress_algorithm not in (None, *POLICY_NAMES):
+            raise ValueError(f"--compress-algorithm must be one of {', '.join(POLICY_NAMES)} "
                              f"(got {algo!r})")
         for name in ("compress_max_prompt", "compress_max_window", "compress_divide_length",
                      "compress_kernel_size", "compress_num_sink"):

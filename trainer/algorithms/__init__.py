@@ -4,26 +4,37 @@
 - ``kl``: k1 / k2 / k3 / low_var_kl per-token KL estimators.
 - ``policy_loss``: PPO clip (+ clip-higher, dual clip), KL loss, entropy bonus, aggregation.
 - ``correction``: sparse-rollout correction π_old/π_sparse (IS weights, rejection, veto) + metrics.
+- ``settings``: the names each choice accepts and the loss / correction configs, without torch.
 - ``argparse_flags``: the command-line flags and their mapping to the config dataclasses.
+
+Names load on first use (as ``sglang_kvc``'s), so the flags build ``--help`` without torch.
 """
 
-from trainer.algorithms.advantages import ESTIMATORS, AdvantageConfig, compute_advantages
-from trainer.algorithms.correction import (
-    PRESETS,
-    CorrectionConfig,
-    MISResult,
-    compute_mis_weights,
-    correction_preset,
-    mismatch_metrics,
-    row_correction,
-    select_old_logp,
-)
-from trainer.algorithms.kl import KL_TYPES, kl_estimate
-from trainer.algorithms.policy_loss import AGG_MODES, LossScale, PolicyLossConfig, aggregate, policy_loss
+from __future__ import annotations
 
-__all__ = [
-    "AGG_MODES", "ESTIMATORS", "KL_TYPES", "PRESETS",
-    "AdvantageConfig", "CorrectionConfig", "LossScale", "MISResult", "PolicyLossConfig",
-    "aggregate", "compute_advantages", "compute_mis_weights", "correction_preset", "kl_estimate",
-    "mismatch_metrics", "policy_loss", "row_correction", "select_old_logp",
-]
+import importlib
+
+# public name -> its module here
+_EXPORTS = {
+    "ESTIMATORS": "settings", "KL_TYPES": "settings", "AGG_MODES": "settings", "PRESETS": "settings",
+    "CorrectionConfig": "settings", "PolicyLossConfig": "settings", "correction_preset": "settings",
+    "AdvantageConfig": "advantages", "compute_advantages": "advantages",
+    "MISResult": "correction", "compute_mis_weights": "correction",
+    "mismatch_metrics": "correction", "row_correction": "correction", "select_old_logp": "correction",
+    "kl_estimate": "kl",
+    "LossScale": "policy_loss", "aggregate": "policy_loss", "policy_loss": "policy_loss",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+from trainer.algorithms.settings import ESTIMATORS
 
 
 @dataclass

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from trainer.algorithms.advantages import ESTIMATORS, AdvantageConfig
-from trainer.algorithms.correction import LEVELS, MODES, PRESETS, CorrectionConfig, correction_preset
-from trainer.algorithms.kl import KL_TYPES
-from trainer.algorithms.policy_loss import AGG_MODES, PolicyLossConfig
+# names and configs without torch: --help and flag errors stay fast
+from trainer.algorithms.settings import (AGG_MODES, ESTIMATORS, KL_TYPES, LEVELS, MODES, PRESETS,
+                                         CorrectionConfig, PolicyLossConfig, correction_preset)
+
+if TYPE_CHECKING:
+    from trainer.algorithms.advantages import AdvantageConfig
 
 _REF = CorrectionConfig()
 _LOSS = PolicyLossConfig()
@@ -113,6 +116,8 @@ def config_from_args(args: argparse.Namespace) -> AlgorithmConfig:
     ``seq_mean_token_sum_norm`` without ``--loss-agg-norm-length`` uses
     ``args.rollout_max_response_len`` when the namespace has it (the Dr.GRPO constant).
     """
+    from trainer.algorithms.advantages import AdvantageConfig  # tensor code beside it: torch
+
     advantage = AdvantageConfig(estimator=args.advantage_estimator,
                                 std_normalize=not args.disable_grpo_std_normalization, gamma=args.gamma)
     norm_length = args.loss_agg_norm_length

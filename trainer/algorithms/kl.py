@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+from trainer.algorithms.settings import KL_TYPES
 
 # verl clamps the log ratio inside low_var_kl to ±20 and the estimate to ±10.
 _LOW_VAR_LOG_RATIO_BOUND = 20.0

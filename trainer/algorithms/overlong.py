@@ -13,8 +13,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the flags build this config: torch loads with the functions below
+    import torch
 
 
 @dataclass
@@ -36,6 +38,8 @@ class OverlongConfig:
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, cfg: OverlongConfig) -> torch.Tensor:
     """[N] penalties (<= 0, fp32) for responses of ``lengths`` tokens; zeros when off."""
+    import torch
+
     lengths = lengths.float()
     if not cfg.penalizes:
         return torch.zeros_like(lengths)
@@ -46,6 +50,8 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cfg: OverlongConfig) -
 
 def keep_rows(truncated: list[bool], cfg: OverlongConfig) -> torch.Tensor | None:
     """[N] bool rows that stay in the loss, or None when nothing is filtered."""
+    import torch
+
     if not cfg.filtering or not any(truncated):
         return None
     return ~torch.tensor(truncated, dtype=torch.bool)

@@ -32,53 +32,13 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.algorithms.kl import KL_TYPES, kl_estimate
-
-AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+from trainer.algorithms.kl import kl_estimate
+# the config lives in settings.py (no torch: the flags read it); re-exported
+from trainer.algorithms.settings import AGG_MODES, KL_TYPES, PolicyLossConfig  # noqa: F401
 
 # exp() of a log ratio beyond ±20 is numerically meaningless (and can overflow in the product with
 # the advantage); verl clamps the PPO log ratio to the same band.
 _LOG_RATIO_BOUND = 20.0
-
-
-@dataclass
-class PolicyLossConfig:
-    """Defaults are the reference run's (Sparse-RL run-qwen2.5-3b-rkv.sh)."""
-
-    eps_clip: float = 0.2  # slime --eps-clip / verl actor.clip_ratio_low: lower clip 1 - eps_clip
-    eps_clip_high: float | None = None  # slime --eps-clip-high / verl clip_ratio_high; None = eps_clip (DAPO: 0.28)
-    eps_clip_c: float | None = None  # slime --eps-clip-c / verl clip_ratio_c (dual clip, > 1, e.g. 3.0); None = off
-    kl_loss_coef: float = 1e-4  # slime --kl-loss-coef / verl kl_loss_coef; 0 = no KL term (no ref model needed)
-    kl_loss_type: str = "low_var_kl"  # slime --kl-loss-type / verl kl_loss_type: k1|k2|k3|low_var_kl
-    entropy_coef: float = 0.0  # slime --entropy-coef / verl entropy_coeff
-    loss_agg_mode: str = "seq_mean_token_mean"  # verl loss_agg_mode; slime default = per-sample token mean
-    loss_agg_norm_length: int | None = None  # seq_mean_token_sum_norm's constant L (the max response length)
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.eps_clip < 1.0:
-            raise ValueError(f"eps_clip must be in [0, 1), got {self.eps_clip}")
-        if self.eps_clip_high is not None and self.eps_clip_high < 0.0:
-            raise ValueError(f"eps_clip_high must be >= 0, got {self.eps_clip_high}")
-        if self.eps_clip_c is not None and self.eps_clip_c <= 1.0:
-            raise ValueError(f"eps_clip_c (dual clip) must be > 1, got {self.eps_clip_c}")
-        if self.kl_loss_type not in KL_TYPES:
-            raise ValueError(f"unknown kl_loss_type {self.kl_loss_type!r}; expected one of {KL_TYPES}")
-        if self.loss_agg_mode not in AGG_MODES:
-            raise ValueError(f"unknown loss_agg_mode {self.loss_agg_mode!r}; expected one of {AGG_MODES}")
-        if self.loss_agg_mode == "seq_mean_token_sum_norm" and not self.loss_agg_norm_length:
-            raise ValueError("seq_mean_token_sum_norm needs loss_agg_norm_length (e.g. the max response length)")
-
-    @property
-    def clip_high(self) -> float:
-        return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
-
-    @property
-    def needs_ref_logp(self) -> bool:
-        return self.kl_loss_coef != 0.0
-
-    @property
-    def needs_entropy(self) -> bool:
-        return self.entropy_coef != 0.0
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,9 @@ import torch.nn.functional as F
 
 from . import gathered_replay
 from .block_tiles import BLOCK, aligned_layers, block_mask_tensors, ordered
+from .flags import SPARSE_IMPLS
 from .gathered_replay import GatheredKeys
 from .transfer import to_device
-
-SPARSE_IMPLS = ("auto", "mask", "flex", "gather")
 
 
 @dataclasses.dataclass(eq=False)

@@ -31,8 +31,6 @@ import queue
 import threading
 from typing import Callable
 
-import torch.distributed as dist
-
 from .partial import ResumableBackend
 
 _ABORT_EVERY = 0.2  # seconds between aborts while a push waits: requests sent meanwhile end too
@@ -189,6 +187,8 @@ def gate_for(manager, cfg: AsyncConfig, version: int) -> WeightGate | None:
     """The gate of a run whose engines serve ``version`` now (None: synchronous). Partial
     rollouts wrap the manager's backend; the rollout gathers get a process group of their own,
     since they run in the generation thread while training uses the default group."""
+    import torch.distributed as dist  # here: the flags read AsyncConfig without torch
+
     if not cfg.enabled:
         return None
     gate = WeightGate(version, cfg.max_staleness,

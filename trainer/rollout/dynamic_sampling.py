@@ -19,12 +19,14 @@ are not all equal: with GRPO those are the only ones with a non-zero advantage.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from .manager import RolloutResult, Shard
 from .samples.data import Prompt
 from .samples.plugins import load_dotted
 from .samples.traces import Trace
+
+if TYPE_CHECKING:  # the flags check a filter here: the manager (engines, torch) loads with a run
+    from .manager import RolloutResult, Shard
 
 FLAG = "--dynamic-sampling-filter-path"
 
@@ -117,6 +119,8 @@ def _groups(prompts: list[Prompt], result: RolloutResult, round_id: int) -> list
 def _merge(groups: list[_Group], rounds: list[RolloutResult]) -> tuple[list[Prompt], RolloutResult]:
     """The kept groups as one result, one shard per engine (its rounds' times and pools), the
     prompts renumbered in the result's trace order."""
+    from .manager import RolloutResult
+
     num_engines = len(rounds[0].shards)
     prompts, shards = [], []
     for e in range(num_engines):
@@ -131,6 +135,8 @@ def _merge(groups: list[_Group], rounds: list[RolloutResult]) -> tuple[list[Prom
 
 
 def _engine_shard(traces: list[Trace], parts: list[Shard]) -> Shard:
+    from .manager import Shard
+
     pools = [p.kv_pool for p in parts if p.kv_pool]
     return Shard(traces, sum(p.seconds for p in parts), sum(p.reward_seconds for p in parts),
                  max(pools, key=lambda p: p["peak_used"]) if pools else None,

@@ -10,10 +10,12 @@ import dataclasses
 import re
 from pathlib import Path
 
-import torch
-
-from .transports import GROUP_TIMEOUT_S, MODES as WEIGHT_SYNC_MODES
-
+# Read without torch (the flags): the transports (transports.py, torch) are keyed by these names.
+WEIGHT_SYNC_MODES = ("inprocess", "tensor", "ipc", "disk", "distributed")
+# seconds a weight-update group's broadcast may wait for a member (sglang_kvc.weights.transport
+# GROUP_TIMEOUT_S, the servers' default: sent to them only when it differs, so a stock SGLang
+# server gets no field it does not know)
+GROUP_TIMEOUT_S = 120.0
 ENGINE_PREFIX = "sglang_"  # dest of ``--sglang-<field>``: one ServerArgs field
 # Server flags that make no sense for an engine the trainer starts itself.
 _SERVER_FLAGS_NOT_FORWARDED = {"model_path", "tokenizer_path", "host", "port", "log_level",
@@ -40,6 +42,8 @@ class EngineConfig:
         return bool(self.server_urls)
 
     def offloads(self) -> bool:
+        import torch
+
         return self.offload if self.offload is not None else torch.cuda.is_available()
 
     def control_backend(self, backend):
@@ -95,6 +99,8 @@ def weight_sync_mode(args: argparse.Namespace) -> str:
     if args.weight_sync != "auto":
         return args.weight_sync
     if args.rollout_num_gpus:
+        import torch
+
         return "distributed" if torch.cuda.is_available() else "tensor"
     if args.rollout_engine_process:
         from .processes import weight_transport
@@ -199,7 +205,10 @@ def check_engine_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
 def _conflicts(args: argparse.Namespace) -> list[tuple[bool, str]]:
     """(whether it applies, its message), in the order they are checked."""
     gpus, process, urls = args.rollout_num_gpus, args.rollout_engine_process, args.rollout_server_urls
-    explicit, mode = args.weight_sync, weight_sync_mode(args)
+    explicit = args.weight_sync
+    # engine processes resolve "auto" by asking torch for GPUs: no check below depends on the
+    # answer (those that could are settled above for them), and a flag error stays fast
+    mode = explicit if gpus or process else weight_sync_mode(args)
     return [
         (gpus < 0, "--rollout-num-gpus must be >= 0"),
         (gpus and (urls or args.rollout_engine_urls or process),

@@ -18,12 +18,8 @@ import requests
 import torch
 import torch.distributed as dist
 
+from .config import GROUP_TIMEOUT_S, WEIGHT_SYNC_MODES as MODES  # noqa: F401 - re-exported
 from .hf_export import buckets
-
-# seconds a weight-update group's broadcast may wait for a member (sglang_kvc.weights.transport
-# GROUP_TIMEOUT_S, the servers' default: sent to them only when it differs, so a stock SGLang
-# server gets no field it does not know)
-GROUP_TIMEOUT_S = 120.0
 
 
 def is_rank0() -> bool:
@@ -163,9 +159,9 @@ class Distributed(Transport):
         Tensor(self.sync).resync(url, source, version)
 
 
-TRANSPORTS: dict[str, type[Transport]] = {"inprocess": InProcess, "tensor": Tensor, "ipc": Ipc,
-                                          "disk": Disk, "distributed": Distributed}
-MODES = tuple(TRANSPORTS)
+# by --weight-sync's names (config.py), in their order; strict: a name without a class fails here
+TRANSPORTS: dict[str, type[Transport]] = dict(zip(MODES, (InProcess, Tensor, Ipc, Disk, Distributed),
+                                                  strict=True))
 
 
 class GroupBroken(RuntimeError):

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-
-import torch
+from typing import TYPE_CHECKING
 
 from ...algorithms.adaptive_budget import AdaptiveBudgetConfig, BudgetController, low_tail_fraction
 from ..engines.interface import Generation, RolloutConfig
+
+if TYPE_CHECKING:  # the flags and their checks live here too: no torch at import
+    import torch
 
 
 def add_fidelity_args(parser: argparse.ArgumentParser) -> None:
@@ -90,6 +92,8 @@ def apply_budget(controller: BudgetController, sampling: RolloutConfig) -> Rollo
 
 def dense_rows(gens: list[Generation]) -> torch.Tensor | None:
     """[B] bool: the samples the engine generated dense on request; None when there are none."""
+    import torch
+
     flags = [bool(g.meta.get("compression", {}).get("dense")) for g in gens]
     return torch.tensor(flags) if any(flags) else None
 

@@ -54,9 +54,6 @@ import re
 import typing
 from typing import Callable
 
-from evaluation.grader.tasks import (math_gold, score_arithmetic, score_chain, score_countdown,
-                                     score_gsm8k)
-
 from .plugins import load_dotted
 
 RM_TYPES = ("math", "gsm8k", "countdown", "arithmetic", "chain")
@@ -197,8 +194,7 @@ class RewardModel:
             if rm_type == "math":
                 values = self._score_math([batch[i] for i in indices])
             else:
-                fn = {"gsm8k": score_gsm8k, "countdown": score_countdown,
-                      "arithmetic": score_arithmetic, "chain": score_chain}[rm_type]
+                fn = _task_scorer(rm_type)
                 values = [fn(batch[i].response or "", batch[i].label) for i in indices]
             for i, v in zip(indices, values):
                 rewards[i] = v
@@ -224,7 +220,7 @@ class RewardModel:
     # -- internals
 
     def _score_math(self, items: list[RewardInput]) -> list[float]:
-        from evaluation.grader import GraderPool, final_boxed
+        from evaluation.grader import GraderPool, final_boxed, math_gold
 
         answers = [final_boxed(item.response or "") for item in items]
         todo = [k for k, a in enumerate(answers) if a]  # no (or an empty) box: 0 without grading
@@ -262,6 +258,15 @@ class RewardModel:
             got = f"{len(values)} values" if isinstance(values, (list, tuple)) else repr(type(values).__name__)
             raise TypeError(f"{where} (batched) must return a list of {len(batch)} rewards, got {got}")
         return [_as_reward(v, f"{where} on sample {i}") for i, v in enumerate(values)]
+
+
+def _task_scorer(rm_type: str) -> Callable:
+    """The grader of a task reward (the graders import sympy: loaded when a rollout is scored,
+    not with the flags)."""
+    from evaluation.grader.tasks import score_arithmetic, score_chain, score_countdown, score_gsm8k
+
+    return {"gsm8k": score_gsm8k, "countdown": score_countdown, "arithmetic": score_arithmetic,
+            "chain": score_chain}[rm_type]
 
 
 # --------------------------------------------------------------------------- flags

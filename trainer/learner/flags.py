@@ -1,0 +1,103 @@
+"""The learner's command-line flags and their checks: the model and its checkpoints, training,
+eviction replay. No torch here (``--help`` and flag errors come before it loads); ``config.py``
+reads the flags into the learner's configs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .checkpoint_policy import add_checkpoint_args
+
+# --sparse-attention: how eviction replay attends (sparse_attention.py implements each)
+SPARSE_IMPLS = ("auto", "mask", "flex", "gather")
+
+
+def global_batch_size(args: argparse.Namespace) -> int:
+    """Samples per optimizer step: ``--global-batch-size``, by default the whole rollout."""
+    if args.global_batch_size is None:
+        return args.rollout_batch_size * args.n_samples_per_prompt
+    return args.global_batch_size
+
+
+def replays(args: argparse.Namespace) -> bool:
+    return getattr(args, "sparse_recompute", False) or getattr(args, "train_sparse_policy", False)
+
+
+def check_sparse_replay_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if replays(args) and args.attention_backend not in ("auto", "sdpa"):
+        parser.error(f"--sparse-recompute / --train-sparse-policy need --attention-backend sdpa "
+                     f"(or auto): the eviction masks are applied there, not by "
+                     f"{args.attention_backend!r}")
+
+
+def add_sparse_replay_args(parser: argparse.ArgumentParser) -> None:
+    """Eviction replay (learner/sparse_attention.py): the rollouts return their eviction records
+    and the learner's forward attends under them."""
+    g = parser.add_argument_group("learner: eviction replay")
+    g.add_argument("--sparse-recompute", action="store_true",
+                   help="recompute π_old with the sampler's own KV evictions: "
+                        "the behaviour ratio and the mismatch metrics then measure numerics only")
+    g.add_argument("--train-sparse-policy", action="store_true",
+                   help="the update's forward uses the same eviction masks: GRPO optimises the "
+                        "compressed policy itself, on-policy (implies --sparse-recompute; the "
+                        "reference's log-probs are replayed too)")
+    g.add_argument("--sparse-attention", default="auto", choices=list(SPARSE_IMPLS),
+                   help="how replay attends: flex (FlexAttention over the pack's 128 x 128 "
+                        "tiles; auto's choice on a GPU), gather (over the keys each block of 128 "
+                        "queries sees: far fewer tiles under small budgets), mask (one SDPA per "
+                        "sample with a dense mask; auto's choice on the CPU)")
+
+
+def add_learner_args(parser: argparse.ArgumentParser) -> None:
+    """The learner's flags: the model and its checkpoints, training, eviction replay."""
+    _add_model_args(parser)
+    _add_training_args(parser)
+    add_sparse_replay_args(parser)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("learner: model and checkpoints")
+    g.add_argument("--hf-checkpoint", required=True,
+                   help="HF model dir: architecture, tokenizer, initial weights, rollout engine")
+    g.add_argument("--load", default=None,
+                   help="torch_dist checkpoint to start from; a trainer checkpoint resumes the "
+                        "run (rollout id, data position, optimizer, RNG)")
+    g.add_argument("--ref-load", default=None,
+                   help="reference model for the KL loss (default: --hf-checkpoint)")
+    g.add_argument("--save", default=None, help="where trainer checkpoints are written")
+    g.add_argument("--save-interval", type=int, default=None,
+                   help="save every N rollouts (and always after the last)")
+    add_checkpoint_args(g)
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--attention-backend", default="auto", choices=["auto", "te", "sdpa", "local"])
+    g.add_argument("--seed", type=int, default=1234)
+
+
+def _add_training_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("learner: training")
+    g.add_argument("--num-rollout", type=int, default=100)
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help="samples per optimizer step (default: the whole rollout)")
+    g.add_argument("--lr", type=float, default=1e-6)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-decay-style", default="constant", choices=["constant", "linear", "cosine"])
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-decay-iters", type=int, default=None)
+    g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.98)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--max-tokens-per-gpu", type=int, default=None,
+                   help="token budget of one packed micro-batch; speed only, not the maths "
+                        "(default: sized from free memory at the first pass and printed, "
+                        "learner/token_budget.py)")
+    g.add_argument("--log-probs-chunk-size", type=int, default=1024,
+                   help="tokens per fp32 chunk of the log-prob pass off CUDA (on CUDA one Triton "
+                        "pass covers the micro-batch)")
+    g.add_argument("--fused-old-logprobs", action=argparse.BooleanOptionalAction, default=True,
+                   help="on-policy rollouts (one optimizer step, no staleness) take pi_old from the "
+                        "update's own forward instead of a recompute pass (default: on; "
+                        "trainer/README.md lists where the recompute stays)")

@@ -224,7 +224,7 @@ class GRPOLoss:
     micro-batch comes as zero-padded rows ``[n, width]`` (one gather) with its sample ids
     already on the device (copied with the pack): no per-sample work, no copy of its own."""
 
-    prep: PreparedUpdate  # on the loss's device
+    prep: PreparedUpdate  # on the device (prep_on_device); a host one is picked on the host
     loss_cfg: PolicyLossConfig
     scale: LossScale
 
@@ -234,7 +234,10 @@ class GRPOLoss:
 
     def __call__(self, rows: ResponseRows):
         prep, device = self.prep, rows.logp.device
-        pick = lambda t: None if t is None else t[rows.ids_device].to(device)  # noqa: E731
+        ids = rows.ids_device
+        if ids.device != prep.advantages.device:  # a prep left on the host (tests): pick there
+            ids = torch.tensor(rows.ids, device=prep.advantages.device)
+        pick = lambda t: None if t is None else t[ids].to(device)  # noqa: E731
         old, weights, loss_mask = _anchor(prep, rows.logp, pick)
         return policy_loss(rows.logp, old, pick(prep.advantages), loss_mask, self.loss_cfg,
                            mis_weights=weights, ref_logp=pick(prep.ref_logp),

@@ -64,6 +64,8 @@ class TrainConfig:
 # ``ResponseRows`` instead: the responses as zero-padded rows of that width.
 LossFn = Callable[[list[torch.Tensor], list[torch.Tensor] | None, list[int]],
                   tuple[torch.Tensor, dict]]
+# before_step(logp per sample, None where not this rank's) -> factor for the accumulated grads
+BeforeStep = Callable[[list[torch.Tensor | None]], float]
 
 
 @dataclasses.dataclass
@@ -87,8 +89,6 @@ class MicroBatchResult:
     lengths: list[int]
     logp: torch.Tensor
     metrics: dict
-# before_step(logp per sample, None where not this rank's) -> factor for the accumulated grads
-BeforeStep = Callable[[list[torch.Tensor | None]], float]
 
 
 def _no_rescale_finalize(model, num_tokens=None, pg_collection=None, force_all_reduce=False):
@@ -240,15 +240,7 @@ class PolicyTrainer:
             vocab_size=self.arch.vocab_size, chunk_size=self.train_cfg.log_probs_chunk_size,
             with_entropy=with_entropy)
         flat = batch.response_values(logp)
-        loss, metrics = _constants(logp.device)[0], {}
-        if loss_fn is not None and _row_width(loss_fn) is not None:
-            ent_rows = batch.response_rows(ent) if ent is not None else None
-            loss, metrics = loss_fn(ResponseRows(batch.response_rows(logp), ent_rows,
-                                                 batch.sample_indices, batch.sample_rows))
-        elif loss_fn is not None:
-            per_ent = batch.split_per_sample(ent) if ent is not None else None
-            loss, metrics = loss_fn(list(torch.split(flat, batch.response_lengths)), per_ent,
-                                    batch.sample_indices)
+        loss, metrics = _call_loss(loss_fn, batch, logp, ent, flat)
         results.append(MicroBatchResult(batch.sample_indices, batch.response_lengths,
                                         flat.detach(), metrics))
         # Megatron adds the token count to its total (ours: already normalised): one constant
@@ -307,6 +299,21 @@ class PolicyTrainer:
                        lr=float(self.optimizer.param_groups[0]["lr"]),
                        update_skipped=float(not update_ok))
         return dict(metrics)
+
+
+def _call_loss(loss_fn, batch: PackedBatch, logp: torch.Tensor, ent: torch.Tensor | None,
+               flat: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """The micro-batch's loss and metrics: rows for a ``RowLoss``, per-sample tensors for a
+    ``LossFn`` (``flat``: the responses' log-probs), a constant zero without a loss."""
+    if loss_fn is None:
+        return _constants(logp.device)[0], {}
+    if _row_width(loss_fn) is not None:
+        ent_rows = batch.response_rows(ent) if ent is not None else None
+        return loss_fn(ResponseRows(batch.response_rows(logp), ent_rows, batch.sample_indices,
+                                    batch.sample_rows))
+    per_ent = batch.split_per_sample(ent) if ent is not None else None
+    return loss_fn(list(torch.split(flat, batch.response_lengths)), per_ent,
+                   batch.sample_indices)
 
 
 def _row_width(loss_fn) -> int | None:

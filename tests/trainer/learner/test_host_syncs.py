@@ -95,11 +95,11 @@ def _point_at_cuda():
         module.default_device = lambda: cuda
 
 
-def _trainer(hf_dir):
+def _trainer(hf_dir, dtype=torch.float32):
     from trainer.learner.model_provider import ModelConfig
     from trainer.learner.policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
 
-    return PolicyTrainer(ModelConfig(hf_checkpoint=hf_dir, dtype=torch.float32), OptimConfig(),
+    return PolicyTrainer(ModelConfig(hf_checkpoint=hf_dir, dtype=dtype), OptimConfig(),
                          TrainConfig(max_tokens_per_gpu=BUDGETS[2]), load_weights=False)
 
 
@@ -147,6 +147,8 @@ def _count(trainer, run) -> dict:
 
 @pytest.fixture(scope="module")
 def counts(tiny_model_factory):
+    if torch.cuda.is_available():
+        pytest.skip("with CUDA the GPU counts its own syncs: test_gpu_syncs_do_not_grow_...")
     hf = tiny_model_factory("qwen2-untied")
     (out,) = cpu_megatron.run_on_ranks((__file__, "sync_task"), 1, str(hf))
     for micro, passes in out.items():
@@ -176,3 +178,42 @@ def test_one_upload_per_micro_batch(counts):
     uploads more than 2 in each forward pass."""
     for name, passes in PASSES.items():
         assert counts[8][name]["uploads"] - counts[2][name]["uploads"] == 6 * passes, name
+
+
+def gpu_sync_task(rank, world, port, hf_dir):
+    """The GPU's own count (``torch.cuda.set_sync_debug_mode("warn")``: one warning per
+    synchronising call, explicit ``torch.cuda.synchronize`` included) of each pass, in the
+    run's dtype and kernels, after a warm-up at both budgets (compilation is not counted)."""
+    cpu_megatron.init_distributed(rank, world, master_port=port)
+    cpu_megatron.init_model_parallel(tp=1)
+    trainer = _trainer(hf_dir, dtype=None)
+    samples, batch, ref = _rollout(trainer)
+    out = {}
+    for _ in range(2):  # the first round warms up (compiles), the second is counted
+        for micro, budget in BUDGETS.items():
+            trainer.train_cfg.max_tokens_per_gpu = budget
+            out[micro] = {name: _gpu_syncs(run) for name, run in _passes(trainer, batch, ref)}
+    return out
+
+
+def _gpu_syncs(run) -> int:
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_syncs_do_not_grow_with_micro_batches(tiny_model_factory):
+    hf = tiny_model_factory("qwen2-untied")
+    (out,) = cpu_megatron.run_on_ranks((__file__, "gpu_sync_task"), 1, str(hf))
+    print(out)
+    assert out[8] == out[2]

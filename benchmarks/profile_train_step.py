@@ -20,7 +20,11 @@ The samples are ``bench_train.py --vary-lengths``'s (lengths uniform in [0.25, 1
   wall time (the host gap, per micro-batch), kernel families (log-probs over the vocab: the
   Triton row statistics and logits gradient; GEMMs; attention; optimizer; the rest), the
   optimizer step timed alone, the allocator's retries (a full cache frees and re-allocates:
-  host syncs), and the top kernels and host ops (``--top``).
+  host syncs), and the top kernels and host ops (``--top``); the host gap again against the
+  unprofiled runs' wall time (the profiler's own host work widens the profiled gap);
+* ``syncs_per_rollout``: how many times the rollout's learner work (reference, π_old, update)
+  makes the host wait for the GPU (CUDA's sync debug mode); the same at every budget when no
+  sync is per micro-batch.
 
 MFU and FLOPs as bench_train.py counts them (``trainer/learner/speed.py``). Prints numbers,
 asserts nothing.
@@ -194,7 +198,38 @@ def profile_budget(trainer, reference, samples, args, algo, budget: int,
                                   / bench["tokens_per_s"]["median"], 3))
     if not args.no_profile:
         out["breakdown"] = breakdown(trainer, reference, batch, algo, args.top, peak)
+        _unprofiled_gap(out["breakdown"], run)
+    if torch.cuda.is_available():
+        out["syncs_per_rollout"] = count_syncs(lambda: run_update(trainer, reference, batch,
+                                                                  algo, peak))
     return out
+
+
+def _unprofiled_gap(b: dict, run: dict) -> None:
+    """The host gap again with the wall time of the unprofiled runs (the profiler's own host
+    overhead widens the profiled one): their seconds less the profiled kernel time."""
+    if "gpu_kernel_ms" in b:
+        wall = 1e3 * (run["time_recompute"] + run["time_update"])
+        b["host_gap_ms_per_micro_batch_unprofiled"] = round(
+            (wall - b["gpu_kernel_ms"]) / (3 * b["micro_batches_per_pass"]), 2)
+        b["gpu_busy_unprofiled"] = round(b["gpu_kernel_ms"] / wall, 3)
+
+
+def count_syncs(step) -> int:
+    """Times ``step`` makes the host wait for the GPU (``torch.cuda.set_sync_debug_mode``: one
+    warning per synchronising call, each pass's two ``synchronize`` of ``speed.timed`` and
+    Megatron's gradient clipping included); the same at any number of micro-batches."""
+    import warnings
+
+    sync()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught)
 
 
 def parse_args(argv=None):
@@ -262,6 +297,8 @@ def print_budget(r: dict) -> None:
           f"{run['time_update']:.2f} s ({run['time_update_tokens_per_s']:,.0f} tokens/s)")
     if "breakdown" in r:
         print("breakdown:", r["breakdown"])
+    if "syncs_per_rollout" in r:
+        print(f"host syncs per rollout (reference, π_old, update): {r['syncs_per_rollout']}")
 
 
 if __name__ == "__main__":

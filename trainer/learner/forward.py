@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import torch
 
+from .fusions import rope as fused_rope
 from .logprobs import logprobs_and_entropy
 from .packing import PackedBatch
 
 
 def packed_forward(model, batch: PackedBatch) -> torch.Tensor:
     """The model's raw output on a packed batch: logits on the last pipeline stage, hidden
-    states on the others (RoPE positions restart per sequence from ``cu_seqlens``)."""
-    position_ids = torch.arange(batch.tokens.shape[1], device=batch.tokens.device).unsqueeze(0)
-    return model(input_ids=batch.tokens, position_ids=position_ids, attention_mask=None,
-                 packed_seq_params=batch.packed_seq_params())
+    states on the others (RoPE positions restart per sequence: the pack's ``positions``, made
+    on the host with the rest of it; our fused RoPE takes them instead of deriving its own)."""
+    fused_rope.use_positions(batch.cu_seqlens, batch.positions)
+    return model(input_ids=batch.tokens, position_ids=batch.positions.unsqueeze(0),
+                 attention_mask=None, packed_seq_params=batch.packed_seq_params())
 
 
 def packed_logits(model, batch: PackedBatch) -> torch.Tensor:

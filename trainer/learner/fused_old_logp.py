@@ -34,10 +34,8 @@ import torch.distributed as dist
 
 
 from ..algorithms import LossScale, PolicyLossConfig
-from ..launch import default_device
-from .grpo_update import (PreparedUpdate, RolloutBatch, _map_tensors, _reduce_over_dp,
-                          apply_correction, gather_dp, make_loss_fn, pad_rows, step_bounds)
-from .transfer import to_device
+from .grpo_update import (PreparedUpdate, RolloutBatch, _reduce_over_dp, apply_correction,
+                          gather_dp, make_loss_fn, pad_rows, prep_on_device, step_bounds)
 
 FUSED_REASON = "on-policy: one optimizer step from the weights that π_old is"
 _PER_STEP = {"grad_norm", "lr", "update_skipped"}  # not loss terms: never rescaled
@@ -170,8 +168,7 @@ def run_fused_update(trainer, batch: RolloutBatch, prep: PreparedUpdate,
                          "loss (plan_old_logp keeps the recompute here)")
     provisional = LossScale.for_batch(prep.loss_mask, row_weights=prep.row_weights)
     after = AfterForward(trainer, batch.keep, prep, loss_cfg, provisional)
-    device = default_device()
-    on_device = _map_tensors(prep, lambda t: to_device(t, device))
+    on_device = prep_on_device(prep)
     metrics = trainer.train_step(batch.samples, make_loss_fn(on_device, loss_cfg, provisional),
                                  with_entropy=loss_cfg.entropy_coef != 0,
                                  sparse=trainer.train_cfg.train_sparse_policy, before_step=after)

@@ -21,7 +21,8 @@ from ..algorithms import (AdvantageConfig, CorrectionConfig, LossScale, PolicyLo
 from ..algorithms.dense_share import correct_with_dense_rows, sparse_rows_mask
 from ..launch import default_device
 from .packing import Sample
-from .transfer import to_device
+from .policy_trainer import ResponseRows
+from .transfer import to_device_together
 
 
 @dataclasses.dataclass
@@ -217,26 +218,37 @@ def mismatch_inputs(batch: RolloutBatch, prep: PreparedUpdate):
     return prep.old_logp, pad_rows(batch.rollout_logp, width), mask
 
 
-def make_loss_fn(prep: PreparedUpdate, loss_cfg: PolicyLossConfig, scale: LossScale):
+@dataclasses.dataclass
+class GRPOLoss:
+    """The per-micro-batch loss for ``PolicyTrainer.train_step``: a ``RowLoss``, so the
+    micro-batch comes as zero-padded rows ``[n, width]`` (one gather) with its sample ids
+    already on the device (copied with the pack): no per-sample work, no copy of its own."""
+
+    prep: PreparedUpdate  # on the device (prep_on_device); a host one is picked on the host
+    loss_cfg: PolicyLossConfig
+    scale: LossScale
+
+    @property
+    def row_width(self) -> int:
+        return self.prep.advantages.shape[1]
+
+    def __call__(self, rows: ResponseRows):
+        prep, device = self.prep, rows.logp.device
+        ids = rows.ids_device
+        if ids.device != prep.advantages.device:  # a prep left on the host (tests): pick there
+            ids = torch.tensor(rows.ids, device=prep.advantages.device)
+        pick = lambda t: None if t is None else t[ids].to(device)  # noqa: E731
+        old, weights, loss_mask = _anchor(prep, rows.logp, pick)
+        return policy_loss(rows.logp, old, pick(prep.advantages), loss_mask, self.loss_cfg,
+                           mis_weights=weights, ref_logp=pick(prep.ref_logp),
+                           entropy=rows.entropy, loss_scale=self.scale,
+                           row_weights=pick(prep.row_weights), kl_coefs=pick(prep.kl_coefs))
+
+
+def make_loss_fn(prep: PreparedUpdate, loss_cfg: PolicyLossConfig, scale: LossScale
+                 ) -> GRPOLoss:
     """The per-micro-batch loss for ``PolicyTrainer.train_step`` (rows picked by sample id)."""
-
-    def loss_fn(logp_list, entropy_list, ids):
-        width = prep.advantages.shape[1]
-        device = logp_list[0].device
-        # pinned, so the copy does not wait for the forward just queued (a pageable copy did:
-        # one host sync per micro-batch, which bench_train's loss never had)
-        rows = to_device(torch.tensor(ids), prep.advantages.device)
-        logp = torch.zeros(len(ids), width, device=device, dtype=torch.float32)
-        logp = _scatter_rows(logp, logp_list)
-        entropy = _scatter_rows(torch.zeros_like(logp), entropy_list) if entropy_list else None
-        pick = lambda t: None if t is None else t[rows].to(device)  # noqa: E731  (no-op on the GPU)
-        old, weights, loss_mask = _anchor(prep, logp, pick)
-        return policy_loss(logp, old, pick(prep.advantages), loss_mask, loss_cfg,
-                           mis_weights=weights, ref_logp=pick(prep.ref_logp), entropy=entropy,
-                           loss_scale=scale, row_weights=pick(prep.row_weights),
-                           kl_coefs=pick(prep.kl_coefs))
-
-    return loss_fn
+    return GRPOLoss(prep, loss_cfg, scale)
 
 
 def _anchor(prep: PreparedUpdate, logp: torch.Tensor, pick):
@@ -252,12 +264,6 @@ def _anchor(prep: PreparedUpdate, logp: torch.Tensor, pick):
     weights, loss_mask = row_correction(old, pick(prep.rollout_logp), pick(prep.response_mask),
                                         prep.correction)
     return old, weights, loss_mask & pick(prep.loss_mask)
-
-
-def _scatter_rows(base: torch.Tensor, rows: list[torch.Tensor]) -> torch.Tensor:
-    """Differentiably place 1-D rows into the left of a zero ``[b, T]`` tensor."""
-    padded = [torch.nn.functional.pad(r.float(), (0, base.shape[1] - r.shape[0])) for r in rows]
-    return torch.stack(padded) if padded else base
 
 
 def step_bounds(batch: RolloutBatch, global_batch_size: int) -> list[tuple[int, int]]:
@@ -293,13 +299,20 @@ def run_updates(trainer, batch: RolloutBatch, prep: PreparedUpdate, loss_cfg: Po
         sub = batch.samples[start:stop]
         sub_prep = _map_tensors(prep, lambda t: t[start:stop])
         scale = LossScale.for_batch(sub_prep.loss_mask, row_weights=sub_prep.row_weights)
-        device = default_device()  # once per global batch, not per micro-batch
-        sub_prep = _map_tensors(sub_prep, lambda t: to_device(t, device))
+        sub_prep = prep_on_device(sub_prep)  # once per global batch, not per micro-batch
         metrics = trainer.train_step(sub, make_loss_fn(sub_prep, loss_cfg, scale),
                                      with_entropy=loss_cfg.entropy_coef != 0,
                                      sparse=trainer.train_cfg.train_sparse_policy)
         history.append(_reduce_over_dp(metrics, trainer))
     return history
+
+
+def prep_on_device(prep: PreparedUpdate) -> PreparedUpdate:
+    """``prep``'s per-row tensors on this rank's device, in one pinned non-blocking copy."""
+    names = [f.name for f in dataclasses.fields(prep)
+             if isinstance(getattr(prep, f.name), torch.Tensor)]
+    moved = to_device_together([getattr(prep, n) for n in names], default_device())
+    return dataclasses.replace(prep, **dict(zip(names, moved)))
 
 
 def _map_tensors(prep: PreparedUpdate, fn) -> PreparedUpdate:

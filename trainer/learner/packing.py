@@ -41,6 +41,11 @@ class PackedBatch:
     response_lengths: list[int]
     sample_indices: list[int]  # which samples of the global batch, in pack order
     response_index: torch.Tensor  # [sum(response_lengths)] long: positions of response_positions
+    positions: torch.Tensor  # [T] long: each token's position in its sequence (RoPE; 0 in padding)
+    sample_rows: torch.Tensor  # [n] long: sample_indices as a tensor (a loss picks its rows)
+    # [n, width] long: where response token j of sample i is in the pack; ``T`` (one past the
+    # end: a zero) beyond its length. Only with ``pack(row_width=...)`` (``response_rows``).
+    row_index: torch.Tensor | None = None
     cu_seqlens_device: torch.Tensor | None = None  # cu_seqlens on the compute device (``to``)
     bounds_on_device: bool = False  # Megatron's kernels (Transformer Engine's) read the device copy
     eviction: object | None = None  # sparse_attention.EvictionMasks: attend as the sampler did
@@ -68,21 +73,37 @@ class PackedBatch:
         # loop. Transformer Engine's kernels want cu_seqlens on the GPU.
         from .model_provider import transformer_engine_available
 
-        # one pinned buffer, one copy (five copies were five pinned allocations and copies)
-        tokens, targets, positions, index, cu = to_device_together(
-            [self.tokens, self.targets, self.response_positions, self.response_index,
-             self.cu_seqlens], torch.device(device))
-        return dataclasses.replace(self, tokens=tokens, targets=targets,
-                                   response_positions=positions, response_index=index,
-                                   cu_seqlens_device=cu,
+        # one pinned buffer, one copy of everything the micro-batch needs on the device (each
+        # separate copy was a pinned allocation and a copy of its own)
+        names = [name for name in _DEVICE_FIELDS if getattr(self, name) is not None]
+        moved = dict(zip(names, to_device_together([getattr(self, name) for name in names],
+                                                   torch.device(device))))
+        cu = moved.pop("cu_seqlens")  # the host's bounds stay the host's
+        return dataclasses.replace(self, **moved, cu_seqlens_device=cu,
                                    eviction=None if self.eviction is None else self.eviction.to(device),
                                    bounds_on_device=transformer_engine_available())
 
+    def response_values(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-position values ``[T]`` -> the responses' ``[sum(response_lengths)]``, sample
+        after sample (pack order)."""
+        # precomputed positions: indexing with the boolean mask would sync with the GPU
+        return values.index_select(0, self.response_index.to(values.device))
+
     def split_per_sample(self, values: torch.Tensor) -> list[torch.Tensor]:
         """Per-position values ``[T]`` -> one ``[response_len]`` tensor per sample (pack order)."""
-        # precomputed positions: indexing with the boolean mask would sync with the GPU
-        picked = values.index_select(0, self.response_index.to(values.device))
-        return list(torch.split(picked, self.response_lengths))
+        return list(torch.split(self.response_values(values), self.response_lengths))
+
+    def response_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-position values ``[T]`` -> ``[n, width]``: sample i's response in row i, zeros
+        after it. One gather (differentiable) instead of a pad per sample and a stack."""
+        if self.row_index is None:
+            raise ValueError("response_rows needs a pack made with row_width")
+        return torch.cat([values, values.new_zeros(1)])[self.row_index]
+
+
+# what ``PackedBatch.to`` copies (``cu_seqlens`` stays on the host too: cu_seqlens_device)
+_DEVICE_FIELDS = ("tokens", "targets", "response_positions", "response_index", "positions",
+                  "sample_rows", "row_index", "cu_seqlens")
 
 
 @dataclasses.dataclass
@@ -107,19 +128,20 @@ class MicroBatches:
 
 
 def pack(samples: list[Sample], indices: list[int] | None = None, pad_to_multiple: int = 1,
-         sparse: bool = False, device=None) -> PackedBatch:
+         sparse: bool = False, device=None, row_width: int | None = None) -> PackedBatch:
     """``sparse``: attend under the samples' eviction records (samples without one: dense),
-    built on ``device`` (default: the CPU; ``to`` moves the rest).
+    built on ``device`` (default: the CPU; ``to`` moves the rest). ``row_width``: the width of
+    the loss's response rows (``PackedBatch.response_rows``).
 
     Tensor ops over the whole pack, no loop over tokens: the pack is built on the host while
     the device runs the previous micro-batch (``PolicyTrainer``), and a per-token Python loop
     was ~30 ms a micro-batch of 8k tokens (1.3 s for one pass over 256 x 1.2k-token samples)."""
     with single_threaded():  # small host ops: a thread pool's hand-offs cost more on a busy host
-        return _pack(samples, indices, pad_to_multiple, sparse, device)
+        return _pack(samples, indices, pad_to_multiple, sparse, device, row_width)
 
 
 def _pack(samples: list[Sample], indices: list[int] | None, pad_to_multiple: int,
-          sparse: bool, device) -> PackedBatch:
+          sparse: bool, device, row_width: int | None) -> PackedBatch:
     indices = list(range(len(samples))) if indices is None else indices
     seqs, bounds, records = [], [], []
     for i in indices:
@@ -136,16 +158,24 @@ def _pack(samples: list[Sample], indices: list[int] | None, pad_to_multiple: int
     padded = -(-total // pad_to_multiple) * pad_to_multiple
     cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     tokens = torch.cat(seqs + [torch.zeros(padded - total, dtype=torch.long)])
-    is_response = _response_positions(cu, torch.tensor(bounds, dtype=torch.long), padded)
+    seq = torch.searchsorted(cu[1:].long(), torch.arange(total), right=True)  # of each position
+    positions = _positions(cu, seq, padded)
+    is_response = _response_positions(seq, positions, torch.tensor(bounds, dtype=torch.long))
+    response_lengths = [len(samples[i].response_ids) for i in indices]
+    response_index = is_response.nonzero().flatten()
     return PackedBatch(
         tokens=tokens.unsqueeze(0),
         targets=_next_tokens(tokens, cu),
         response_positions=is_response,
         cu_seqlens=cu,
         max_seqlen=max(lengths),
-        response_lengths=[len(samples[i].response_ids) for i in indices],
+        response_lengths=response_lengths,
         sample_indices=indices,
-        response_index=is_response.nonzero().flatten(),
+        response_index=response_index,
+        positions=positions,
+        sample_rows=torch.tensor(indices, dtype=torch.long),
+        row_index=None if row_width is None else _row_index(response_index, response_lengths,
+                                                             row_width, padded),
         eviction=_eviction_masks([samples[i] for i in indices], records, lengths, padded,
                                  device) if sparse else None,
     )
@@ -160,15 +190,36 @@ def _next_tokens(tokens: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
     return targets
 
 
-def _response_positions(cu: torch.Tensor, bounds: torch.Tensor, padded: int) -> torch.Tensor:
+def _positions(cu: torch.Tensor, seq: torch.Tensor, padded: int) -> torch.Tensor:
+    """``[padded]`` long: each position's offset in its own sequence (``seq``: the sequence
+    of each position), 0 in the padding."""
+    out = torch.zeros(padded, dtype=torch.long)
+    out[:len(seq)] = torch.arange(len(seq)) - cu[:-1].long()[seq]
+    return out
+
+
+def _response_positions(seq: torch.Tensor, positions: torch.Tensor, bounds: torch.Tensor
+                        ) -> torch.Tensor:
     """``[padded]`` bool: position j of a sequence gives a log-prob when ``lo <= j < hi`` (its
     row of ``bounds``); padding never."""
-    pos = torch.arange(int(cu[-1]))
-    seq = torch.searchsorted(cu[1:].long(), pos, right=True)  # the sequence of each position
-    offset = pos - cu[:-1].long()[seq]
-    out = torch.zeros(padded, dtype=torch.bool)
-    out[:len(pos)] = (offset >= bounds[seq, 0]) & (offset < bounds[seq, 1])
+    offset = positions[:len(seq)]
+    out = torch.zeros(len(positions), dtype=torch.bool)
+    out[:len(seq)] = (offset >= bounds[seq, 0]) & (offset < bounds[seq, 1])
     return out
+
+
+def _row_index(response_index: torch.Tensor, lengths: list[int], width: int, padded: int
+               ) -> torch.Tensor:
+    """``[n, width]``: the pack position of response token j of sample i (its tokens are
+    ``response_index[start_i:start_i + length_i]``, consecutive over both copies of a sample
+    replayed twice), ``padded`` beyond the response (``response_rows`` appends a zero there)."""
+    if max(lengths) > width:
+        raise ValueError(f"a response of {max(lengths)} tokens does not fit rows of {width}")
+    sizes = torch.tensor(lengths, dtype=torch.long)
+    starts = torch.cumsum(sizes, 0) - sizes
+    column = torch.arange(width)
+    flat = (starts[:, None] + column[None, :]).clamp(max=max(len(response_index) - 1, 0))
+    return torch.where(column[None, :] < sizes[:, None], response_index[flat], padded)
 
 
 def _copies(s: Sample, sparse: bool) -> list[tuple[int, int, torch.Tensor | None]]:

@@ -59,11 +59,36 @@ class TrainConfig:
 
 
 # loss_fn(logp, entropy, sample_ids) -> (loss, metrics): logp/entropy are per-sample response
-# tensors (pack order), sample_ids index the global batch; loss is globally normalised.
+# tensors (pack order), sample_ids index the global batch; loss is globally normalised. A loss
+# with a ``row_width`` attribute (a ``RowLoss``, e.g. grpo_update.GRPOLoss) is called with
+# ``ResponseRows`` instead: the responses as zero-padded rows of that width.
 LossFn = Callable[[list[torch.Tensor], list[torch.Tensor] | None, list[int]],
                   tuple[torch.Tensor, dict]]
 # before_step(logp per sample, None where not this rank's) -> factor for the accumulated grads
 BeforeStep = Callable[[list[torch.Tensor | None]], float]
+
+
+@dataclasses.dataclass
+class ResponseRows:
+    """A micro-batch's responses for a ``RowLoss``: log-probs (and entropies) ``[n, width]``,
+    sample i's in row i and zeros after it, and which samples of the global batch the rows are
+    (``ids``; ``ids_device`` the same on the device, copied with the pack)."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor | None
+    ids: list[int]
+    ids_device: torch.Tensor
+
+
+@dataclasses.dataclass
+class MicroBatchResult:
+    """What one micro-batch's forward leaves: its samples' response log-probs, detached, one
+    flat tensor (pack order, ``lengths`` each), and its loss metrics (0-d device tensors)."""
+
+    ids: list[int]
+    lengths: list[int]
+    logp: torch.Tensor
+    metrics: dict
 
 
 def _no_rescale_finalize(model, num_tokens=None, pg_collection=None, force_all_reduce=False):
@@ -143,8 +168,8 @@ class PolicyTrainer:
         return optimizer, scheduler
 
     # --- batching ----------------------------------------------------------------------------
-    def _micro_batches(self, samples: list[Sample], ids: list[int], sparse: bool = False
-                       ) -> MicroBatches:
+    def _micro_batches(self, samples: list[Sample], ids: list[int], sparse: bool = False,
+                       row_width: int | None = None) -> MicroBatches:
         if sparse:
             self._check_replay_attention()
         lengths = [packed_length(samples[i], sparse) for i in ids]
@@ -152,7 +177,8 @@ class PolicyTrainer:
         device = default_device()
         # masks built on the device; within a rollout's shared_replay_masks (replay_cache.py)
         # the same micro-batch of another pass (reference, recompute, update) reuses them
-        build = lambda g: pack(samples, g, sparse=sparse, device=device).to(device)  # noqa: E731
+        build = lambda g: pack(samples, g, sparse=sparse, device=device,  # noqa: E731
+                               row_width=row_width).to(device)
         return MicroBatches([[ids[j] for j in g] for g in groups],
                             [sum(lengths[j] for j in g) for g in groups], build)
 
@@ -207,17 +233,18 @@ class PolicyTrainer:
         return results
 
     def _loss_on_logits(self, batch: PackedBatch, loss_fn, results, with_entropy, output):
+        """``loss_fn`` None: a forward for the log-probs alone (no loss, no kernel for one)."""
         logits = output.reshape(batch.tokens.shape[1], -1)
         logp, ent = logprobs_and_entropy(
             logits, batch.targets, temperature=self.train_cfg.temperature,
             vocab_size=self.arch.vocab_size, chunk_size=self.train_cfg.log_probs_chunk_size,
             with_entropy=with_entropy)
-        per_logp = batch.split_per_sample(logp)
-        per_ent = batch.split_per_sample(ent) if ent is not None else None
-        loss, metrics = loss_fn(per_logp, per_ent, batch.sample_indices)
-        results.append((batch.sample_indices, [x.detach() for x in per_logp], metrics))
-        dummy_tokens = torch.ones((), device=loss.device, dtype=torch.int)
-        return loss, dummy_tokens, {}
+        flat = batch.response_values(logp)
+        loss, metrics = _call_loss(loss_fn, batch, logp, ent, flat)
+        results.append(MicroBatchResult(batch.sample_indices, batch.response_lengths,
+                                        flat.detach(), metrics))
+        # Megatron adds the token count to its total (ours: already normalised): one constant
+        return loss, _constants(logp.device)[1], {}
 
     @torch.no_grad()
     def compute_logprobs(self, samples: list[Sample], sparse: bool = False
@@ -232,8 +259,7 @@ class PolicyTrainer:
         phase = "old_logp" if self.optimizer is not None else "reference"
         with self._timed(phase, samples, ids, sparse, forward_flops):
             self.model.eval()
-            zero = lambda logp, ent, idx: (logp[0].sum() * 0.0, {})  # noqa: E731
-            results = self._run(self._micro_batches(samples, ids, sparse), zero,
+            results = self._run(self._micro_batches(samples, ids, sparse), None,
                                 forward_only=True, with_entropy=False)
             self.model.train()
             return _per_sample_logps(results, len(samples))
@@ -243,8 +269,9 @@ class PolicyTrainer:
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        results = self._run(self._micro_batches(samples, ids, sparse), loss_fn,
-                            forward_only=False, with_entropy=with_entropy)
+        micro_batches = self._micro_batches(samples, ids, sparse, _row_width(loss_fn))
+        results = self._run(micro_batches, loss_fn, forward_only=False,
+                            with_entropy=with_entropy)
         if before_step is not None:
             factor = before_step(_per_sample_logps(results, len(samples)))
             if factor != 1.0:  # linear: the same as scaling every micro-batch's loss
@@ -267,29 +294,63 @@ class PolicyTrainer:
         with self._timed("update", samples, ids, sparse, train_flops):
             results, update_ok, grad_norm = self._step(samples, ids, loss_fn, with_entropy,
                                                        sparse, before_step)
-        metrics = _sum_metrics([m for _, _, m in results])
+        metrics = _sum_metrics([r.metrics for r in results])
         metrics.update(grad_norm=float(grad_norm or 0.0),
                        lr=float(self.optimizer.param_groups[0]["lr"]),
                        update_skipped=float(not update_ok))
         return dict(metrics)
 
 
-def _per_sample_logps(results, n: int) -> list[torch.Tensor | None]:
+def _call_loss(loss_fn, batch: PackedBatch, logp: torch.Tensor, ent: torch.Tensor | None,
+               flat: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """The micro-batch's loss and metrics: rows for a ``RowLoss``, per-sample tensors for a
+    ``LossFn`` (``flat``: the responses' log-probs), a constant zero without a loss."""
+    if loss_fn is None:
+        return _constants(logp.device)[0], {}
+    if _row_width(loss_fn) is not None:
+        ent_rows = batch.response_rows(ent) if ent is not None else None
+        return loss_fn(ResponseRows(batch.response_rows(logp), ent_rows, batch.sample_indices,
+                                    batch.sample_rows))
+    per_ent = batch.split_per_sample(ent) if ent is not None else None
+    return loss_fn(list(torch.split(flat, batch.response_lengths)), per_ent,
+                   batch.sample_indices)
+
+
+def _row_width(loss_fn) -> int | None:
+    """The response-row width a ``RowLoss`` takes; None for a per-sample ``LossFn``."""
+    return getattr(loss_fn, "row_width", None)
+
+
+_CONSTANTS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(0.0, 1) on ``device``, made once: a forward-only pass's loss and the token count every
+    micro-batch hands Megatron (which only reads them), instead of new ones per micro-batch."""
+    if device not in _CONSTANTS:
+        _CONSTANTS[device] = (torch.zeros((), device=device),
+                              torch.ones((), device=device, dtype=torch.int))
+    return _CONSTANTS[device]
+
+
+def _per_sample_logps(results: list[MicroBatchResult], n: int) -> list[torch.Tensor | None]:
     """``_run``'s results as a list over the ``n`` samples: host fp32 rows for this rank's
     samples (on the last pipeline stage), None elsewhere."""
     out: list[torch.Tensor | None] = [None] * n
-    order = [i for sample_ids, _, _ in results for i in sample_ids]
-    for i, lp in zip(order, _to_host([lp for _, logps, _ in results for lp in logps])):
+    order = [i for r in results for i in r.ids]
+    for i, lp in zip(order, _to_host(results)):
         out[i] = lp
     return out
 
 
-def _to_host(rows: list[torch.Tensor]) -> list[torch.Tensor]:
-    """fp32 CPU copies of per-sample rows: one device-to-host copy (one sync) for all of them."""
-    if not rows:
+def _to_host(results: list[MicroBatchResult]) -> list[torch.Tensor]:
+    """fp32 CPU copies of every sample's log-probs: one device-to-host copy (one sync) for all
+    of them."""
+    if not results:
         return []
-    flat = torch.cat([r.float() for r in rows]).cpu()
-    return [x.clone() for x in torch.split(flat, [r.shape[0] for r in rows])]  # own storage each
+    flat = torch.cat([r.logp.float() for r in results]).cpu()
+    lengths = [n for r in results for n in r.lengths]
+    return [x.clone() for x in torch.split(flat, lengths)]  # own storage each
 
 
 def _sum_metrics(per_micro_batch: list[dict]) -> dict:

@@ -83,6 +83,23 @@ def test_tables_are_rebuilt_for_a_new_pack():
     assert not torch.allclose(a[4:], b[4:])
 
 
+def test_pack_positions_give_the_same_rotation():
+    """A pack's own positions (``use_positions``, as ``packed_forward`` hands them over) rotate
+    exactly as the positions the RoPE derives from the bounds; other bounds ignore them.
+    Mutation check: reading the given positions one token off (``[1:tokens + 1]``) fails here."""
+    from trainer.learner.packing import Sample, pack
+
+    batch = pack([Sample([1, 2, 3], [4, 5]), Sample([6], [7, 8, 9, 10, 11])], pad_to_multiple=16)
+    freqs = freqs_table(8, 8)
+    x = torch.randn(batch.tokens.shape[1], 2, 8)
+    derived = fused_rope.apply_rope_thd(x, batch.cu_seqlens.clone(), freqs)
+    fused_rope.use_positions(batch.cu_seqlens, batch.positions)
+    given = fused_rope.apply_rope_thd(x, batch.cu_seqlens, freqs)
+    assert torch.equal(given, derived)
+    fused_rope.use_positions(batch.cu_seqlens, torch.zeros_like(batch.positions))
+    assert torch.equal(fused_rope.apply_rope_thd(x, batch.cu_seqlens.clone(), freqs), derived)
+
+
 def test_unsupported_layouts_say_so():
     with pytest.raises(NotImplementedError, match="context parallelism"):
         fused_rope.apply_rope_thd(torch.randn(4, 1, 8), torch.tensor([0, 4]), freqs_table(4, 8),

@@ -149,3 +149,47 @@ def test_micro_batches_built_on_demand(tiny_model_factory, tmp_path):
     events, = cpu_megatron.run_on_ranks((__file__, "demand_task"), 1, str(hf), str(tmp_path / "c"))
     n = len(events) // 4  # micro-batches per pass; each packed right before its forward
     assert n > 1 and events == ["pack", "forward"] * (2 * n)
+
+
+def _padded_samples(batch, values, width):
+    """The rows as the GRPO loss built them before ``response_rows``: split per sample, each
+    padded with zeros to ``width``, stacked."""
+    rows = batch.split_per_sample(values)
+    return torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
+
+
+def test_response_rows_equal_padded_samples():
+    """One gather gives the rows (and, backward, the gradient) of a pad per sample and a stack,
+    bit for bit: dense and replayed packs (two-copy samples: one row from both copies),
+    padding at the end. Mutation check: pointing past-the-end entries at position 0 instead of
+    the appended zero fails here."""
+    from trainer.learner.packing import pack
+
+    samples = _samples()
+    g = torch.Generator().manual_seed(3)
+    for indices, pad, sparse in (([0, 1, 2], 1, False), ([4, 1, 6, 3], 8, True),
+                                 (list(range(7)), 16, True)):
+        width = max(len(samples[i].response_ids) for i in indices) + 3
+        batch = pack(samples, indices, pad, sparse=sparse, row_width=width)
+        values = torch.randn(batch.tokens.shape[1], generator=g, requires_grad=True)
+        upstream = torch.randn(len(indices), width, generator=g)
+        got = batch.response_rows(values)
+        (got_grad,) = torch.autograd.grad(got, values, upstream)
+        want = _padded_samples(batch, values, width)
+        (want_grad,) = torch.autograd.grad(want, values, upstream)
+        assert torch.equal(got, want) and torch.equal(got_grad, want_grad)
+        assert batch.sample_rows.tolist() == indices
+    with pytest.raises(ValueError, match="does not fit rows of 3"):
+        pack(samples, [1], row_width=3)
+
+
+def test_positions_restart_per_sequence():
+    """The RoPE positions the pack carries: 0, 1, ... in every sequence (both copies of a
+    replayed sample), 0 in the padding -- what the fused RoPE derived from the bounds itself."""
+    from trainer.learner.packing import pack
+
+    samples = _samples()
+    batch = pack(samples, [4, 1, 6], 16, sparse=True)
+    _, _, _, lengths, _ = reference_pack(samples, [4, 1, 6], 16, True)
+    want = [j for n in lengths for j in range(n)]
+    assert batch.positions.tolist() == want + [0] * (batch.tokens.shape[1] - len(want))

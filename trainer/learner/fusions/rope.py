@@ -40,19 +40,42 @@ class _PackedTables:
     sin: torch.Tensor | None = None
 
 
+@dataclasses.dataclass
+class _KnownPositions:
+    """Per-token positions the packing already put on the device, for the pack of these
+    bounds (``use_positions``)."""
+    cu_seqlens: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+
+
 _tables = _PackedTables()
+_known = _KnownPositions()
+
+
+def use_positions(cu_seqlens: torch.Tensor, positions: torch.Tensor) -> None:
+    """The next forward's pack: bounds ``cu_seqlens`` (the very tensor Megatron will pass),
+    per-token ``positions`` (``[>= tokens]``, on the device): its tables need no host work
+    and no copy of their own."""
+    _known.cu_seqlens, _known.positions = cu_seqlens, positions
+
+
+def _positions(cu_seqlens: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``[tokens]`` position of each token in its sequence, on ``device``."""
+    if _known.cu_seqlens is cu_seqlens and _known.positions.device == device:
+        return _known.positions[:int(cu_seqlens[-1])]  # the host's bounds: no sync
+    bounds = cu_seqlens.to("cpu", torch.long)
+    lengths = bounds[1:] - bounds[:-1]
+    starts = torch.repeat_interleave(bounds[:-1], lengths)
+    positions = torch.arange(int(bounds[-1])) - starts
+    if device.type == "cuda":  # a pageable host->device copy would wait for the stream: pin it
+        positions = positions.pin_memory()
+    return positions.to(device, non_blocking=True)
 
 
 def _packed_cos_sin(cu_seqlens: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtype):
     if _tables.cu_seqlens is cu_seqlens and _tables.freqs is freqs and _tables.cos.dtype == dtype:
         return _tables.cos, _tables.sin
-    bounds = cu_seqlens.to("cpu", torch.long)
-    lengths = bounds[1:] - bounds[:-1]
-    starts = torch.repeat_interleave(bounds[:-1], lengths)
-    positions = torch.arange(int(bounds[-1])) - starts
-    if freqs.is_cuda:  # a pageable host->device copy would wait for the stream: pin it
-        positions = positions.pin_memory()
-    positions = positions.to(freqs.device, non_blocking=True)
+    positions = _positions(cu_seqlens, freqs.device)
     table = freqs.reshape(freqs.shape[0], -1)[positions].unsqueeze(1)  # [t, 1, rot]
     _tables.cu_seqlens, _tables.freqs = cu_seqlens, freqs
     _tables.cos, _tables.sin = table.cos().to(dtype), table.sin().to(dtype)

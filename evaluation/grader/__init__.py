@@ -15,20 +15,24 @@ from __future__ import annotations
 
 import importlib
 
+# ``normalize`` names a function and its module: imported here (it is cheap: ``re`` only), the
+# function is bound after the module, so a later ``import evaluation.grader.normalize`` cannot
+# leave the module where the function should be
+from .normalize import normalize
+
 # public name -> its module here
 _EXPORTS = {
     **dict.fromkeys(("GradeOptions", "answers_equal", "gold_answer", "grade", "prediction_answer"),
                     "equivalence"),
     **dict.fromkeys(("boxed_contents", "extract_answer", "final_boxed", "gsm8k_answer",
                      "last_boxed"), "extract"),
-    "normalize": "normalize",
     **dict.fromkeys(("GraderPool", "GradeResult", "grade_many", "grade_one"), "pool"),
     **dict.fromkeys(("chain_equations", "chain_spec", "check_countdown", "countdown_spec",
                      "exact_number", "math_gold", "score_arithmetic", "score_chain",
                      "score_countdown", "score_countdown_r1", "score_gsm8k"), "tasks"),
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "normalize"])
 
 
 def __getattr__(name: str):

@@ -13,6 +13,8 @@ Names load on first use (as ``sglang_kvc``'s), so the flags build ``--help`` wit
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 # public name -> its module here
 _EXPORTS = {
@@ -38,3 +40,17 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
+
+
+class _Package(types.ModuleType):
+    """``policy_loss`` names a function and its module. Once the module loads (by any route), the
+    import system sets it as this package's attribute: keep the function there instead, as the
+    eager ``from .policy_loss import policy_loss`` did."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "policy_loss" and isinstance(value, types.ModuleType):
+            value = value.policy_loss
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

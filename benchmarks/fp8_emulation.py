@@ -115,8 +115,9 @@ def layer_stats(recorded: dict[int, list], kv_dtype: str) -> list[dict]:
         scale = max(float(k.abs().max()), float(v.abs().max())) / fi.max
         row = {"layer": layer, "scale_amax": scale}
         for name, x in (("k", k), ("v", v)):
+            tiny = (x.abs() < fi.smallest_normal) & (x != 0)
             row.update({f"{name}_amax": float(x.abs().max()), f"{name}_absmean": float(x.abs().mean()),
-                        f"{name}_subnormal": float(((x.abs() < fi.smallest_normal) & (x != 0)).float().mean()),
+                        f"{name}_subnormal": float(tiny.float().mean()),
                         f"{name}_saturated": float((x.abs() > fi.max).float().mean()),
                         f"{name}_err_scale1": _roundtrip_error(x, 1.0, dtype),
                         f"{name}_err_amax": _roundtrip_error(x, scale, dtype)})

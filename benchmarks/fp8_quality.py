@@ -18,9 +18,10 @@ log-probs are compared with two fp32 references that share no code with the engi
 
 Also per layer: the K (after RoPE) and V amax over the prompts, the share of values below the
 format's smallest normal or above its largest finite value at scale 1, and the relative error of
-a pure quantize -> dequantize round trip at scale 1 and at the calibrated scale. ``--perturb``
-adds rows where the emulation rounds K/V to bf16 only, or adds relative noise of e4m3's size:
-how sensitive the model itself is to a perturbation of the stored K/V, whatever its source.
+a pure quantize -> dequantize round trip at scale 1 and at the calibrated scale (written as
+``scales_<dtype>.json`` in ``--workdir``: an ``--quantization-param-path`` file). ``--perturb``
+adds rows where the emulation rounds K/V to bf16 only, or adds noise of e4m3's size: how
+sensitive the model itself is to a perturbation of the stored K/V, whatever its source.
 """
 
 from __future__ import annotations
@@ -44,11 +45,17 @@ CHAT = ["Explain why the sky is blue.", "Write a short poem about autumn leaves.
 
 
 def build_model(args, work: Path) -> Path:
+    """The real checkpoint, or a random one of ``--shape`` (fp32; ``--init-std``: the weights'
+    std, the tiny families' 0.1 unless given)."""
     if args.model_dir:
         return Path(args.model_dir)
-    from bench_rl_step import build_checkpoint
+    from bench_rl_step import shape_spec
+    from checkpoint_tools.tiny_models import make_tiny_model
 
-    return build_checkpoint(args.shape, work / "hf")
+    family, overrides = shape_spec(args.shape)
+    if args.init_std is not None:
+        overrides = {**overrides, "initializer_range": args.init_std}
+    return make_tiny_model(family, work / "hf", dtype=torch.float32, overrides=overrides)
 
 
 def make_prompts(args, path: Path) -> list[list[int]]:
@@ -123,26 +130,28 @@ def run_config(spec: str, ctx: dict, args) -> dict:
     kv_dtype, _, how = spec.partition("@")
     scales = ctx["scales"][kv_dtype] if how == "amax" else None
     ids, lp = sample(ctx["path"], ctx["prompts"], kv_dtype, scales, args)
-    row = {"config": spec, "tokens": sum(map(len, ids)),
-           "vs_dense": gap(reference_logprobs(ctx["model"], ctx["dense"], ctx["prompts"], ids), lp)}
+    dense = reference_logprobs(ctx["model"], ctx["dense"], ctx["prompts"], ids)
+    row = {"config": spec, "tokens": sum(map(len, ids)), "vs_dense": gap(dense, lp)}
     if kv_dtype != "auto":
         emu = KVEmulation(ctx["model"], mode=kv_dtype, scales=ctx["layer_scales"](scales))
         emulated = reference_logprobs(ctx["model"], emu, ctx["prompts"], ids)
         row["vs_emulated"] = gap(emulated, lp)
-        row["emulated_vs_dense"] = gap(reference_logprobs(ctx["model"], ctx["dense"], ctx["prompts"], ids), emulated)
+        row["emulated_vs_dense"] = gap(dense, emulated)
     print(json.dumps(row), flush=True)
     return {**row, "_ids": ids}
 
 
 def perturb_rows(ids, ctx: dict, args) -> list[dict]:
     """How far the model's log-probs move when only the stored K/V are perturbed: bf16
-    rounding, and e4m3-sized relative noise (uniform in +-2^-4, no quantization)."""
+    rounding, and e4m3-sized noise (half a step at each value's binade, no quantization). The
+    tokens are the dense engine's samples, so the dense model is the sampler here (k3 estimates
+    KL(dense || perturbed) as the FP8 rows estimate KL(FP8 || dense))."""
     dense = reference_logprobs(ctx["model"], ctx["dense"], ctx["prompts"], ids)
     rows = []
     for mode in ("bfloat16", "noise"):
         emu = KVEmulation(ctx["model"], mode=mode, seed=args.seed)
-        rows.append({"config": f"perturb:{mode}",
-                     "emulated_vs_dense": gap(dense, reference_logprobs(ctx["model"], emu, ctx["prompts"], ids))})
+        perturbed = reference_logprobs(ctx["model"], emu, ctx["prompts"], ids)
+        rows.append({"config": f"perturb:{mode}", "perturbed_vs_dense": gap(perturbed, dense)})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -151,6 +160,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="qwen2.5-0.5b", help="bench_rl_step.py's --shape (random weights)")
     p.add_argument("--model-dir", default=None, help="a real HF checkpoint instead (chat prompts)")
+    p.add_argument("--init-std", type=float, default=None, help="random weights' std (default 0.1)")
     p.add_argument("--configs", nargs="+", default=["auto", "fp8_e4m3", "fp8_e4m3@amax", "fp8_e5m2"])
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--prompt-len", type=int, default=64, help="random-weight prompts' length")
@@ -177,6 +187,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="fp8-quality-"))
+    work.mkdir(parents=True, exist_ok=True)
     path = build_model(args, work)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(args.device).eval()
     prompts = make_prompts(args, path)
@@ -193,7 +204,8 @@ def main(argv=None) -> dict:
         rows += perturb_rows(rows[0]["_ids"], ctx, args)
     for r in rows:
         r.pop("_ids", None)
-    return emit({"model": args.model_dir or args.shape, "device": args.device, "dtype": args.dtype,
+    return emit({"model": args.model_dir or args.shape, "init_std": args.init_std,
+                 "device": args.device, "dtype": args.dtype,
                  "prompts": args.prompts,
                  "prompt_lens": [len(p) for p in prompts], "response_len": args.response_len,
                  "layer_stats": {d: s for d, (_, s) in calibrated.items()}, "rows": rows}, args.json)

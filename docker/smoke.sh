@@ -15,9 +15,10 @@
 #   BASE_IMAGE (the Dockerfile's)  LOCAL_BASE (sparse-rl-base:bookworm, the made base's name)
 #   DEBIAN_MIRROR (http://deb.debian.org/debian)  DATA (../shared/data beside the checkout)
 #   SMOKE_TESTS, SMOKE_K (the last step's test paths and -k selection)  SMOKE_DIR (a new temporary folder: the
-#   models, runs and logs; removed after a run that passes)  PIP_MIRROR_PORT (8055)
-# Where pip's own settings name local indexes or wheel folders (file://, as on a machine with a
-# package mirror), the build reads them over http from the host (--network host), nothing copied.
+#   models, runs and logs; removed after a run that passes)
+# With podman the build's pip gets the host pip's indexes, wheel folders and CA bundle (local
+# folders mounted read-only under /run/host-pip), so a machine with its own package mirror (or a
+# proxy with its own CA) builds from it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DOCKERFILE="$ROOT/docker/Dockerfile"
@@ -27,7 +28,6 @@ DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 DATA="${DATA:-$(dirname "$ROOT")/shared/data}"
 SMOKE_TESTS="${SMOKE_TESTS:-tests/docker tests/checkpoint_tools}"
 SMOKE_K="${SMOKE_K:-dockerfile or setup or roundtrip}"
-PIP_MIRROR_PORT="${PIP_MIRROR_PORT:-8055}"
 SUMMARY=()
 
 log() { echo "[smoke] $*" >&2; }
@@ -106,42 +106,48 @@ choose_base() {
     TORCH_MODE=auto  # no torch in the base: setup.sh's choice (CPU torch, no GPU while building)
 }
 
-# --- pip's local mirrors --------------------------------------------------------------------
+# --- pip's settings ------------------------------------------------------------------------
 
 pip_settings() { python3 -m pip config list 2>/dev/null || true; }
 
-local_paths() {
-    # the folders named by pip's settings for key $1 (file:// URLs and plain paths)
-    pip_settings | grep -E "^[^=]*\.$1=" | cut -d= -f2- | tr -d "'\"" | tr ' ' '\n' \
-        | sed -n 's#^file://##; /^\//p'
+host_pip_conf() {
+    # where the host's pip looks (indexes, wheel folders, its CA bundle), the first value of each
+    # key (pip config list puts the environment's first, and it wins in pip too)
+    echo "[global]"
+    { pip_settings || true; } \
+        | sed -n -E "s/^[^.]*\.(index-url|extra-index-url|find-links|cert|trusted-host)='(.*)'\$/\1 = \2/p" \
+        | awk '!seen[$1]++'
 }
 
-serve_pip_mirrors() {
-    # the build reaches the host's local indexes over http: links in one folder, one server
-    local dir="$SMOKE_DIR/pip" n=0 path urls=() links=()
-    mkdir -p "$dir"
-    while read -r path; do
-        [[ -d "$path" ]] || continue
-        ln -s "$(dirname "$path")" "$dir/index$n"
-        urls+=("http://127.0.0.1:$PIP_MIRROR_PORT/index$n/$(basename "$path")/"); n=$((n + 1))
-    done < <(local_paths index-url; local_paths extra-index-url)
-    while read -r path; do
-        [[ -d "$path" ]] || continue
-        ln -s "$path" "$dir/links$n"
-        links+=("http://127.0.0.1:$PIP_MIRROR_PORT/links$n/"); n=$((n + 1))
-    done < <(local_paths find-links)
+local_paths() {
+    # the files and folders a pip config names (file:// URLs and plain paths); an index's folder
+    # with its parent, where its pages link to (../../files/...)
+    local key _ value
+    while read -r key _ value; do
+        for value in $value; do
+            value="${value#file://}"
+            [[ "$value" == /* ]] || continue
+            if [[ "$key" == *index-url ]]; then dirname "$value"; else echo "$value"; fi
+        done
+    done < <(tail -n +2 "$1") | awk '!seen[$0]++'
+}
+
+pip_build_args() {
+    # podman: the build's pip sees what the host's pip sees, each local folder mounted read-only
+    # under /run/host-pip (nothing copied into the context, nothing but that folder's name left in
+    # the image); docker (no mounts while building): pip's defaults, PyPI
     PIP_ARGS=()
-    (( n > 0 )) || return 0
-    python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$PIP_MIRROR_PORT" \
-        >"$SMOKE_DIR/logs/pip-mirror.log" 2>&1 &
-    MIRROR_PID=$!
-    sleep 1
-    kill -0 "$MIRROR_PID" 2>/dev/null || die "could not serve pip's local mirrors on port $PIP_MIRROR_PORT (set PIP_MIRROR_PORT)"
-    log "pip: the host's local mirrors over http://127.0.0.1:$PIP_MIRROR_PORT (${urls[*]} ${links[*]})"
-    PIP_ARGS=(--network host)
-    (( ${#urls[@]} == 0 )) || PIP_ARGS+=(--build-arg "PIP_INDEX_URL=${urls[0]}"
-                                        --build-arg "PIP_EXTRA_INDEX_URL=${urls[*]:1}")
-    (( ${#links[@]} == 0 )) || PIP_ARGS+=(--build-arg "PIP_FIND_LINKS=${links[*]}")
+    [[ "$ENGINE" == podman ]] || return 0
+    local conf="$SMOKE_DIR/pip.conf" path
+    host_pip_conf >"$conf"
+    (( $(wc -l <"$conf") > 1 )) || return 0
+    PIP_ARGS=(--build-arg PIP_CONFIG_FILE=/run/host-pip/pip.conf)
+    while read -r path; do
+        [[ -e "$path" ]] && PIP_ARGS+=(-v "$path:/run/host-pip$path:ro")
+    done < <(local_paths "$conf")
+    log "pip: the host's settings, $(tail -n +2 "$conf" | tr '\n' ' ')"
+    sed -i -E '2,$ s#(^| )(file://)?/#\1\2/run/host-pip/#g' "$conf"
+    PIP_ARGS+=(-v "$conf:/run/host-pip/pip.conf:ro")
 }
 
 # --- steps ----------------------------------------------------------------------------------
@@ -176,6 +182,7 @@ build() {
     [[ "$ENGINE" == podman ]] && ignore=(--ignorefile "$ROOT/docker/Dockerfile.dockerignore")
     "$ENGINE" build -f "$DOCKERFILE" -t "$IMAGE" "${ignore[@]}" "${PIP_ARGS[@]}" \
         --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "SPARSE_RL_TORCH=$TORCH_MODE" "$ROOT"
+    "$ENGINE" image inspect "$IMAGE" >/dev/null  # a build stopped by a signal may still exit 0
 }
 
 in_image() {
@@ -208,24 +215,34 @@ train_tiny() {
 }
 
 serve() {
-    # the server in the image, /generate from inside it: 8 greedy tokens without stopping at EOS
+    # the server in the image, /generate from inside it: 8 greedy tokens past EOS, each of them
+    # Hugging Face's argmax on the same prefix (a prompt this short stays under the R-KV budget)
     in_image "$IMAGE" bash -c '
 python -m sglang_kvc.launch_server --model-path /workspace/models/Qwen2.5-1.5B --port 30000 \
-    --compress-algorithm rkv --compress-max-prompt 4 --compress-divide-length 2 >/tmp/server.log 2>&1 &
-python - <<"PY" || { tail -n 30 /tmp/server.log; exit 1; }
-import json, time, urllib.request
-url = "http://127.0.0.1:30000"
-for _ in range(480):
+    --compress-algorithm rkv --compress-max-prompt 16 --compress-max-window 4 \
+    --compress-divide-length 4 >/tmp/server.log 2>&1 &
+python - $! <<"PY" || { tail -n 30 /tmp/server.log; exit 1; }
+import json, os, sys, time, urllib.request
+import torch
+from transformers import AutoModelForCausalLM
+url, server = "http://127.0.0.1:30000", int(sys.argv[1])
+while True:
+    assert os.path.exists(f"/proc/{server}"), "the server exited"
     try:
         urllib.request.urlopen(url + "/health", timeout=2)
         break
     except OSError:
         time.sleep(0.5)
-body = {"text": "1 + 1 =", "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}
+body = {"input_ids": [5, 17, 9, 40], "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}
 req = urllib.request.Request(url + "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
-out = json.load(urllib.request.urlopen(req, timeout=120))
+out = json.load(urllib.request.urlopen(req, timeout=300))
 print(json.dumps(out)[:400])
-assert isinstance(out["text"], str) and out["meta_info"]["completion_tokens"] == 8, out
+assert out["meta_info"]["completion_tokens"] == len(out["output_ids"]) == 8, out
+model = AutoModelForCausalLM.from_pretrained("/workspace/models/Qwen2.5-1.5B", dtype=torch.float32)
+logits = model(torch.tensor([body["input_ids"] + out["output_ids"]])).logits[0, 3:-1]
+chosen = logits.gather(1, torch.tensor(out["output_ids"])[:, None])[:, 0]
+assert (chosen >= logits.max(1).values - 1e-3).all(), (chosen, logits.max(1))
+print("/generate: 8 tokens, each the HF argmax")
 PY'
 }
 
@@ -252,7 +269,6 @@ synthetic_data() {
 }
 
 cleanup() {
-    [[ -z "${MIRROR_PID:-}" ]] || kill "$MIRROR_PID" 2>/dev/null || true
     # a passing run (or a check) leaves nothing behind; a failing one its logs
     if [[ -n "${OWN_DIR:-}" && -n "${REMOVE_DIR:-}" && -z "${SMOKE_KEEP:-}" ]]; then
         rm -rf "$SMOKE_DIR"
@@ -266,14 +282,15 @@ main() {
     fi
     mkdir -p "$SMOKE_DIR/logs" "$SMOKE_DIR/models" "$SMOKE_DIR/runs"
     trap cleanup EXIT
-    [[ "${1:-}" != --check ]] || REMOVE_DIR=1
+    REMOVE_DIR=1  # nothing worth keeping until the build starts
     choose_engine
     log "engine: $ENGINE ($("$ENGINE" --version))"
     [[ "${1:-}" != --check ]] || { echo "$ENGINE"; return 0; }
+    REMOVE_DIR=
     [[ -d "$DATA/train" ]] || synthetic_data
     local start=$SECONDS size
     timed base choose_base
-    serve_pip_mirrors
+    pip_build_args
     step build build
     step dry-run dry_run
     step train train_tiny
@@ -284,4 +301,4 @@ main() {
     REMOVE_DIR=1
 }
 
-main "$@"
+main "$@"; exit  # one line: an edit to this file while it runs cannot run more of it

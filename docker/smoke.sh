@@ -3,19 +3,21 @@
 #   bash docker/smoke.sh            (from anywhere; docker/README.md has a run's output and times)
 #   bash docker/smoke.sh --check    (only say which engine would build, or why none can; exit 1)
 # Steps, each timed: the base (BASE_IMAGE when it can be pulled, else a Debian bookworm root
-# filesystem with python3 made by mmdebstrap or debootstrap, imported once, then cached), the build, then
-# inside the image: the 3B R-KV script's dry run, a 2-rollout CPU run of the 1.5B R-KV script on
-# a tiny model, the rollout server answering /generate, and `scripts/test.sh` on a few tests.
-# The data is mounted where the image expects it (/workspace/shared/data), from ../shared/data
-# beside the checkout (a few synthetic rows when that is absent); the tiny model in /workspace/models.
+# filesystem with python3 made by mmdebstrap or debootstrap, imported once, then cached), the
+# build, then inside the image: the 3B R-KV script's dry run, a 2-rollout CPU run of the 1.5B
+# R-KV script on a tiny model, the rollout server answering /generate, and `scripts/test.sh` on a
+# few tests. The data is mounted where the image expects it (/workspace/shared/data), from
+# ../shared/data beside the checkout (a few synthetic rows when that is absent); the tiny model
+# goes to /workspace/models.
 # The last line sums it up: the image, its size and each step's wall time.
 #
 # Environment (all optional):
 #   ENGINE (docker if its daemon answers, else podman)  IMAGE (sparse-rl:smoke)
 #   BASE_IMAGE (the Dockerfile's)  LOCAL_BASE (sparse-rl-base:bookworm, the made base's name)
 #   DEBIAN_MIRROR (http://deb.debian.org/debian)  DATA (../shared/data beside the checkout)
-#   SMOKE_TESTS, SMOKE_K (the last step's test paths and -k selection)  SMOKE_DIR (a new temporary folder: the
-#   models, runs and logs; removed after a run that passes)
+#   SMOKE_TESTS, SMOKE_K (the last step's test paths and -k selection)  SMOKE_DIR (a new
+#   temporary folder: the models, runs and logs; removed after a run that passes)  SMOKE_KEEP=1
+#   keeps it
 # With podman the build's pip gets the host pip's indexes, wheel folders and CA bundle (local
 # folders mounted read-only under /run/host-pip), so a machine with its own package mirror (or a
 # proxy with its own CA) builds from it.

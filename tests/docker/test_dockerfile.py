@@ -78,9 +78,19 @@ def test_setup_sh_is_the_only_install_path(dockerfile):
     runs = " ".join(a for k, a in dockerfile if k == "RUN")
     assert "bash scripts/setup.sh" in runs
     assert not re.search(r"\bpip3?\s+install\b|\bconda\s+install\b|\buv\s+pip\b", runs), runs
+    # the image's torch by default (a build argument: a base without torch takes auto), set in
+    # the environment before setup.sh runs
+    order = [(k, a) for k, a in dockerfile if "SPARSE_RL_TORCH" in a or "setup.sh" in a]
+    assert order[:2] == [("ARG", "SPARSE_RL_TORCH=system"), ("ENV", "SPARSE_RL_TORCH=${SPARSE_RL_TORCH}")], order
+    assert "setup.sh" in order[2][1], order
+
+
+def test_no_build_setting_stays_in_the_image(dockerfile):
+    """pip's build-time config (docker/smoke.sh's mirror) is a build argument, empty by default,
+    never an ENV of the image."""
+    assert ("ARG", "PIP_CONFIG_FILE=") in dockerfile
     env = " ".join(a for k, a in dockerfile if k == "ENV")
-    order = [k for k, a in dockerfile if "SPARSE_RL_TORCH=system" in a or "setup.sh" in a]
-    assert "SPARSE_RL_TORCH=system" in env and order[0] == "ENV", order
+    assert "PIP_" not in env, env
 
 
 def test_readme_has_the_run_lines():

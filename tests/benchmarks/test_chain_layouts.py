@@ -103,7 +103,8 @@ def test_runs_take_free_gpus_and_share_them_only_with_parallel(tmp_path):
         cl.parse_args(["--gpus", "0", "--layouts", "coloc-dp2-sync"])
 
 
-@pytest.mark.launch  # torchrun launches of the tiny quickstart on CPU, ~2-3 min on 2 cores
+@pytest.mark.slow  # torchrun launches of the tiny quickstart on CPU in two layouts: ~4-9 min on 2 cores
+# (the longest launch test: kept out of CI's 90 minutes; -m slow runs it)
 def test_chain_layouts_tiny_on_cpu(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(

@@ -22,6 +22,10 @@ a pure quantize -> dequantize round trip at scale 1 and at the calibrated scale 
 ``scales_<dtype>.json`` in ``--workdir``: an ``--quantization-param-path`` file). ``--perturb``
 adds rows where the emulation rounds K/V to bf16 only, or adds noise of e4m3's size: how
 sensitive the model itself is to a perturbation of the stored K/V, whatever its source.
+
+Internals timed: none (it measures error, not time); it reads the per-layer scales file with the
+engine's own ``sglang_kvc.kvcache.kv_quant.load_scales``, so the emulation uses the very scales
+the engine applies.
 """
 
 from __future__ import annotations

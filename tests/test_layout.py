@@ -324,7 +324,7 @@ def test_runtime_helpers_come_from_the_trainer():
 
 # benchmarks that time engine internals on their own; each says which in its docstring
 COMPONENT_BENCHMARKS = {"bench_compaction.py", "bench_decode_attention.py", "bench_sampler.py",
-                        "bench_decode_tail.py"}
+                        "bench_decode_tail.py", "fp8_quality.py"}
 
 
 def test_benchmarks_drive_the_engine_through_its_public_names():

@@ -35,6 +35,7 @@ def test_lane_gpus_filter_nvidia_smi_indices():
 
 
 @pytest.mark.launch
+@pytest.mark.slow  # long; CI runs launch and not slow (tests/README.md)
 def test_run_script_on_a_tiny_model(tmp_path):
     data = tmp_path / "data" / "simplelr_qwen_level3to5"
     data.mkdir(parents=True)

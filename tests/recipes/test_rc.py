@@ -104,7 +104,7 @@ def test_per_row_kl_coefficients_weight_the_kl_term():
 
 
 @pytest.mark.launch
-@pytest.mark.parametrize("compress", ["", "rkv"])
+@pytest.mark.parametrize("compress", [pytest.param("", marks=pytest.mark.slow), "rkv"])  # CI: R-KV
 def test_run_rc_through_torchrun(run_recipe, tmp_path, compress):
     data = tmp_path / "data" / "simplelr_qwen_level3to5" / "train.jsonl"
     data.parent.mkdir(parents=True)

@@ -170,6 +170,7 @@ def _interrupted_line(log: str) -> str:
 
 
 @pytest.mark.launch
+@pytest.mark.slow  # long; CI runs launch and not slow (tests/README.md)
 @pytest.mark.timeout(2400)  # four torchrun runs of two ranks each
 def test_interrupted_mid_rollout_and_mid_save_then_resumed_equals_uninterrupted(tiny_run, tmp_path):
     """Ctrl-C in rollout 3 (checkpoint 2 complete), the same command, Ctrl-C in the save of

@@ -286,6 +286,7 @@ def test_engine_killed_mid_rollout_is_replaced_and_no_sample_is_lost(inputs, tmp
 
 
 @pytest.mark.launch
+@pytest.mark.slow  # long; CI runs launch and not slow (tests/README.md)
 def test_engine_killed_during_a_weight_push_is_restarted_resynced_and_used(inputs, tmp_path, jobs,
                                                                           disaggregated):
     """The drill: engine 0 SIGKILLs itself when the second weight push (after rollout 2) reaches
@@ -329,6 +330,7 @@ def reward(sample):
 
 
 @pytest.mark.launch
+@pytest.mark.slow  # long; CI runs launch and not slow (tests/README.md)
 def test_failing_rank_ends_the_job_naming_it_and_resubmitting_resumes(inputs, tmp_path, jobs):
     """Rank 1's reward function raises in rollout 2 while rank 0 waits in a collective: the job
     ends (not after the 10-minute collective timeout) naming the rank and its error, checkpoint 1

@@ -148,7 +148,8 @@ def test_resume_equals_uninterrupted(setup, tmp_path):
 
 
 @pytest.mark.launch
-@pytest.mark.parametrize("sync", ["tensor", "ipc", "disk", "distributed"])
+@pytest.mark.parametrize("sync", ["tensor", pytest.param("ipc", marks=pytest.mark.slow),
+                                  pytest.param("disk", marks=pytest.mark.slow), "distributed"])
 def test_http_server_backend(setup, tmp_path, sync):
     """Rollouts from a separate sglang-kvc server; every weight-sync transport must leave the
     server serving exactly the trainer's weights (π_old recompute == server logprobs)."""
@@ -321,7 +322,7 @@ def _checkpoint_tensors(ckpt_dir, scratch):
 
 
 @pytest.mark.launch
-@pytest.mark.parametrize("layout", [[], ["--rollout-engine-process"]],
+@pytest.mark.parametrize("layout", [[], pytest.param(["--rollout-engine-process"], marks=pytest.mark.slow)],
                          ids=["in-process", "engine-process"])
 def test_async_partial_rollouts_stay_within_the_bound(setup, tmp_path, layout):
     """--max-staleness 1 --partial-rollout with R-KV, on the in-process engine and on an engine

@@ -75,8 +75,10 @@ def test_batched_samples_resume_once_complete_and_compressed_anew(model_dir):
 
 def test_resumed_compressed_request_is_a_fresh_request_of_prompt_and_head(model_dir):
     """Alone in the engine, the continuation and the fresh request run the same shapes, so
-    they agree bit for bit (in a batch, batch-mates change float sums, which can flip a draw
-    near a CDF boundary or an eviction near a score tie: seen once in ~600 tokens)."""
+    they draw the same tokens (in a batch, batch-mates change float sums, which can flip a draw
+    near a CDF boundary or an eviction near a score tie: seen once in ~600 tokens). Their
+    logprobs agree to float32 rounding, not bit for bit: CI's CPU gave 5e-7 apart where this
+    one gives 0 (its kernels pick other reduction orders)."""
     cfg = RolloutConfig(max_response_len=600, seed=3)
     prompt = PROMPTS[1]
     with Engine(model_path=str(model_dir), device="cpu", **RKV) as engine:
@@ -86,10 +88,13 @@ def test_resumed_compressed_request_is_a_fresh_request_of_prompt_and_head(model_
         assert len(gen.meta.get("resumed_at", [])) == 1, "the request was not in flight at the push"
         at = gen.meta["resumed_at"][0]
         head = gen.response_ids[:at]
-        assert head == full.response_ids[:at] and gen.logprobs[:at] == full.logprobs[:at]
+        assert head == full.response_ids[:at]
+        torch.testing.assert_close(torch.tensor(gen.logprobs[:at]), torch.tensor(full.logprobs[:at]),
+                                   atol=1e-5, rtol=0)
         fresh = _fresh(inner, prompt, head, cfg, 0)
     assert gen.response_ids[at:] == fresh.response_ids
-    assert gen.logprobs[at:] == fresh.logprobs
+    torch.testing.assert_close(torch.tensor(gen.logprobs[at:]), torch.tensor(fresh.logprobs),
+                               atol=1e-5, rtol=0)
     assert fresh.meta["compression"]["num_compressions"] > 0  # compressed anew
     # not the uninterrupted request's tokens: the continuation draws with its own seed
     assert gen.response_ids[at:] != full.response_ids[at:]

@@ -72,6 +72,19 @@ def kv_pool_slots(args: ServerArgs, cfg: ModelConfig, device: torch.device, kv_d
     return slots + 1  # slot 0 is the padding slot
 
 
+def build_kv_cache(args: ServerArgs, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+                   backend: str, context_length: int) -> KVCache:
+    """The KV pool (sized from what is left, FP8 with its scales where asked) and its cache."""
+    kv_dtype = resolve_kv_dtype(args.kv_cache_dtype, dtype)
+    check_device(kv_dtype, device, backend)
+    scales = load_scales(args.quantization_param_path, cfg.num_layers)
+    pool = KVPool(kv_pool_slots(args, cfg, device, kv_dtype), cfg.num_layers, cfg.num_kv_heads,
+                  cfg.head_dim, kv_dtype, device, compute_dtype=dtype, k_scale=scales,
+                  v_scale=scales)
+    return KVCache(pool, args.max_running_requests, context_length,
+                   prefix_cache=not args.disable_radix_cache)
+
+
 def compression_parts(args: ServerArgs, cfg: ModelConfig, dtype, device, newline_ids,
                       think_end_id) -> tuple[CompressionConfig | None, Trigger | None, QueryRing | None]:
     """The compression config, its trigger, and the query ring when the policy scores with
@@ -85,6 +98,27 @@ def compression_parts(args: ServerArgs, cfg: ModelConfig, dtype, device, newline
         ring = QueryRing(cfg.num_layers, args.max_running_requests + 1, compression.window,
                          cfg.num_heads, cfg.head_dim, dtype, device)
     return compression, trigger, ring
+
+
+def prompt_logprobs(model: CausalLM, seq: Sequence, hidden: torch.Tensor, offset: int = 0):
+    """Logprob of each prompt token from `logprob_start_len` on (position 0 has none).
+    `hidden` starts at position `offset` (the cached prefix is not computed: the scheduler
+    caps the match so that the positions needed here are)."""
+    prompt = seq.prompt_ids
+    start = min(seq.logprob_start_len, len(prompt) - 1)
+    first = max(start, 1)
+    lps: list = [None] if start == 0 else []
+    tops: list | None = ([None] if start == 0 else []) if seq.top_logprobs_num else None
+    if first < len(prompt):
+        t = seq.params.temperature if seq.params.temperature > 0 else 1.0
+        lp = torch.log_softmax(model.logits(hidden[first - 1 - offset:len(prompt) - 1 - offset]) / t,
+                               dim=-1)
+        target = torch.tensor(prompt[first:], device=lp.device)
+        lps += lp.gather(1, target[:, None])[:, 0].tolist()
+        if tops is not None:
+            v, i = lp.topk(seq.top_logprobs_num, dim=-1)
+            tops += [list(zip(a, b)) for a, b in zip(v.tolist(), i.tolist())]
+    return lps, tops
 
 
 class ModelRunner:
@@ -104,18 +138,12 @@ class ModelRunner:
         # Compression state is allocated before the pool, which is sized from what is left.
         self.compression, trigger, ring = compression_parts(args, cfg, self.dtype, self.device,
                                                             newline_ids, think_end_id)
-        kv_dtype = resolve_kv_dtype(args.kv_cache_dtype, self.dtype)
         backend = self.backend_name = resolve_backend(args.attention_backend, self.device)
-        check_device(kv_dtype, self.device, backend)
-        scales = load_scales(args.quantization_param_path, cfg.num_layers)
-        pool = KVPool(kv_pool_slots(args, cfg, self.device, kv_dtype), cfg.num_layers,
-                      cfg.num_kv_heads, cfg.head_dim, kv_dtype, self.device,
-                      compute_dtype=self.dtype, k_scale=scales, v_scale=scales)
-        self.kv = KVCache(pool, args.max_running_requests, self.context_length,
-                          prefix_cache=not args.disable_radix_cache)
+        self.kv = build_kv_cache(args, cfg, self.device, self.dtype, backend, self.context_length)
         cls = TritonAttention if backend == "triton" else TorchAttention
         self.attn = cls(self.kv, cfg.num_heads, cfg.head_dim)
         self.attn.ring = ring
+        pool, kv_dtype = self.kv.pool, self.kv.pool.dtype
         self.compressor = None
         if self.compression is not None:
             self.compressor = Compressor(self.compression, self.kv, ring, trigger)
@@ -253,30 +281,11 @@ class ModelRunner:
         input_lp = {}
         for i, s in enumerate(seqs):
             if s.return_logprob and s.logprob_start_len >= 0 and s.input_logprobs is None:
-                input_lp[i] = self._input_logprobs(s, hidden[starts[i]:starts[i] + counts[i]], prefix[i])
+                input_lp[i] = prompt_logprobs(self.model, s, hidden[starts[i]:starts[i] + counts[i]],
+                                              prefix[i])
         for s, n in zip(seqs, counts):
             s.num_computed += n
         return logits, input_lp
-
-    def _input_logprobs(self, seq: Sequence, hidden: torch.Tensor, offset: int = 0):
-        """Logprob of each prompt token from `logprob_start_len` on (position 0 has none).
-        `hidden` starts at position `offset` (the cached prefix is not computed: the scheduler
-        caps the match so that the positions needed here are)."""
-        prompt = seq.prompt_ids
-        start = min(seq.logprob_start_len, len(prompt) - 1)
-        first = max(start, 1)
-        lps: list = [None] if start == 0 else []
-        tops: list | None = ([None] if start == 0 else []) if seq.top_logprobs_num else None
-        if first < len(prompt):
-            t = seq.params.temperature if seq.params.temperature > 0 else 1.0
-            lp = torch.log_softmax(self.model.logits(hidden[first - 1 - offset:len(prompt) - 1 - offset]) / t,
-                                   dim=-1)
-            target = torch.tensor(prompt[first:], device=lp.device)
-            lps += lp.gather(1, target[:, None])[:, 0].tolist()
-            if tops is not None:
-                v, i = lp.topk(seq.top_logprobs_num, dim=-1)
-                tops += [list(zip(a, b)) for a, b in zip(v.tolist(), i.tolist())]
-        return lps, tops
 
     def prepare_decode(self, seqs: list[Sequence], rows: torch.Tensor):
         """Device inputs of a decode step: input_ids (the rows' last sampled tokens, already on

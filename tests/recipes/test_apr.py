@@ -138,7 +138,6 @@ def test_prompt_rows_are_countdown_tasks_with_the_spawn_instructions():
 
 
 @pytest.mark.launch
-@pytest.mark.slow  # long; CI runs launch and not slow (tests/README.md)
 def test_run_apr_through_torchrun(run_recipe, tmp_path):
     flags = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
              "--rollout-max-response-len", "12", "--eval-max-response-len", "8",

@@ -61,7 +61,6 @@ def test_data_split_is_disjoint_and_every_task_solvable():
 
 
 @pytest.mark.launch
-@pytest.mark.slow  # long; CI runs launch and not slow (tests/README.md)
 def test_run_countdown_through_torchrun(run_recipe, tmp_path):
     flags = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--global-batch-size", "8",
              "--rollout-max-response-len", "12", "--eval-max-response-len", "8",

@@ -148,8 +148,7 @@ def test_resume_equals_uninterrupted(setup, tmp_path):
 
 
 @pytest.mark.launch
-@pytest.mark.parametrize("sync", ["tensor", pytest.param("ipc", marks=pytest.mark.slow),
-                                  pytest.param("disk", marks=pytest.mark.slow), "distributed"])
+@pytest.mark.parametrize("sync", ["tensor", "ipc", "disk", "distributed"])
 def test_http_server_backend(setup, tmp_path, sync):
     """Rollouts from a separate sglang-kvc server; every weight-sync transport must leave the
     server serving exactly the trainer's weights (π_old recompute == server logprobs)."""

@@ -261,7 +261,6 @@ def _lm_eval(tmp_path: Path, base_url: str, tokenizer: Path, tokenized: bool) ->
                    for line in f.read_text().splitlines()] for name in TASKS}
 
 
-@pytest.mark.slow  # long; CI runs launch and not slow (tests/README.md)
 def test_lm_eval_local_completions(cluster, hf, tmp_path):
     """Loglikelihoods (echo + logprobs) equal HF's sum over the continuation tokens, and the
     generate_until answers equal HF's greedy text, both as lm-eval itself tokenizes."""

@@ -5,26 +5,16 @@ checked, only that they are there and ordered."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
 METRICS = ("step_ms", "host_ms", "replay_ms", "host_outside_replay_ms", "gpu_wait_ms")
 
 
-def test_tiny_cpu_run_reports_every_batch_and_column(tmp_path):
+def test_tiny_cpu_run_reports_every_batch_and_column(tmp_path, run_benchmark):
     out = tmp_path / "tail.json"
-    env = {**os.environ, "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "sglang-kvc"), str(ROOT)])}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_decode_tail.py"), "--shape", "tiny",
-         "--device", "cpu", "--batches", "1,3", "--prompt-len", "8", "--output-len", "6",
-         "--repeats", "2", "--modes", "overlap,sequential", "--breakdown", "--json", str(out),
-         "--model-dir", str(tmp_path / "model")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    proc = run_benchmark(
+        "bench_decode_tail.py", "--shape", "tiny", "--device", "cpu", "--batches", "1,3",
+        "--prompt-len", "8", "--output-len", "6", "--repeats", "2", "--modes", "overlap,sequential",
+        "--breakdown", "--json", str(out), "--model-dir", str(tmp_path / "model"), timeout=300)
     res = json.loads(out.read_text())
     line = [x for x in proc.stdout.splitlines() if x.startswith("{")][-1]
     assert json.loads(line) == res

@@ -5,8 +5,6 @@ what they should (timings are printed, never asserted)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -47,14 +45,9 @@ def test_long_rollout_fp8_configs():
 
 
 @pytest.mark.launch
-def test_smoke_run(tmp_path):
+def test_smoke_run(tmp_path, run_benchmark):
     out = tmp_path / "fp8.json"
-    env = {**os.environ, "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "sglang-kvc"), str(ROOT)])}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_fp8_kv.py"), "--smoke",
-                           "--workdir", str(tmp_path / "w"), "--json", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    run_benchmark("bench_fp8_kv.py", "--smoke", "--workdir", str(tmp_path / "w"), "--json", str(out))
     rows = {r["config"]: r for r in json.loads(out.read_text())["rows"]}
     assert list(rows) == ["dense", "dense@fp8_e4m3", "rkv:16:8", "rkv:16:8@fp8_e4m3"]
     dense, fp8, rkv, rkv8 = rows.values()

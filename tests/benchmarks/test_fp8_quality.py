@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -48,14 +46,10 @@ def test_layer_stats_counts_by_hand():
 
 
 @pytest.mark.launch
-def test_smoke_run(tmp_path):
+def test_smoke_run(tmp_path, run_benchmark):
     out = tmp_path / "q.json"
-    env = {**os.environ, "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "sglang-kvc"), str(ROOT)])}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fp8_quality.py"), "--smoke",
-                           "--perturb", "--workdir", str(tmp_path / "w"), "--json", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    run_benchmark("fp8_quality.py", "--smoke", "--perturb", "--workdir", str(tmp_path / "w"),
+                  "--json", str(out))
     res = json.loads(out.read_text())
     rows = {r["config"]: r for r in res["rows"]}
     assert rows["auto"]["vs_dense"]["max_abs"] < 1e-4  # the fp32 engine is the HF model

@@ -65,6 +65,7 @@ class Scheduler:
         None = dense, reserve `reserve_steps` decode tokens per request. `cow(seq, shared)`: the
         slots a compaction may allocate to copy `shared` shared slots (compression)."""
         self.cfg, self.kv, self.bound, self.cow = cfg, kv, bound, cow
+        self.reclaim = lambda: False  # frees a parked session's KV (sessions.py); True if any
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -109,7 +110,7 @@ class Scheduler:
         """Slots a waiting request may need beyond its prefill (which computes all but `shared`
         of its tokens)."""
         if self.bound is not None:
-            n = seq.num_tokens
+            n = seq.kv_len + seq.num_tokens - seq.num_computed  # held after its prefill
             return max(self.bound(seq, n) - n, 0) + self.cow(seq, shared)
         return min(self.cfg.reserve_steps, seq.params.max_new_tokens - len(seq.output_ids))
 
@@ -124,7 +125,7 @@ class Scheduler:
 
     def _plan(self, seq: Sequence, leaders: dict):
         """(leader or None, cache match or None, tokens shared) for a waiting request."""
-        if self.kv.prefix is None:
+        if self.kv.prefix is None or seq.row is not None:  # a row: KV adopted (sessions.py)
             return None, None, 0
         fresh = seq.num_computed == 0 and not seq.output_ids
         wants_input_lp = seq.return_logprob and seq.logprob_start_len >= 0
@@ -146,7 +147,8 @@ class Scheduler:
             seq = self.waiting[0]
             if len(self.running) + len(admitted) >= self.cfg.max_running_requests:
                 break
-            if not self.kv.has_free_row():
+            adopted = seq.row is not None  # holds the KV a session's request left
+            if not adopted and not self.kv.has_free_row() and not self._reclaim_when_stuck(admitted):
                 break
             leader, match, shared = self._plan(seq, leaders)
             need = seq.num_tokens - seq.num_computed - shared  # tokens computed = slots taken
@@ -154,14 +156,17 @@ class Scheduler:
                 break
             locked = self.kv.prefix.unlocked_on_path(match.node) if match is not None else 0
             seq_reserve = self._future(seq, shared)
+            while (need + locked > free and self._reclaim_when_stuck(admitted)):
+                free = self.kv.num_free
             if need + locked + reserve + seq_reserve > free:
                 # Alone and idle, a request that fits the pool must run even without a reserve.
                 if self.running or admitted or need + locked > free:
                     break
             self.waiting.popleft()
-            self.kv.attach(seq, match)
+            if not adopted:
+                self.kv.attach(seq, match)
             seq.leader = leader
-            if leader is None and self.kv.prefix is not None and not seq.output_ids:
+            if leader is None and self.kv.prefix is not None and not seq.output_ids and not adopted:
                 leaders.setdefault(_group_key(seq), seq)
             seq.status = Status.RUNNING
             admitted.append(seq)
@@ -189,6 +194,7 @@ class Scheduler:
             seq.eviction.on_reset(len(seq.prompt_ids) + seq.num_sampled - 1)
         seq.num_computed = 0
         seq.leader = None
+        seq.adopted_kv = False  # recomputed densely from position 0
         seq.status = Status.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -202,6 +208,17 @@ class Scheduler:
             self.kv.release(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+            self.kv.release(seq)  # a session request waiting with adopted KV holds some
+
+    def park(self, seq: Sequence) -> None:
+        """A finished session request leaves the running set and keeps its KV (sessions.py)."""
+        self.running.remove(seq)
+        self.version += 1
+
+    def _reclaim_when_stuck(self, admitted: list) -> bool:
+        """Nothing runs and the next request does not fit: free a parked session's KV (its next
+        request then prefills its whole context). True when some was freed."""
+        return not self.running and not admitted and self.reclaim()
 
     def retract_all(self) -> None:
         for seq in reversed(list(self.running)):

@@ -167,3 +167,58 @@ def test_bad_session_input_is_a_clear_error(tiny_models):
         eng.close_session(sid)
         with pytest.raises(ValueError, match="unknown session id"):
             eng.generate(input_ids=[7], session_params={"id": sid, "rid": first["meta_info"]["id"]})
+
+
+def test_parked_kv_is_dropped_when_nothing_else_fits(tiny_models):
+    """A pool too small for a parked session and a new request: the parked KV goes (the new
+    request runs), and the session's next request prefills its whole context, same tokens."""
+    P, M, O = 30, 5, 4
+    with make_engine(tiny_models, max_total_tokens=60) as eng:
+        sid = eng.open_session()
+        first = eng.generate(input_ids=tokens(P), session_params={"id": sid},
+                             sampling_params=dict(GREEDY, max_new_tokens=M))
+        assert eng.get_server_info()["kv_pool"]["used"] == P + M - 1  # its prompt is cached
+        other = eng.generate(input_ids=tokens(45, seed=8), sampling_params=dict(GREEDY, max_new_tokens=3))
+        assert other["meta_info"]["finish_reason"]["type"] == "length"
+        assert eng.get_server_info()["sessions"]["parked_requests"] == 0
+        before = eng.runner.prefill_tokens
+        second = eng.generate(input_ids=tokens(O, seed=6), return_logprob=True,
+                              sampling_params=dict(GREEDY, max_new_tokens=M),
+                              session_params={"id": sid, "rid": first["meta_info"]["id"]})
+        assert eng.runner.prefill_tokens - before == P + M + O  # the whole context again
+        eng.flush_cache()
+        ref = eng.generate(input_ids=tokens(P) + first["output_ids"] + tokens(O, seed=6),
+                           return_logprob=True, sampling_params=dict(GREEDY, max_new_tokens=M))
+        assert second["output_ids"] == ref["output_ids"]
+        assert lps(second) == pytest.approx(lps(ref), abs=1e-5)
+
+
+def test_a_branch_reprefills_and_the_release_of_the_pool_drops_parked_kv(tiny_models):
+    """Continuing one request twice: the first continuation takes its KV, the second (a
+    branch) prefills its whole context. Releasing the KV pool drops parked KV; the sessions
+    stay usable."""
+    with make_engine(tiny_models) as eng:
+        sid = eng.open_session()
+        first = eng.generate(input_ids=tokens(12), session_params={"id": sid},
+                             sampling_params=dict(GREEDY, max_new_tokens=4))
+        cont = {"id": sid, "rid": first["meta_info"]["id"]}
+        outs = []
+        for seed in (1, 2):
+            before = eng.runner.prefill_tokens
+            outs.append(eng.generate(input_ids=tokens(3, seed=seed), session_params=cont,
+                                     sampling_params=dict(GREEDY, max_new_tokens=4)))
+            outs[-1]["computed"] = eng.runner.prefill_tokens - before
+        # the branch computes its whole context but the first prompt, found in the prefix cache
+        assert [o["computed"] for o in outs] == [4, 4 + 3]
+        assert [o["meta_info"]["cached_tokens"] for o in outs] == [12 + 3, 12]
+        for o, seed in zip(outs, (1, 2)):
+            ref = eng.generate(input_ids=tokens(12) + first["output_ids"] + tokens(3, seed=seed),
+                               sampling_params=dict(GREEDY, max_new_tokens=4))
+            assert o["output_ids"] == ref["output_ids"]
+        eng.release_memory(["kv_cache"])
+        eng.resume_memory(["kv_cache"])
+        assert eng.get_server_info()["kv_pool"]["used"] == 0
+        last = eng.generate(input_ids=[9], session_params={"id": sid, "rid": outs[0]["meta_info"]["id"]},
+                            sampling_params=dict(GREEDY, max_new_tokens=2))
+        assert last["meta_info"]["cached_tokens"] == 0 and len(last["output_ids"]) == 2
+        eng.close_session(sid)

@@ -26,7 +26,7 @@ from .io_struct import GenerateItem, parse_generate
 from .model_runner import ModelRunner
 from .output import OutputBuilder
 from .scheduler import Scheduler, SchedulerConfig
-from .sessions import Sessions
+from .sessions import Sessions, check_open_args
 from .step_loop import StepLoop
 
 log = logging.getLogger(__name__)
@@ -203,11 +203,7 @@ class Engine:
     def open_session(self, capacity_of_str_len: int = 0, session_id: str | None = None) -> str:
         """SGLang's open_session: a session whose requests continue each other's KV; returns its
         id (`session_id`, or a new one). `capacity_of_str_len` is accepted and unused."""
-        if not isinstance(capacity_of_str_len, int) or isinstance(capacity_of_str_len, bool) \
-                or capacity_of_str_len < 0:
-            raise ValueError("capacity_of_str_len must be a non-negative integer")
-        if session_id is not None and (not isinstance(session_id, str) or not session_id):
-            raise ValueError("session_id must be a non-empty string")
+        check_open_args(capacity_of_str_len, session_id)
         return self.loop.call(self.sessions.open, session_id)
 
     def close_session(self, session_id: str) -> None:

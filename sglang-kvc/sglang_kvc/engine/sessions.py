@@ -35,6 +35,15 @@ from .sequence import Sequence
 _KV_FIELDS = ("row", "kv_len", "prefix_len", "prefix_node", "num_computed")
 
 
+def check_open_args(capacity_of_str_len, session_id) -> None:
+    """open_session's arguments (SGLang's; the capacity is accepted and unused)."""
+    if not isinstance(capacity_of_str_len, int) or isinstance(capacity_of_str_len, bool) \
+            or capacity_of_str_len < 0:
+        raise ValueError("capacity_of_str_len must be a non-negative integer")
+    if session_id is not None and (not isinstance(session_id, str) or not session_id):
+        raise ValueError("session_id must be a non-empty string")
+
+
 @dataclass
 class Turn:
     """A finished request of a session; it holds its KV while `seq.row` is set."""

@@ -98,6 +98,7 @@ def make_sequences(item: GenerateItem, tokenizer, limits: IntakeLimits,
     if session is not None:
         seqs[0].session_id, seqs[0].parent_rid = session.session_id, session.parent_rid
         seqs[0].first_prompt_len = session.first_prompt_len or len(ids)
+        seqs[0].continued_len = len(session.ids)
     return seqs
 
 

@@ -72,6 +72,7 @@ class Sequence:
     # request left (not dense KV of its prompt once compressed: never put in the prefix cache).
     session_id: str | None = None
     parent_rid: str | None = None
+    continued_len: int = 0  # tokens of the context it continues (the head of prompt_ids)
     first_prompt_len: int | None = None
     adopted_kv: bool = False
 

@@ -222,3 +222,18 @@ def test_a_branch_reprefills_and_the_release_of_the_pool_drops_parked_kv(tiny_mo
                             sampling_params=dict(GREEDY, max_new_tokens=2))
         assert last["meta_info"]["cached_tokens"] == 0 and len(last["output_ids"]) == 2
         eng.close_session(sid)
+
+
+def test_admission_counts_a_continuation_without_its_context(tiny_models):
+    """--max-queued-tokens counts a continuation's new tokens and output, not the context its
+    session already holds: 25 + 10 fits a 40-token queue, and so does the next turn's 4 + 10
+    (its whole context plus output, 49, would not)."""
+    with make_engine(tiny_models, max_queued_tokens=40) as eng:
+        sid = eng.open_session()
+        first = eng.generate(input_ids=tokens(25), session_params={"id": sid},
+                             sampling_params=dict(GREEDY, max_new_tokens=10))
+        second = eng.generate(input_ids=tokens(4, seed=3), sampling_params=dict(GREEDY, max_new_tokens=10),
+                              session_params={"id": sid, "rid": first["meta_info"]["id"]})
+        assert second["meta_info"]["prompt_tokens"] == 39 and len(second["output_ids"]) == 10
+        with pytest.raises(ValueError, match="max-queued-tokens"):
+            eng.generate(input_ids=tokens(39), sampling_params=dict(GREEDY, max_new_tokens=10))

@@ -24,6 +24,12 @@ equals one admitted in the same batch (the n samples of a request) becomes that 
 it is not computed, it shares the leader's slots and logits. Shared slots count once: a request
 needs only the slots it computes, and cached slots nobody reads are free room (evicted, least
 recently used first, before anything is preempted).
+
+Sessions (sessions.py): a finished session request is parked with its KV until the request
+continuing it adopts that KV (it waits holding its row and slots, and computes only its new
+tokens). Parked KV is room held like a cache's: a waiting request that does not fit, or a decode
+step short of slots, drops the least recently parked first, before any running request is
+preempted.
 """
 
 from __future__ import annotations
@@ -148,16 +154,17 @@ class Scheduler:
             if len(self.running) + len(admitted) >= self.cfg.max_running_requests:
                 break
             adopted = seq.row is not None  # holds the KV a session's request left
-            if not adopted and not self.kv.has_free_row() and not self._reclaim_when_stuck(admitted):
-                break
+            if not adopted and not self.kv.has_free_row():
+                gained = self._drop_parked()  # its row is free now
+                if gained is None:
+                    break
+                free += gained
             leader, match, shared = self._plan(seq, leaders)
             need = seq.num_tokens - seq.num_computed - shared  # tokens computed = slots taken
             if admitted and need > budget:
                 break
-            locked = self.kv.prefix.unlocked_on_path(match.node) if match is not None else 0
             seq_reserve = self._future(seq, shared)
-            while (need + locked > free and self._reclaim_when_stuck(admitted)):
-                free = self.kv.num_free
+            locked, free = self._room(match, need + reserve + seq_reserve, free)
             if need + locked + reserve + seq_reserve > free:
                 # Alone and idle, a request that fits the pool must run even without a reserve.
                 if self.running or admitted or need + locked > free:
@@ -179,10 +186,12 @@ class Scheduler:
         return admitted
 
     def _make_room_for_decode(self) -> list[Sequence]:
-        """Preempt the newest requests until every decodable one gets a slot; returns those."""
+        """Free parked sessions' KV, then preempt the newest requests, until every decodable one
+        gets a slot; returns those."""
         seqs = self._decodable()
         while seqs and self.kv.num_free < len(seqs):
-            self.preempt(self.running[-1])
+            if self._drop_parked() is None:  # parked KV goes before running requests do
+                self.preempt(self.running[-1])
             seqs = self._decodable()
         return seqs
 
@@ -215,10 +224,24 @@ class Scheduler:
         self.running.remove(seq)
         self.version += 1
 
-    def _reclaim_when_stuck(self, admitted: list) -> bool:
-        """Nothing runs and the next request does not fit: free a parked session's KV (its next
-        request then prefills its whole context). True when some was freed."""
-        return not self.running and not admitted and self.reclaim()
+    def _room(self, match, want: int, free: int) -> tuple[int, int]:
+        """(slots locking `match` takes from the free room, the free room), after dropping
+        parked sessions' KV until `want` more slots fit, or none is left."""
+        while True:
+            locked = self.kv.prefix.unlocked_on_path(match.node) if match is not None else 0
+            if want + locked <= free:
+                return locked, free
+            gained = self._drop_parked()
+            if gained is None:
+                return locked, free
+            free += gained
+
+    def _drop_parked(self) -> int | None:
+        """Free the least recently parked session request's KV, as a cache gives up its least
+        recently used entry (that session's next request prefills its whole context): the free
+        room gained, None when nothing is parked."""
+        before = self.kv.num_free
+        return self.kv.num_free - before if self.reclaim() else None
 
     def retract_all(self) -> None:
         for seq in reversed(list(self.running)):

@@ -12,8 +12,9 @@ KV is the compressed KV: budgets span the whole context, the new tokens are scor
 like any other, the eviction tracker goes on over the whole context's positions, and
 --compress-keep-prompt pins the chain's first prompt (`Sequence.first_prompt_len`).
 
-A parked KV goes when its session closes, when the KV pool is released, or when nothing runs
-and a waiting request could not fit otherwise (least recently parked first). A request
+A parked KV goes when its session closes, when the KV pool is released, or when the scheduler
+needs its room (a waiting request that does not fit, a decode step short of slots: least
+recently parked first, before any running request is preempted). A request
 continuing it then (or a second continuation of one request: a branch) prefills its whole
 context densely: the same tokens and positions, only slower (for a compressed chain its
 eviction record says from where: `eviction_record_dense_from`).

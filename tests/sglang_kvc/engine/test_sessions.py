@@ -237,3 +237,16 @@ def test_admission_counts_a_continuation_without_its_context(tiny_models):
         assert second["meta_info"]["prompt_tokens"] == 39 and len(second["output_ids"]) == 10
         with pytest.raises(ValueError, match="max-queued-tokens"):
             eng.generate(input_ids=tokens(39), sampling_params=dict(GREEDY, max_new_tokens=10))
+
+
+def test_a_decode_step_short_of_slots_drops_parked_kv_before_preempting(tiny_models):
+    """Parked KV is given up like cached KV: a running request that outgrows the pool takes the
+    parked session's slots instead of being preempted."""
+    with make_engine(tiny_models, max_total_tokens=60) as eng:
+        sid = eng.open_session()
+        eng.generate(input_ids=tokens(30), session_params={"id": sid},
+                     sampling_params=dict(GREEDY, max_new_tokens=5))
+        out = eng.generate(input_ids=tokens(10, seed=4), sampling_params=dict(GREEDY, max_new_tokens=40))
+        assert out["meta_info"]["num_preemptions"] == 0 and len(out["output_ids"]) == 40
+        assert eng.get_server_info()["sessions"]["parked_requests"] == 0
+        eng.close_session(sid)

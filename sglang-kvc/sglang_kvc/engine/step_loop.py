@@ -236,6 +236,8 @@ class StepLoop:
         seq.status = Status.FINISHED
         seq.finished_at = time.time()
         seq.on_update(self.outputs.build(seq, final=True), True)
+        if kept:  # its session keeps the request until closed, not its response (the callback's)
+            seq.on_update = None
 
     def abort(self, rid: str, abort_all: bool, message: str) -> int:
         """(engine thread) End the matching requests, running or waiting."""

@@ -200,12 +200,15 @@ def write_prompts(path: Path, hf: Path, n: int, prompt_len: int, seed: int) -> P
 
 
 def start_run(args, extra: list[str], work: Path):
-    """``bench_rl_step.start_run`` with the padded prompts."""
+    """``bench_rl_step.start_run`` with the padded prompts; a checkpoint and its torch_dist
+    import already in ``work`` are reused (the dense and R-KV runs of the lane share them)."""
     from trainer.arguments import parse_args as trainer_args
     from trainer.launch import init_parallel, parallel_config_from_args
     from trainer.train import Run, run_config_from_args, with_engine_processes
 
-    hf = Path(args.hf_checkpoint) if args.hf_checkpoint else rl.build_checkpoint(args.shape, work / "hf")
+    hf = Path(args.hf_checkpoint) if args.hf_checkpoint else work / "hf"
+    if not (hf / "config.json").is_file():  # a --workdir shared by runs keeps one checkpoint
+        rl.build_checkpoint(args.shape, hf)
     data = write_prompts(work / "prompts.jsonl", hf, args.prompts * (args.steps + 2), args.prompt_len,
                          args.seed)
     targs = trainer_args(rl.trainer_argv(args, hf, data, work, 1 + args.steps) + extra)

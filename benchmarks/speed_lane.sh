@@ -7,7 +7,8 @@
 #                        its memory-sized default (no --max-tokens-per-gpu), printed
 #   oom_3b               bench_rl_step.py at the R-KV run script's settings (pool from
 #                        --sglang-mem-fraction-static 0.7, KL reference, sparse_rl correction,
-#                        memory-sized micro-batch) on 16 samples of ~4.3k tokens: no OOM?
+#                        memory-sized micro-batch) on 32 samples of ~2.3k tokens (a step's
+#                        peak is one micro-batch's, whatever their number): no OOM?
 #   replay               bench_sparse_recompute.py: flex and gather against dense (0.5B, 4k,
 #                        budget 512), recompute and update, min / median / max of 3 repeats
 #   engine_dense, engine_rkv  bench_engine.py on the same shape as ril_* (B 256, P 128, O 512,
@@ -20,7 +21,7 @@
 #   benchmarks/speed_lane.sh OUT_DIR
 # All of it is ~20 minutes on an H200, more than one call's TOTAL_S: the defaults run the pieces
 # in the order above and skip what does not fit (parts 1, 2 and 4 first); a second call with
-# PARTS="long4k long8k" runs part 3. Environment: PARTS (pieces, in order), TOTAL_S (530: a piece
+# PARTS="long4k long8k" runs part 3. Environment: PARTS (pieces, in order), TOTAL_S (510: a piece
 # starts only with >= 30 s left and is cut at the lane's end), PYTHON (python3), SMOKE=1 (tiny
 # shapes on a CPU: the lane end to end, measuring nothing).
 set -uo pipefail
@@ -28,7 +29,7 @@ set -uo pipefail
 OUT="${1:?usage: benchmarks/speed_lane.sh OUT_DIR}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
-TOTAL_S="${TOTAL_S:-530}"
+TOTAL_S="${TOTAL_S:-510}"
 SMOKE="${SMOKE:-0}"
 PARTS="${PARTS:-ril_dense ril_rkv oom_3b replay engine_dense engine_rkv oom_1.5b long4k long8k}"
 START=$SECONDS
@@ -55,7 +56,7 @@ step() {
     "$PY" -c 'import json, sys; print(json.dumps({"piece": sys.argv[1], "exit": int(sys.argv[2]),
         "seconds": int(sys.argv[3]), "limit_s": int(sys.argv[4]), "command": sys.argv[5:]}))' \
         "$name" "$rc" "$((SECONDS - begin))" "$limit" "$@" >>"$OUT/pieces.jsonl"
-    [[ "$name" == long* ]] || rm -rf "${OUT:?}/work/$name"  # its checkpoints: GBs, not results
+    [[ "$name" == oom* ]] && rm -rf "${OUT:?}/work/$name"  # its checkpoints: GBs, not results
     echo "exit $rc after $((SECONDS - begin)) s (lane $((SECONDS - START)) s); last lines:"
     grep -v -i "warn" "$OUT/$name.log" | tail -n 25
 }
@@ -73,7 +74,7 @@ if [[ "$SMOKE" == 1 ]]; then  # tiny shapes and lengths: the lane's plumbing on 
 else
     SHAPE=qwen2.5-0.5b BIG15=qwen2.5-1.5b BIG3=qwen2.5-3b ENGINE_SHAPE=qwen2.5-0.5b
     RIL=(--prompts 32 --samples 8 --prompt-len 128 --response-len 512 --steps 2 --repeats 2)
-    OOM=(--prompts 2 --samples 8 --response-len 4096 --steps 1)
+    OOM=(--prompts 4 --samples 8 --response-len 2048 --steps 1)
     ENG=(--batch 256 --prompt-len 128 --output-len 512 --repeats 3)
     REPLAY=(--seqs-per-step 8 --steps 2 --repeats 3 --max-tokens-per-gpu 32768)
     LONG=(--shape qwen2.5-0.5b --steps 2 --max-tokens-per-gpu 0)
@@ -90,13 +91,13 @@ LONG_CONFIGS=(dense rkv:512 dense@fp8_e4m3 rkv:512@fp8_e4m3)
 piece() {
     case "$1" in
         ril_dense) step ril_dense 150 benchmarks/rollout_in_loop.py --shape "$SHAPE" "${RIL[@]}" \
-            --compress none --max-tokens-per-gpu 0 --workdir "$OUT/work/ril_dense" ;;
+            --compress none --max-tokens-per-gpu 0 --workdir "$OUT/work/ril" ;;
         ril_rkv) step ril_rkv 150 benchmarks/rollout_in_loop.py --shape "$SHAPE" "${RIL[@]}" \
             --compress rkv --kv-budget 128 --compress-divide-length 64 --max-tokens-per-gpu 0 \
-            --workdir "$OUT/work/ril_rkv" ;;
+            --workdir "$OUT/work/ril" ;;
         oom_1.5b) step oom_1.5b 120 benchmarks/bench_rl_step.py --shape "$BIG15" "${OOM[@]}" \
             "${SCRIPT_RKV[@]}" --workdir "$OUT/work/oom_1.5b" ;;
-        oom_3b) step oom_3b 170 benchmarks/bench_rl_step.py --shape "$BIG3" "${OOM[@]}" \
+        oom_3b) step oom_3b 200 benchmarks/bench_rl_step.py --shape "$BIG3" "${OOM[@]}" \
             "${SCRIPT_RKV[@]}" --workdir "$OUT/work/oom_3b" ;;
         engine_dense) step engine_dense 75 benchmarks/bench_engine.py --shape "$ENGINE_SHAPE" \
             "${ENG[@]}" --temperature 1 --logprobs --skip-hf --modes overlap ;;

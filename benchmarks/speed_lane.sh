@@ -3,8 +3,9 @@
 # default"), most important first, each piece under `timeout` and the lane's TOTAL_S:
 #   ril_dense, ril_rkv   rollout_in_loop.py: the rollout phase inside the run (0.5B, 32 x 8
 #                        samples, ~128-token prompts, 512-token answers) against the same engine
-#                        alone on the same requests, broken down; the trainer's micro-batch at
-#                        its memory-sized default (no --max-tokens-per-gpu), printed
+#                        alone on the same requests, broken down; the KV pool and the trainer's
+#                        micro-batch as the run scripts leave them (pool from the memory
+#                        fraction, micro-batch from free memory: printed)
 #   oom_3b               bench_rl_step.py at the R-KV run script's settings (pool from
 #                        --sglang-mem-fraction-static 0.7, KL reference, sparse_rl correction,
 #                        memory-sized micro-batch) on 32 samples of ~2.3k tokens (a step's
@@ -91,10 +92,10 @@ LONG_CONFIGS=(dense rkv:512 dense@fp8_e4m3 rkv:512@fp8_e4m3)
 piece() {
     case "$1" in
         ril_dense) step ril_dense 150 benchmarks/rollout_in_loop.py --shape "$SHAPE" "${RIL[@]}" \
-            --compress none --max-tokens-per-gpu 0 --workdir "$OUT/work/ril" ;;
+            --compress none --max-tokens-per-gpu 0 "${POOL[@]}" --workdir "$OUT/work/ril" ;;
         ril_rkv) step ril_rkv 150 benchmarks/rollout_in_loop.py --shape "$SHAPE" "${RIL[@]}" \
             --compress rkv --kv-budget 128 --compress-divide-length 64 --max-tokens-per-gpu 0 \
-            --workdir "$OUT/work/ril" ;;
+            "${POOL[@]}" --workdir "$OUT/work/ril" ;;
         oom_1.5b) step oom_1.5b 120 benchmarks/bench_rl_step.py --shape "$BIG15" "${OOM[@]}" \
             "${SCRIPT_RKV[@]}" --workdir "$OUT/work/oom_1.5b" ;;
         oom_3b) step oom_3b 200 benchmarks/bench_rl_step.py --shape "$BIG3" "${OOM[@]}" \

@@ -224,7 +224,7 @@ def measure(args, targs, run) -> dict:
     probe, engine = attach(engines), engines.engine
     machine = rl.Machine.detect(args)
     decode = rl.DecodeModel.from_run(load_arch(targs.hf_checkpoint), targs)
-    rows, lens = [], None
+    rows = []
     for i in range(1 + args.steps):
         p0, c0 = probe.snapshot(), engine_counters(engine)
         metrics = run.rollout_step(i)
@@ -235,7 +235,7 @@ def measure(args, targs, run) -> dict:
         if i:
             rows.append(row)
     body = probe.bodies[-1]
-    lens = _lengths(body, run, targs)
+    lens = _lengths(body, targs.rollout_max_response_len)
     engine.resume_memory(["kv_cache"])
     try:
         iso = replay(engine, body, args.repeats, logprobs=bool(body.get("return_logprob")))
@@ -245,13 +245,13 @@ def measure(args, targs, run) -> dict:
     return report(rows, iso, no_lp, decode, lens, machine)
 
 
-def _lengths(body: dict, run, targs) -> tuple[list[int], list[int]]:
+def _lengths(body: dict, cap: int) -> tuple[list[int], list[int]]:
     """Prompt lengths of every sample of the body, and the cap as every response's length
-    (random weights run to it; checked against the in-loop mean in the report)."""
+    (random weights run to it: ``response_len_mean`` in the steps says how closely)."""
     ids, params = body["input_ids"], body["sampling_params"]
     params = params if isinstance(params, list) else [params] * len(ids)
     prompts = [len(p) for p, sp in zip(ids, params) for _ in range(sp.get("n", 1))]
-    return prompts, [targs.rollout_max_response_len] * len(prompts)
+    return prompts, [cap] * len(prompts)
 
 
 def report(rows: list[dict], iso: list[dict], no_lp: list[dict], decode, lens, machine) -> dict:

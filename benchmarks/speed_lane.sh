@@ -59,7 +59,7 @@ step() {
         "$name" "$rc" "$((SECONDS - begin))" "$limit" "$@" >>"$OUT/pieces.jsonl"
     [[ "$name" == oom* ]] && rm -rf "${OUT:?}/work/$name"  # its checkpoints: GBs, not results
     echo "exit $rc after $((SECONDS - begin)) s (lane $((SECONDS - START)) s); last lines:"
-    grep -v -i "warn" "$OUT/$name.log" | tail -n 25
+    grep -v -i "warn" "$OUT/$name.log" | cut -c1-240 | tail -n 25  # (the JSON lines are long)
 }
 
 if [[ "$SMOKE" == 1 ]]; then  # tiny shapes and lengths: the lane's plumbing on a CPU

@@ -113,7 +113,17 @@ def make_engine(path: str, B: int, P: int, O: int, overlap: bool, args):
                   max_total_tokens=args.pool_tokens or B * (P + O) + 1024,
                   max_running_requests=B, cuda_graph_max_bs=B, context_length=P + O + 16,
                   cuda_graph=not args.no_cuda_graph, mem_fraction_static=0.85,
-                  disable_overlap_schedule=not overlap)
+                  disable_overlap_schedule=not overlap, **compress_kwargs(args))
+
+
+def compress_kwargs(args) -> dict:
+    """--compress: the engine compresses as bench_rl_step's --compress runs do (step_length,
+    8-query window)."""
+    if args.compress == "none":
+        return {}
+    return dict(compress_algorithm=args.compress, compress_max_prompt=args.kv_budget,
+                compress_divide_length=args.compress_divide_length, compress_max_window=8,
+                compress_divide_method="step_length")
 
 
 def timed_generate(engine, ids: list, params: dict, logprobs: bool) -> dict:
@@ -262,6 +272,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per engine mode")
     ap.add_argument("--pool-tokens", type=int, default=0, help="KV pool size (0 = fits the batch)")
     ap.add_argument("--skip-hf", action="store_true", help="do not run HF generate")
+    ap.add_argument("--compress", default="none", choices=["none", "rkv", "snapkv", "streamingllm"],
+                    help="KV compression (as bench_rl_step.py --compress)")
+    ap.add_argument("--kv-budget", type=int, default=128, help="--compress-max-prompt")
+    ap.add_argument("--compress-divide-length", type=int, default=64)
     ap.add_argument("--no-cuda-graph", action="store_true", help="eager decode steps")
     ap.add_argument("--profile", default=None, help="directory for a profiler trace of decode steps")
     ap.add_argument("--host-breakdown", action="store_true", help="host time per stage of a step")
@@ -280,6 +294,7 @@ def main() -> None:
     prompts = torch.randint(0, vocab - 100, (B, P), generator=g)
     results = {"gpu": gpu, "shape": args.shape, "batch": B, "prompt_len": P, "output_len": O,
                "temperature": args.temperature, "logprobs": args.logprobs, "torch": torch.__version__,
+               "compress": args.compress, "kv_budget": args.kv_budget,
                "engine": {}}
     with tempfile.TemporaryDirectory() as d:
         results["params"] = build_checkpoint(d, args.seed, args.shape)

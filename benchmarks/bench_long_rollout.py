@@ -181,7 +181,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup-scale", type=float, default=0.125,
                    help="the warm-up rollout's lengths are scaled by this (compiles, captures)")
     p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--max-tokens-per-gpu", type=int, default=16384)
+    p.add_argument("--max-tokens-per-gpu", type=int, default=0,
+                   help="the trainer's micro-batch (0: sized from free memory, its default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default=None)
     p.add_argument("--json", default=None)

@@ -94,10 +94,15 @@ def trainer_argv(args, hf: Path, data: Path, work: Path, rollouts: int) -> list[
             "--global-batch-size", str(n // args.optimizer_steps),
             "--rollout-max-response-len", str(args.response_len), "--rollout-temperature", "1.0",
             "--lr", "1e-6", "--kl-loss-coef", "0", "--rm-type", "math",
-            "--max-tokens-per-gpu", str(args.max_tokens_per_gpu), "--seed", str(args.seed),
+            *max_tokens_flag(args), "--seed", str(args.seed),
             "--sglang-max-running-requests", str(n),
             "--sglang-max-total-tokens", str(n * (args.response_len + 128) + 4096),
             *compress_flags(args)]
+
+
+def max_tokens_flag(args) -> list[str]:
+    """0: the trainer's memory-sized default (token_budget.py), as the run scripts leave it."""
+    return ["--max-tokens-per-gpu", str(args.max_tokens_per_gpu)] if args.max_tokens_per_gpu else []
 
 
 @dataclasses.dataclass
@@ -195,7 +200,8 @@ def step_numbers(m: dict, rec: Recorder, arch, decode: DecodeModel, machine: Mac
                aborted=m["aborted"])
     out.update({k: m[k] for k in ("kv_compressions_per_sample", "kv_peak_slots_per_sample",
                                   "kv_pool_peak_used", "kv_pool_peak_bytes", "kv_pool_capacity",
-                                  "rollout_preemptions", "rollout_tail_fraction") if k in m})
+                                  "rollout_preemptions", "rollout_tail_fraction",
+                                  "memory/peak_allocated_gib", "memory/peak_reserved_gib") if k in m})
     if machine.peak_flops:
         out["recompute_mfu"] = machine.mfu(fwd, m["time_recompute"])
         out["update_mfu"] = machine.mfu(train, m["time_update"])
@@ -234,13 +240,14 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hf-checkpoint", default=None, help="default: a random --shape checkpoint")
     p.add_argument("--shape", default="qwen2.5-0.5b",
-                   choices=["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "smollm2-135m"],
+                   choices=["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "smollm2-135m"],
                    help="random checkpoint's shape (tiny: a CPU smoke run, not a measurement)")
     p.add_argument("--prompts", type=int, default=32, help="prompts per step")
     p.add_argument("--samples", type=int, default=8, help="samples per prompt")
     p.add_argument("--response-len", type=int, default=512, help="most response tokens")
     p.add_argument("--optimizer-steps", type=int, default=1, help="optimizer steps per RL step")
-    p.add_argument("--max-tokens-per-gpu", type=int, default=8192)
+    p.add_argument("--max-tokens-per-gpu", type=int, default=8192,
+                   help="0: sized from free memory (the trainer's default)")
     p.add_argument("--compress", default="none", choices=["none", "rkv", "snapkv", "streamingllm"])
     p.add_argument("--kv-budget", type=int, default=128, help="--sglang-compress-max-prompt")
     p.add_argument("--compress-divide-length", type=int, default=64)
@@ -324,6 +331,7 @@ def main(argv=None) -> dict:
     try:
         steps, trace = measure(args, targs, run)
         rank, machine = _rank(), Machine.detect(args)  # the ranks: before the teardown
+        max_tokens = run.trainer.train_cfg.max_tokens_per_gpu  # as given or as sized
     finally:
         run.close()
         launched.stop()
@@ -335,7 +343,7 @@ def main(argv=None) -> dict:
     result = dict(gpu=machine.name, shape=None if args.hf_checkpoint else args.shape,
                   hf_checkpoint=targs.hf_checkpoint, prompts=args.prompts, samples=args.samples,
                   response_len=args.response_len, compress=args.compress,
-                  packed_attention=args.packed_attention,
+                  max_tokens_per_gpu=max_tokens, packed_attention=args.packed_attention,
                   peak_flops=machine.peak_flops, learner_gpus=machine.learner_gpus,
                   peak_hbm_bytes_per_s=machine.peak_hbm,
                   steps=steps, summary=summary, profile_trace=str(trace) if trace else None)

@@ -40,7 +40,7 @@ inference frontier, ``benchmarks/inference_frontier.py``, shows keeping it is th
         --seeds 1 2 3 --num-rollout 60 --parallel 4 --eval-interval 20 --eval-prompts 32 \
         --compressed-flags='--sglang-compress-prompt' -- \
         --rollout-batch-size 16 --global-batch-size 128 --sglang-max-running-requests 128 \
-        --sglang-max-total-tokens 81920 --max-tokens-per-gpu 8192
+        --sglang-max-total-tokens 81920 --max-tokens-per-gpu 8192  # reason: runs share a GPU
     python benchmarks/correction_grid.py report runs/frontier43 --pareto docs/plots/frontier43_pareto.png
 
 (At the grid's pace above, ~19 minutes per 7 runs four at a time, that is about 2.5 GPU hours: run
@@ -76,6 +76,8 @@ REPLAYS = ("sparse-recompute", "train-sparse-policy")  # trainer flags of evicti
 # rollout, a pool of 81,920 slots; inference_frontier.py --train-dense trains dense with them.
 REAL_MODEL_FLAGS = ("--rollout-batch-size", "16", "--global-batch-size", "128",
                     "--sglang-max-running-requests", "128", "--sglang-max-total-tokens", "81920",
+                    # reason: --parallel runs share one GPU (a size from free memory would take
+                    # what the other runs need at their peaks)
                     "--max-tokens-per-gpu", "8192")
 # A variant's name: no '-', ':' or '+', so a run folder's name parses back (discover)
 VARIANT_NAME = re.compile(r"^[a-z0-9_]+$")

@@ -197,9 +197,12 @@ def task_flags(model: str, task: str) -> list[str]:
         return []
     t = task_of(model, task)
     pool = max(81_920, 128 * t.sample_tokens + 4096)
+    # reason: 6-13 runs share one GPU; the trainer's default sizes from the free memory it sees at
+    # its first pass, which the other runs' peaks then take back (an OOM), so each pins a share
+    micro_batch = ["--max-tokens-per-gpu", "8192"]
     return ["--rollout-batch-size", "16", "--n-samples-per-prompt", "8", "--global-batch-size", "128",
             "--sglang-max-running-requests", "128", "--sglang-max-total-tokens", str(pool),
-            "--max-tokens-per-gpu", "8192", "--rollout-max-response-len", str(t.max_len)]
+            *micro_batch, "--rollout-max-response-len", str(t.max_len)]
 
 
 # --------------------------------------------------------------------------- one run

@@ -2,8 +2,9 @@
 # GSM8K GRPO with AReaL's settings (examples/math/gsm8k_grpo.yaml): Qwen2.5-1.5B-Instruct, 256
 # prompts x group size 4, 1,024 response tokens, rewards (r - 0.5) x 10, eps_clip 0.4, no KL,
 # lr 1.7e-5, one optimizer step per rollout, the decoupled loss with the behaviour importance
-# weight capped at 5 (tokens above it masked), 10,240-token micro-batches. Trains on a held-apart
-# slice of the GSM8K test file and evaluates only on the rest (recipes/gsm8k.py says why).
+# weight capped at 5 (tokens above it masked). AReaL's 10,240-token micro-batches are left to the
+# trainer's size from free memory (speed only, not the maths). Trains on a held-apart slice of the
+# GSM8K test file and evaluates only on the rest (recipes/gsm8k.py says why).
 #   MODEL_DIR=/models/Qwen2.5-1.5B-Instruct NUM_GPUS=8 ./scripts/run-gsm8k.sh [extra trainer flags]
 # GSM8K_FILE (default ../shared/data/eval/gsm8k/test.jsonl); COMPRESS=rkv for R-KV rollouts;
 # DECOUPLED=0 for the reference's sparse_rl correction instead; other variables as in scripts/lib/common.sh.
@@ -15,7 +16,6 @@ CHAT_TEMPLATE=1
 DEFAULT_TP=1
 COMPRESS="${COMPRESS-}"
 EVAL_SETS=""  # the held-out GSM8K slice is the eval set
-MAX_TOKENS_PER_GPU="${MAX_TOKENS_PER_GPU:-10240}"
 source "$HERE/scripts/lib/common.sh"
 GSM8K_FILE="${GSM8K_FILE:-$PARENT/shared/data/eval/gsm8k/test.jsonl}"
 HELDOUT_DATA="$DATA_DIR/$DATA_NAME/heldout.jsonl"

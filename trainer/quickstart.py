@@ -177,13 +177,24 @@ def tiny_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     print(f"[quickstart] warm-up: {steps} supervised steps, final loss {loss:.3f}")
     flags = ["--rollout-batch-size", "16", "--n-samples-per-prompt", "8", "--global-batch-size", "128",
              "--rollout-max-response-len", str(task.max_len), "--rm-type", task.rm_type,
-             "--max-tokens-per-gpu", "4096", "--sglang-max-total-tokens", str(128 * task.sample_tokens),
+             *micro_batch_flags(4096), "--sglang-max-total-tokens", str(128 * task.sample_tokens),
              "--sglang-max-running-requests", "128"]
     # R-KV keeps 20 tokens (+ a 4-token buffer): responses run 10-40 tokens, and the average
     # sample is compressed ~4 times, so the sampler really is the sparse policy.
     if args.compress_algorithm != "none":
         flags += compress_flags("tiny", args.compress_algorithm, args.kv_budget or task.kv_budget)
     return model_dir, task.rows(2000, args.seed), flags
+
+
+def micro_batch_flags(cpu_tokens: int) -> list[str]:
+    """The trainer's micro-batch: on a GPU its size from free memory (the default); on a CPU
+    ``cpu_tokens``."""
+    import torch
+
+    if torch.cuda.is_available():
+        return []
+    # reason: on a CPU the default sizes from the host's free RAM, which other processes share
+    return ["--max-tokens-per-gpu", str(cpu_tokens)]
 
 
 def compress_flags(model: str, algorithm: str, budget: int) -> list[str]:
@@ -215,7 +226,7 @@ def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
              "--global-batch-size", str(prompts * 8), "--rollout-max-response-len", str(task.max_len),
              "--rm-type", task.rm_type,
              # micro-batch logits are tokens x 49,152 vocab: 4k tokens keep a CPU run in memory
-             "--max-tokens-per-gpu", "16384" if torch.cuda.is_available() else "4096",
+             *micro_batch_flags(4096),
              "--sglang-max-total-tokens", str(prompts * 8 * task.sample_tokens + 4096),
              "--sglang-max-running-requests", str(prompts * 8)]
     # The engine computes in the trainer's dtype (fp32 on a CPU, bf16 on a GPU). The chain

@@ -13,7 +13,8 @@
 #   SAVE_DIR (runs/<script name>)  LOG_DIR ($SAVE_DIR/logs)  TP  PP (1)  REF_LOAD ($MODEL_DIR)
 #   EVAL_DIR (../shared/data/eval)  EVAL_SETS ("aime24 amc23 math500"; empty = no eval)
 #   NUM_ROLLOUT (100)  SAVE_INTERVAL (20)  EVAL_INTERVAL (20)  EVAL_SAMPLES (1)  SEED (1234)
-#   MAX_TOKENS_PER_GPU (8192 R-KV / 9216 dense)  MEM_FRACTION (0.7 R-KV / 0.75 dense)  CUSTOM_RM_PATH
+#   MAX_TOKENS_PER_GPU (unset: the trainer sizes the micro-batch from free memory and prints it)
+#   MEM_FRACTION (0.7 R-KV / 0.75 dense)  CUSTOM_RM_PATH
 #   KEEP_PROMPT (1: R-KV never evicts the prompt's KV; 0: the paper's setting)
 #   USE_WANDB (0)  WANDB_PROJECT (sparse-rl)  TORCHRUN_ARGS (--standalone; e.g. --nnodes/--rdzv-* for
 #   several nodes)  TORCHRUN (the launcher; default: python -m trainer.startup.torchrun, torchrun quiet on Ctrl-C)
@@ -103,12 +104,14 @@ SAVE_INTERVAL="${SAVE_INTERVAL:-20}"
 EVAL_INTERVAL="${EVAL_INTERVAL:-20}"
 EVAL_SAMPLES="${EVAL_SAMPLES:-1}"
 SEED="${SEED:-1234}"
-# reference: 8192 tokens per GPU and 0.7 of GPU memory for SGLang with R-KV, 9216 / 0.75 dense
+# reference: 0.7 of GPU memory for SGLang with R-KV, 0.75 dense. Its 8192 / 9216 tokens per GPU
+# are not kept: the micro-batch changes speed only (losses are normalised by global counts), and
+# 32,768 tokens (where the trainer's size from free memory stops) halved the step on one H200
+# (9.1-9.7 s against 17.7-20.7 s at 8192; docs/benchmarks.md, issue 60). MAX_TOKENS_PER_GPU pins one.
+MAX_TOKENS_PER_GPU="${MAX_TOKENS_PER_GPU:-}"
 if [[ -n "${COMPRESS:-}" ]]; then
-    MAX_TOKENS_PER_GPU="${MAX_TOKENS_PER_GPU:-8192}"
     MEM_FRACTION="${MEM_FRACTION:-0.7}"
 else
-    MAX_TOKENS_PER_GPU="${MAX_TOKENS_PER_GPU:-9216}"
     MEM_FRACTION="${MEM_FRACTION:-0.75}"
 fi
 PROMPT_DATA="$DATA_DIR/$DATA_NAME/train.jsonl"
@@ -173,10 +176,12 @@ trainer_args() {
         --use-mis --mis-preset sparse_rl
         # parallelism
         --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
-        --max-tokens-per-gpu "$MAX_TOKENS_PER_GPU"
         --sglang-mem-fraction-static "$MEM_FRACTION"
         --seed "$SEED" --log-dir "$LOG_DIR"
     )
+    if [[ -n "$MAX_TOKENS_PER_GPU" ]]; then
+        ARGS+=(--max-tokens-per-gpu "$MAX_TOKENS_PER_GPU")
+    fi
     if [[ -n "${CUSTOM_RM_PATH:-}" ]]; then
         ARGS+=(--custom-rm-path "$CUSTOM_RM_PATH")
     else

@@ -117,8 +117,9 @@ def test_reference_values(script, inputs):
         assert got.get(flag) == ([value] if sparse else None), (script, flag)
     # the README's recommendation: the R-KV scripts keep the prompt's KV
     assert ("--sglang-compress-keep-prompt" in got) == sparse, script
-    # reference: 8192 tokens/GPU and 0.7 SGLang memory with R-KV; 9216 / 0.75 dense
-    assert got["--max-tokens-per-gpu"] == (["8192"] if sparse else ["9216"])
+    # reference: 0.7 SGLang memory with R-KV, 0.75 dense; the micro-batch is the trainer's size
+    # from free memory (issue 60: the reference's 8192 / 9216 halve the speed)
+    assert "--max-tokens-per-gpu" not in got
     assert got["--sglang-mem-fraction-static"] == (["0.7"] if sparse else ["0.75"])
     assert got["--tensor-model-parallel-size"] == (["2"] if "7b" in script else ["1"])
     llama = "llama" in script

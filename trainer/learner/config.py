@@ -16,6 +16,7 @@ from .flags import (add_learner_args, add_sparse_replay_args, check_sparse_repla
                     global_batch_size, replays)
 from .model_provider import ModelConfig
 from .policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
+from .token_budget import print_startup_line
 
 
 @dataclasses.dataclass
@@ -39,6 +40,7 @@ def build_models(cfg: LearnerConfig, resume: bool, with_reference: bool, cache_d
     to load) and, when the loss or a plug-in needs one, the frozen reference (else None)."""
     trainer = PolicyTrainer(cfg.policy_model(resume), cfg.optim, cfg.train, cache_dir=cache_dir,
                             load_weights=not resume)
+    print_startup_line(cfg.train.max_tokens_per_gpu)
     if not with_reference:
         return trainer, None
     return trainer, PolicyTrainer(cfg.reference_model(), OptimConfig(), trainer.train_cfg,

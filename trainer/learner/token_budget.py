@@ -107,6 +107,21 @@ def pending_optimizer_bytes(optimizer) -> float:
     return total
 
 
+def startup_line(max_tokens: int | None) -> str:
+    """What a run says about its micro-batch at start-up: the flag's value, or where the size
+    will come from (free memory is only known at the first pass, once the colocated engine's
+    KV pool is released)."""
+    if max_tokens:
+        return f"max tokens per GPU: {max_tokens} (--max-tokens-per-gpu)"
+    return (f"max tokens per GPU: sized from free memory at the first pass, after the rollout "
+            f"engine's KV pool is released, up to {CAP} (printed then; --max-tokens-per-gpu sets it)")
+
+
+def print_startup_line(max_tokens: int | None) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(startup_line(max_tokens), flush=True)
+
+
 def resolve_max_tokens(trainer, free_bytes: float | None = None) -> int:
     """The budget for this trainer (a ``PolicyTrainer``) now, agreed over ranks and printed."""
     from megatron.core import parallel_state as ps

@@ -362,6 +362,8 @@ class ModelRunner:
         if "weights" in tags and self.device.type == "cuda":
             self.model.to(self.device)
         if "kv_cache" in tags and not self.kv.pool.allocated:
+            if self.device.type == "cuda":  # the trainer's cache to the driver first: the pool's
+                torch.cuda.empty_cache()  # best chance at its old address, graphs kept (issue 60)
             self.kv.pool.allocate()
             self.kv.reset()
         if self.graphs is not None and self.kv.pool.allocated and self.graphs.pool_moved():

@@ -50,6 +50,16 @@ def test_recompute_cap_and_floor():
     assert budget_for(arch, 40 * GIB, tp=2).tokens > budget_for(arch, 40 * GIB).tokens
 
 
+def test_startup_line_says_where_the_size_comes_from():
+    """Issue 60: the run scripts no longer pin the micro-batch, so the start-up says which it
+    is: the flag's value, or the size from free memory that the first pass prints."""
+    from trainer.learner.token_budget import CAP, startup_line
+
+    assert startup_line(12288) == "max tokens per GPU: 12288 (--max-tokens-per-gpu)"
+    auto = startup_line(None)
+    assert "sized from free memory at the first pass" in auto and f"up to {CAP}" in auto
+
+
 def budget_task(rank, world, port, hf_dir, cache):
     from trainer.learner import token_budget
     from trainer.learner.model_provider import ModelConfig

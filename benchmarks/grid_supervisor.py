@@ -7,6 +7,7 @@ outlives the shell that started it); ``poll`` reads the state and the runs' metr
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import shutil
@@ -98,7 +99,9 @@ def supervise(args, jobs: list[waves.Job]) -> int:
         slots = [s for s in slots if not _finished(s, args, status, attempts, free, evals)]
         for slot in slots:  # a run's older saves go as its newer ones land (~2 GB each)
             waves.prune_checkpoints(slot.job.folder(args.out))
-        for job in [j for j in jobs if status[j] == "pending" and (j.task, j.run.seed) in setups]:
+        for job in [j for j in jobs if status[j] == "pending"]:
+            if (job.task, job.run.seed) not in setups:
+                break  # priority order: no later run jumps ahead of one whose seed is not ready
             gpus = take(free, job.gpus)
             if gpus is None:
                 continue
@@ -242,18 +245,44 @@ def poll(out: Path, wait: float, every: float, bundle: Path | None) -> int:
     return 1 if any(j["status"] == "failed" for j in state["jobs"]) else 0
 
 
+BUNDLE_LIMIT = 16 * 2 ** 20  # the device sends back files of at most 16 MiB
+LOG_TAIL = 64 * 1024  # bytes of each run's log in the bundle
+
+
 def make_bundle(out: Path, folder: Path, wave: str) -> Path:
-    """One archive of the exported JSONLs, reports, plots and logs' tails: the device sends back
-    at most 8 files."""
+    """One archive of the exported JSONLs, reports, plots, a progress line per run and the
+    logs' tails: the device sends back at most 8 files (without the logs if it would pass 16 MiB)."""
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{wave}.tar.gz"
-    with tarfile.open(target, "w:gz") as tar:
-        for path in [out / "data", out / STATE, out / "supervisor.log", *out.glob("report-*.md"),
-                     *out.glob("pareto-*.png")]:
-            if path.exists():
-                tar.add(path, arcname=path.relative_to(out))
-        for log in out.glob("*/*/run.log"):  # the runs' logs, while they are small
-            if log.stat().st_size < 2_000_000:
-                tar.add(log, arcname=str(log.relative_to(out)))
+    for logs in (True, False):
+        _write_bundle(out, target, logs)
+        if target.stat().st_size <= BUNDLE_LIMIT:
+            break
     print(f"[poll] bundle {target} ({target.stat().st_size / 1e6:.1f} MB)")
     return target
+
+
+def _write_bundle(out: Path, target: Path, logs: bool) -> None:
+    with tarfile.open(target, "w:gz") as tar:
+        for path in [out / "data", out / STATE, *out.glob("report-*.md"), *out.glob("*.png")]:
+            if path.exists():
+                tar.add(path, arcname=path.relative_to(out))
+        if (out / STATE).is_file():
+            state = json.loads((out / STATE).read_text())
+            _add_text(tar, "progress.txt", progress_line(out, state).replace(" | ", "\n") + "\n")
+        for log in [out / "supervisor.log", *out.glob("*/*/run.log")] if logs else []:
+            if log.is_file():
+                _add_text(tar, str(log.relative_to(out)), _tail(log, LOG_TAIL))
+
+
+def _tail(path: Path, size: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - size))
+        return f.read().decode("utf-8", errors="replace")
+
+
+def _add_text(tar: tarfile.TarFile, name: str, text: str) -> None:
+    data = text.encode()
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime = len(data), int(time.time())
+    tar.addfile(info, io.BytesIO(data))

@@ -215,7 +215,7 @@ def supervisor_alive(out: Path) -> bool:
 def progress_line(out: Path, state: dict) -> str:
     parts = []
     for j in state["jobs"]:
-        rows = grid.read_rows(out / j["task"] / j["name"])
+        rows = grid.read_rows(out / j["task"] / j["name"]) or grid.read_rows(out / "data" / j["task"] / j["name"])
         step = max([r["step"] for r in rows] or [0])
         parts.append(f"{j['name']} {j['status'][:4]} {step}/{state['num_rollout']}")
     return " | ".join(parts)

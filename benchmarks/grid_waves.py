@@ -347,6 +347,8 @@ def export_run(job: Job, out: Path, evals: Path) -> Path:
         row[f"eval_prompts/{m['key']}"] = prompt_scores(answers, labels)
         if answers and is_chain_label(answers[0].get("label")):
             row[f"eval_steps/{m['key']}"] = prompt_marks(answers, labels)
+    if (folder / "command.txt").is_file() and rows:  # what ran: a later grid may reuse the run only if equal
+        rows[min(rows)]["run/command"] = (folder / "command.txt").read_text().strip()
     target = job.exported(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("".join(json.dumps(rows[s]) + "\n" for s in sorted(rows)))

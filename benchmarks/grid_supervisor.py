@@ -175,6 +175,9 @@ def prepare_seed(args, task: str, seed: int, base: Path | None) -> waves.SeedSet
 
 
 def write_reports(args, tasks: set[str]) -> None:
+    """``correction_grid.py report``'s text (the gate first) and the Pareto plot, per task."""
+    import argparse
+
     import grid_paired
 
     for task in sorted(tasks):
@@ -182,7 +185,7 @@ def write_reports(args, tasks: set[str]) -> None:
         if not folder.is_dir():
             continue
         results = grid.collect(grid.discover(folder), folder)
-        lines = grid_paired.paired_table(results, task)
+        lines = grid.report_lines(results, argparse.Namespace(task=task, wave=None, eval_samples=4))
         (args.out / f"report-{task}.md").write_text("\n".join(lines) + "\n")
         grid_paired.plot_pareto(results, args.out / f"pareto-{task}.png", task)
 

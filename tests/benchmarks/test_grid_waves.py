@@ -177,7 +177,7 @@ def test_cpu_smoke_detached_then_polled(tmp_path):
                              "--bundle", str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT,
                             timeout=1600)
     assert polled.returncode == 0, polled.stdout[-3000:] + (tmp_path / "w" / "supervisor.log").read_text()[-3000:]
-    assert "| rkv:20:sparse_rl | 2 |" in polled.stdout and "Dense gain over its start" in polled.stdout
+    assert "| rkv:20:sparse_rl | 2 |" in polled.stdout and "**Gate** - dense's gain over its start" in polled.stdout
     data = tmp_path / "w" / "data" / "arith"
     assert sorted(p.name for p in data.iterdir()) == ["dense-s1.jsonl", "dense-s2.jsonl",
                                                       "rkv-20-sparse_rl-s1.jsonl", "rkv-20-sparse_rl-s2.jsonl"]

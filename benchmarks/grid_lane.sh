@@ -63,7 +63,7 @@ poll() {
     [[ "${SMOKE:-0}" == 1 ]] && task=arith WAVE_OF_REPORT=()
     mkdir -p "$out"
     timeout $((seconds + 120)) "${PY[@]}" "${GRID[@]}" poll "$RUN" --wait "$seconds" --every 60 --bundle "$out" \
-        | grep -E '^\[poll|error' | tail -n 30  # the progress lines (report.md below has the tables)
+        | grep -E '^\[poll|^correction_grid: error' | tail -n 30  # the progress lines (report.md below has the tables)
     rc=${PIPESTATUS[0]}
     # what the next launch's PER_GPU is chosen from: the GPU's memory in use and the host's load
     command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu \

@@ -76,9 +76,14 @@ def already_done(job: waves.Job, args) -> bool:
     return False
 
 
+SEED_WORKERS = 3  # seeds prepared at once (each a warm-up on the GPU, ~3 GB, and a torch_dist import)
+
+
 def supervise(args, jobs: list[waves.Job]) -> int:
     """Every job to completion (``--retries`` relaunches each, from its checkpoint). Seeds are
-    prepared one at a time, and a seed's runs start as soon as its warm-up is ready."""
+    prepared in processes of their own, several at once (each warm-up keeps its own RNG, so a
+    seed's checkpoint is the same whichever seeds share the machine), and the runs start in
+    priority order as their seeds become ready."""
     if args.mps and shutil.which("nvidia-cuda-mps-control"):
         subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
     stop_orphans(args.out)
@@ -87,36 +92,59 @@ def supervise(args, jobs: list[waves.Job]) -> int:
     write_state(args, jobs, status, attempts, False)
     todo = [j for j in jobs if status[j] == "pending"]
     base, evals = prepare_common(args, todo)
-    seeds = list(dict.fromkeys((j.task, j.run.seed) for j in todo))
+    pool, seeds = start_seeds(args, todo, base)
     setups, free, slots = {}, lanes(args), []
     for job in [j for j in todo if j.gpus > len(free)]:  # e.g. the 2-GPU layout on one GPU
         status[job] = "failed"
         print(f"[wave] {job.run.name} needs {job.gpus} GPUs, {len(free)} here: not run", flush=True)
     while any(s in ("pending", "running") for s in status.values()):
-        if seeds:
-            key = seeds.pop(0)
-            setups[key] = prepare_seed(args, *key, base)
+        collect_seeds(seeds, setups)
         slots = [s for s in slots if not _finished(s, args, status, attempts, free, evals)]
         for slot in slots:  # a run's older saves go as its newer ones land (~2 GB each)
             waves.prune_checkpoints(slot.job.folder(args.out))
-        for job in [j for j in jobs if status[j] == "pending"]:
-            if (job.task, job.run.seed) not in setups:
-                break  # priority order: no later run jumps ahead of one whose seed is not ready
-            gpus = take(free, job.gpus)
-            if gpus is None:
-                continue
-            attempts[job] += 1
-            status[job] = "running"
-            proc = waves.launch(job, args, setups[job.task, job.run.seed], evals[job.task],
-                                [g for g in gpus if g is not None])
-            slots.append(Slot(job, proc, gpus))
-            print(f"[wave] {job.task}/{job.run.name} on {gpus} (attempt {attempts[job]})", flush=True)
+        slots += launch_ready(args, jobs, status, attempts, setups, free, evals)
         write_state(args, jobs, status, attempts, False, {s.job: s.proc.pid for s in slots})
-        if not seeds:
-            time.sleep(args.tick)
+        time.sleep(args.tick if not seeds else min(args.tick, 1.0))
+    pool.shutdown()
     write_state(args, jobs, status, attempts, True)
     write_reports(args, {j.task for j in jobs})
     return 1 if "failed" in status.values() else 0
+
+
+def start_seeds(args, todo: list[waves.Job], base: Path | None):
+    """Every seed's preparation submitted at once, ``SEED_WORKERS`` running at a time."""
+    import concurrent.futures
+    import multiprocessing
+
+    keys = list(dict.fromkeys((j.task, j.run.seed) for j in todo))
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=max(1, min(SEED_WORKERS, len(keys))),
+                                                  mp_context=multiprocessing.get_context("spawn"))
+    return pool, {key: pool.submit(prepare_seed, args, *key, base) for key in keys}
+
+
+def collect_seeds(seeds: dict, setups: dict) -> None:
+    """The seeds whose preparation finished move to ``setups`` (a failed one raises here)."""
+    for key in [k for k, future in seeds.items() if future.done()]:
+        setups[key] = seeds.pop(key).result()
+
+
+def launch_ready(args, jobs, status, attempts, setups, free, evals) -> list[Slot]:
+    """Pending jobs in priority order while lanes are free; none jumps ahead of one whose seed
+    is not ready yet."""
+    started = []
+    for job in [j for j in jobs if status[j] == "pending"]:
+        if (job.task, job.run.seed) not in setups:
+            break
+        gpus = take(free, job.gpus)
+        if gpus is None:
+            continue
+        attempts[job] += 1
+        status[job] = "running"
+        proc = waves.launch(job, args, setups[job.task, job.run.seed], evals[job.task],
+                            [g for g in gpus if g is not None])
+        started.append(Slot(job, proc, gpus))
+        print(f"[wave] {job.task}/{job.run.name} on {gpus} (attempt {attempts[job]})", flush=True)
+    return started
 
 
 def stop_orphans(out: Path) -> None:

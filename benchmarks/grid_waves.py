@@ -28,10 +28,11 @@ torch peak was 8.5 GiB allocated but 12.1-13.5 GiB reserved (fragmentation), ~14
 CUDA context, so K <= 9 on 139 GiB as it was; with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
 (the lane's default) a run needs ~9.5 GiB, so 10 leave ~40 GiB spare and 12 ~20 GiB. The host's
 16 cores hold ~12-14 runs (each run's Python loop keeps a core busy). Default ``--per-gpu 10``
-in the lane: W(10) ~ 8.7 min, so after ~1.5 min of preparation (the model ~1 min, the first
-seed's warm-up ~25 s; the other seeds' warm-ups overlap the runs) the first 10 runs (dense
-s1-4, R-KV 128 ``sparse_rl`` and uncorrected s1-3) end at ~10 min and the rest of the first tier
-(15 runs) at ~19 min; all 45 runs take ~41 min. 15 at once (the first tier in ~13 min) would need
+in the lane: W(10) ~ 8.7 min. Preparation: the model from its GGUF ~1 min, then every seed's
+warm-up and torch_dist import in processes of their own, three at a time (~40-50 s each: seeds
+1-3 ready at ~2 min, 4-5 at ~3 min; before, one after another, seed 5 waited ~4-5 min). So the
+first 10 runs (dense s1-4, R-KV 128 ``sparse_rl`` and uncorrected s1-3) end at ~11 min and the
+rest of the first tier (15 runs) at ~20 min; all 45 runs take ~42 min. 15 at once (the first tier in ~13 min) would need
 ~143 GiB: not on one H200. Every run pins its pool (``--sglang-max-total-tokens``) and its trainer
 micro-batch (``--max-tokens-per-gpu``): nothing is sized from free memory when runs share a GPU.
 """

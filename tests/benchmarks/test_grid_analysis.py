@@ -186,7 +186,7 @@ def test_bundle_has_a_progress_line_per_run_and_stays_under_the_limit(tmp_path, 
 @pytest.mark.launch
 def test_grid_lane_smoke_start_then_poll(tmp_path):
     """``benchmarks/grid_lane.sh`` as the lead runs it, on the CPU smoke (SMOKE=1: the tiny model,
-    2 seeds x dense and R-KV 20, 2 rollouts; ~4 min on 2 busy cores): ``start`` returns with the
+    2 seeds x dense and R-KV 20, 2 rollouts; 7-8 min here on 2 cores at load 10-16): ``start`` returns with the
     supervisor detached, ``poll`` waits for it and leaves the bundle (every run's JSONL and a
     progress line per run), the report (the gate first) and both plots; a second ``start``
     finds every run done and launches none."""

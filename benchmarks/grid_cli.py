@@ -23,9 +23,22 @@ def apply_smoke(args) -> None:
     """The CPU smoke's sizes (tiny model: its own task, no GPU, two runs at a time)."""
     args.model, args.seeds, args.num_rollout, args.eval_prompts = "tiny", [1, 2], 2, 4
     args.per_gpu, args.gpus, args.save_interval, args.warmup_steps = 2, [], 0, args.warmup_steps or 20
+    args.eval_interval = 0 if args.eval_interval is None else args.eval_interval
+
+
+def apply_wave_defaults(args, wave: waves.Wave) -> None:
+    """--num-rollout and --eval-interval left unset: the wave's."""
+    if args.num_rollout is None:
+        args.num_rollout = wave.num_rollout
+    if args.eval_interval is None:
+        args.eval_interval = wave.eval_interval
 
 
 def check(args, parser) -> None:
+    from trainer.algorithms.settings import PRESETS
+
+    if args.best_correction not in PRESETS:
+        parser.error(f"--best-correction {args.best_correction!r}: choose one of {', '.join(sorted(PRESETS))}")
     best = args.best.split(":")
     if len(best) != 2 or not best[1].isdigit():
         parser.error(f"--best {args.best!r}: expected ALGORITHM:BUDGET, e.g. rkv:128")
@@ -50,9 +63,11 @@ def wave(args, parser, argv) -> int:
     else:
         args.model = "smollm2"
     chosen = wave_of(args, parser)
+    apply_wave_defaults(args, chosen)
     check(args, parser)
-    args.wave_name = "smoke" if args.smoke else f"wave{args.number}"
-    jobs = waves.wave_jobs(chosen, args.seeds, args.best, bool(args.variant_flags["prefix"]))
+    args.wave_name = ("smoke" if args.smoke else f"wave{args.number}") + ("-gate" if args.gate else "")
+    jobs = waves.wave_jobs(chosen, args.seeds, args.best, bool(args.variant_flags["prefix"]),
+                           args.best_correction, args.gate)
     args.all_jobs, args.slots = jobs, args.per_gpu
     print(f"[wave] {args.wave_name} ({chosen.what}) on {chosen.task}: {len(jobs)} runs, "
           f"{args.per_gpu} a GPU", flush=True)

@@ -97,13 +97,13 @@ def config_row(group: list[grid.RunResult], dense: dict, prefix: dict, task: str
                     stats.verdict(deployed["diff"], stats.DEPLOY_MARGIN)]
 
 
-def paired_table(results: list[grid.RunResult], task: str) -> list[str]:
-    """The markdown table (and, above it, dense's gain over its start)."""
+def paired_table(results: list[grid.RunResult], task: str, gain_line: bool = True) -> list[str]:
+    """The markdown table (and, above it unless ``gain_line`` is off, dense's gain over its start)."""
     dense, prefix = references(results)
     gain = dense_gain(results, task)
     lines = [f"Dense gain over its start (final - step 0, greedy, by seed): {gain.fmt()} "
-             f"(n={gain.n}); target +{GAIN_TARGET:.2f}: {stats.gain_verdict(gain, GAIN_TARGET)}", "",
-             "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+             f"(n={gain.n}); target +{GAIN_TARGET:.2f}: {stats.gain_verdict(gain, GAIN_TARGET)}", ""][: 2 * gain_line]
+    lines += ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     for config in dict.fromkeys(r.run.config for r in results):
         group = [r for r in results if r.run.config == config and r.rows]
         if group:

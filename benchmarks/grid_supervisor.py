@@ -7,6 +7,7 @@ outlives the shell that started it); ``poll`` reads the state and the runs' metr
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import shutil
@@ -75,9 +76,14 @@ def already_done(job: waves.Job, args) -> bool:
     return False
 
 
+SEED_WORKERS = 3  # seeds prepared at once (each a warm-up on the GPU, ~3 GB, and a torch_dist import)
+
+
 def supervise(args, jobs: list[waves.Job]) -> int:
     """Every job to completion (``--retries`` relaunches each, from its checkpoint). Seeds are
-    prepared one at a time, and a seed's runs start as soon as its warm-up is ready."""
+    prepared in processes of their own, several at once (each warm-up keeps its own RNG, so a
+    seed's checkpoint is the same whichever seeds share the machine), and the runs start in
+    priority order as their seeds become ready."""
     if args.mps and shutil.which("nvidia-cuda-mps-control"):
         subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
     stop_orphans(args.out)
@@ -86,34 +92,59 @@ def supervise(args, jobs: list[waves.Job]) -> int:
     write_state(args, jobs, status, attempts, False)
     todo = [j for j in jobs if status[j] == "pending"]
     base, evals = prepare_common(args, todo)
-    seeds = list(dict.fromkeys((j.task, j.run.seed) for j in todo))
+    pool, seeds = start_seeds(args, todo, base)
     setups, free, slots = {}, lanes(args), []
     for job in [j for j in todo if j.gpus > len(free)]:  # e.g. the 2-GPU layout on one GPU
         status[job] = "failed"
         print(f"[wave] {job.run.name} needs {job.gpus} GPUs, {len(free)} here: not run", flush=True)
     while any(s in ("pending", "running") for s in status.values()):
-        if seeds:
-            key = seeds.pop(0)
-            setups[key] = prepare_seed(args, *key, base)
+        collect_seeds(seeds, setups)
         slots = [s for s in slots if not _finished(s, args, status, attempts, free, evals)]
         for slot in slots:  # a run's older saves go as its newer ones land (~2 GB each)
             waves.prune_checkpoints(slot.job.folder(args.out))
-        for job in [j for j in jobs if status[j] == "pending" and (j.task, j.run.seed) in setups]:
-            gpus = take(free, job.gpus)
-            if gpus is None:
-                continue
-            attempts[job] += 1
-            status[job] = "running"
-            proc = waves.launch(job, args, setups[job.task, job.run.seed], evals[job.task],
-                                [g for g in gpus if g is not None])
-            slots.append(Slot(job, proc, gpus))
-            print(f"[wave] {job.task}/{job.run.name} on {gpus} (attempt {attempts[job]})", flush=True)
+        slots += launch_ready(args, jobs, status, attempts, setups, free, evals)
         write_state(args, jobs, status, attempts, False, {s.job: s.proc.pid for s in slots})
-        if not seeds:
-            time.sleep(args.tick)
+        time.sleep(args.tick if not seeds else min(args.tick, 1.0))
+    pool.shutdown()
     write_state(args, jobs, status, attempts, True)
     write_reports(args, {j.task for j in jobs})
     return 1 if "failed" in status.values() else 0
+
+
+def start_seeds(args, todo: list[waves.Job], base: Path | None):
+    """Every seed's preparation submitted at once, ``SEED_WORKERS`` running at a time."""
+    import concurrent.futures
+    import multiprocessing
+
+    keys = list(dict.fromkeys((j.task, j.run.seed) for j in todo))
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=max(1, min(SEED_WORKERS, len(keys))),
+                                                  mp_context=multiprocessing.get_context("spawn"))
+    return pool, {key: pool.submit(prepare_seed, args, *key, base) for key in keys}
+
+
+def collect_seeds(seeds: dict, setups: dict) -> None:
+    """The seeds whose preparation finished move to ``setups`` (a failed one raises here)."""
+    for key in [k for k, future in seeds.items() if future.done()]:
+        setups[key] = seeds.pop(key).result()
+
+
+def launch_ready(args, jobs, status, attempts, setups, free, evals) -> list[Slot]:
+    """Pending jobs in priority order while lanes are free; none jumps ahead of one whose seed
+    is not ready yet."""
+    started = []
+    for job in [j for j in jobs if status[j] == "pending"]:
+        if (job.task, job.run.seed) not in setups:
+            break
+        gpus = take(free, job.gpus)
+        if gpus is None:
+            continue
+        attempts[job] += 1
+        status[job] = "running"
+        proc = waves.launch(job, args, setups[job.task, job.run.seed], evals[job.task],
+                            [g for g in gpus if g is not None])
+        started.append(Slot(job, proc, gpus))
+        print(f"[wave] {job.task}/{job.run.name} on {gpus} (attempt {attempts[job]})", flush=True)
+    return started
 
 
 def stop_orphans(out: Path) -> None:
@@ -172,6 +203,9 @@ def prepare_seed(args, task: str, seed: int, base: Path | None) -> waves.SeedSet
 
 
 def write_reports(args, tasks: set[str]) -> None:
+    """``correction_grid.py report``'s text (the gate first) and the Pareto plot, per task."""
+    import argparse
+
     import grid_paired
 
     for task in sorted(tasks):
@@ -179,7 +213,7 @@ def write_reports(args, tasks: set[str]) -> None:
         if not folder.is_dir():
             continue
         results = grid.collect(grid.discover(folder), folder)
-        lines = grid_paired.paired_table(results, task)
+        lines = grid.report_lines(results, argparse.Namespace(task=task, wave=None, eval_samples=4))
         (args.out / f"report-{task}.md").write_text("\n".join(lines) + "\n")
         grid_paired.plot_pareto(results, args.out / f"pareto-{task}.png", task)
 
@@ -212,7 +246,7 @@ def supervisor_alive(out: Path) -> bool:
 def progress_line(out: Path, state: dict) -> str:
     parts = []
     for j in state["jobs"]:
-        rows = grid.read_rows(out / j["task"] / j["name"])
+        rows = grid.read_rows(out / j["task"] / j["name"]) or grid.read_rows(out / "data" / j["task"] / j["name"])
         step = max([r["step"] for r in rows] or [0])
         parts.append(f"{j['name']} {j['status'][:4]} {step}/{state['num_rollout']}")
     return " | ".join(parts)
@@ -242,18 +276,44 @@ def poll(out: Path, wait: float, every: float, bundle: Path | None) -> int:
     return 1 if any(j["status"] == "failed" for j in state["jobs"]) else 0
 
 
+BUNDLE_LIMIT = 16 * 2 ** 20  # the device sends back files of at most 16 MiB
+LOG_TAIL = 64 * 1024  # bytes of each run's log in the bundle
+
+
 def make_bundle(out: Path, folder: Path, wave: str) -> Path:
-    """One archive of the exported JSONLs, reports, plots and logs' tails: the device sends back
-    at most 8 files."""
+    """One archive of the exported JSONLs, reports, plots, a progress line per run and the
+    logs' tails: the device sends back at most 8 files (without the logs if it would pass 16 MiB)."""
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{wave}.tar.gz"
-    with tarfile.open(target, "w:gz") as tar:
-        for path in [out / "data", out / STATE, out / "supervisor.log", *out.glob("report-*.md"),
-                     *out.glob("pareto-*.png")]:
-            if path.exists():
-                tar.add(path, arcname=path.relative_to(out))
-        for log in out.glob("*/*/run.log"):  # the runs' logs, while they are small
-            if log.stat().st_size < 2_000_000:
-                tar.add(log, arcname=str(log.relative_to(out)))
+    for logs in (True, False):
+        _write_bundle(out, target, logs)
+        if target.stat().st_size <= BUNDLE_LIMIT:
+            break
     print(f"[poll] bundle {target} ({target.stat().st_size / 1e6:.1f} MB)")
     return target
+
+
+def _write_bundle(out: Path, target: Path, logs: bool) -> None:
+    with tarfile.open(target, "w:gz") as tar:
+        for path in [out / "data", out / STATE, *out.glob("report-*.md"), *out.glob("*.png")]:
+            if path.exists():
+                tar.add(path, arcname=path.relative_to(out))
+        if (out / STATE).is_file():
+            state = json.loads((out / STATE).read_text())
+            _add_text(tar, "progress.txt", progress_line(out, state).replace(" | ", "\n") + "\n")
+        for log in [out / "supervisor.log", *out.glob("*/*/run.log")] if logs else []:
+            if log.is_file():
+                _add_text(tar, str(log.relative_to(out)), _tail(log, LOG_TAIL))
+
+
+def _tail(path: Path, size: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - size))
+        return f.read().decode("utf-8", errors="replace")
+
+
+def _add_text(tar: tarfile.TarFile, name: str, text: str) -> None:
+    data = text.encode()
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime = len(data), int(time.time())
+    tar.addfile(info, io.BytesIO(data))

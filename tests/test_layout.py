@@ -364,3 +364,45 @@ def test_sys_path_check_sees_an_edit(tmp_path):
     assert _edits_sys_path(src)
     src.write_text('"""sys.path is not edited here."""\nimport os\nos.path.join("a")\n')
     assert not _edits_sys_path(src)
+
+
+def _benchmark_imports(path: Path) -> set[str]:
+    """The benchmark modules ``path`` imports (function-local imports too), as dotted names."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks"):
+            subs = {f"{node.module}.{a.name}" for a in node.names}
+            names |= {s for s in subs if (ROOT / (s.replace(".", "/") + ".py")).is_file()} or {node.module}
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names if a.name.startswith("benchmarks.")}
+    return names
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of ``graph`` (module -> modules it imports), or [] when there is none."""
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return found
+        state[node] = "done"
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return []
+
+
+def test_benchmarks_import_without_a_circle():
+    """The grid's CLI, report and waves read runs from one module (grid/runs.py) instead of
+    importing each other."""
+    graph = {".".join(p.relative_to(ROOT).with_suffix("").parts): _benchmark_imports(p)
+             for p in BENCHMARKS.rglob("*.py")}
+    assert _circle(graph) == []
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from benchmarks.grid import correction_grid as grid
+from benchmarks.grid import runs as grid
 from benchmarks.grid import stats
 
 PREFIX_VARIANT = "prefix"  # dense with prefix sharing: the second pool reference

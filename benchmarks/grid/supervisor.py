@@ -17,7 +17,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from benchmarks.grid import correction_grid as grid
+from benchmarks.grid import runs as grid
 from benchmarks.grid import waves
 
 STATE = "state.json"

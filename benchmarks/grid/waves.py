@@ -40,7 +40,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from benchmarks.grid import correction_grid as grid
+from benchmarks.grid import runs as grid
 
 ROOT = Path(__file__).resolve().parents[2]
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -406,3 +406,9 @@ def test_benchmarks_import_without_a_circle():
     assert _circle(graph) == []
     assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
 
+
+def test_one_build_checkpoint_in_the_benchmarks():
+    defined = [p.relative_to(BENCHMARKS).as_posix() for p in BENCHMARKS.rglob("*.py")
+               for node in ast.walk(ast.parse(p.read_text()))
+               if isinstance(node, ast.FunctionDef) and node.name == "build_checkpoint"]
+    assert defined == ["common/checkpoint.py"], defined

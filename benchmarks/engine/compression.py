@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.engine.throughput import build_checkpoint  # (same model, same weights)
+from benchmarks.common.checkpoint import build_checkpoint
 
 
 def run_config(path: str, prompts: list[list[int]], out_len: int, pool_tokens: int,
@@ -128,7 +128,7 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(results, indent=1))
 
     with tempfile.TemporaryDirectory() as d:
-        build_checkpoint(d, args.seed)
+        build_checkpoint("qwen2.5-0.5b", Path(d), args.seed, torch.bfloat16)  # throughput.py's model
         plans = []
         if not args.skip_tight:
             plans += [("tight", tight, a) for a in [None] + args.algorithms.split(",")]

@@ -42,7 +42,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.engine.throughput import HBM_BW, SHAPES, build_checkpoint
+from benchmarks.common.checkpoint import build_checkpoint
+from benchmarks.engine.throughput import HBM_BW, SHAPES
 
 METRICS = ("step_ms", "host_ms", "replay_ms", "host_outside_replay_ms", "gpu_wait_ms")
 
@@ -241,7 +242,7 @@ def checkpoint(args, tmp: str) -> Path:
     path = Path(args.model_dir or tmp)
     if not (path / "config.json").is_file():
         path.mkdir(parents=True, exist_ok=True)
-        build_checkpoint(str(path), args.seed, args.shape)
+        build_checkpoint(args.shape, path, args.seed, torch.bfloat16)
     return path
 
 

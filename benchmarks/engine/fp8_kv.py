@@ -27,9 +27,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.training.rl_step import build_checkpoint
-from benchmarks.training.train_step import device_name, emit
+from benchmarks.common.checkpoint import build_checkpoint
 from benchmarks.common.long_tail import LongTailLengths
+from benchmarks.common.report import emit
+from trainer.learner.speed import device_name
 
 PROMPT_LEN = 64
 

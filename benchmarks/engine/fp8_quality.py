@@ -50,7 +50,7 @@ def build_model(args, work: Path) -> Path:
     std, the tiny families' 0.1 unless given)."""
     if args.model_dir:
         return Path(args.model_dir)
-    from benchmarks.training.rl_step import shape_spec
+    from benchmarks.common.checkpoint import shape_spec
     from checkpoint_tools.tiny_models import make_tiny_model
 
     family, overrides = shape_spec(args.shape)
@@ -182,7 +182,7 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from benchmarks.training.train_step import emit
+    from benchmarks.common.report import emit
     from sglang_kvc.kvcache.kv_quant import load_scales
 
     args = parse_args(argv)

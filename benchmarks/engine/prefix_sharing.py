@@ -32,9 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.engine.throughput import build_checkpoint  # (same random model)
-from benchmarks.common.long_tail import long_tail_length
+import torch
 
+from benchmarks.common.checkpoint import build_checkpoint
+from benchmarks.common.long_tail import long_tail_length
 from dataset.long_arith import chain_rows
 
 CONFIGS = ("dense", "dense+share", "rkv", "rkv+share")
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.n1_groups, args.response_cap, args.pool_tokens, args.budget = 4, 32, 600, 10
         args.n1_response_cap, args.divide_length = 16, 4
     with tempfile.TemporaryDirectory() as tmp:
-        build_checkpoint(tmp, args.seed, args.shape)
+        build_checkpoint(args.shape, Path(tmp), args.seed, torch.bfloat16)
         vocab = json.loads((Path(tmp) / "config.json").read_text())["vocab_size"]
         workloads = [(make_prompts(args.groups, length, vocab, args.seed), args.n, args.response_cap)
                      for length in args.prompt_lens]

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.checkpoint import build_checkpoint, param_count
+
 # HBM bandwidth by GPU name (datasheet, bytes/s): engine.md §6 uses 3.35 TB/s for the H100 SXM.
 HBM_BW = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}
 
@@ -55,26 +57,18 @@ def smollm2_135m_config():
 
 
 def tiny_config():
-    """Two layers of the Qwen2 family: CPU smoke runs (decode_tail.py --device cpu)."""
+    """Two layers of the Qwen2 family: CPU smoke runs (decode_tail.py --device cpu); the vocabulary
+    is the tiny tokenizer's, padded (common/checkpoint.py builds it)."""
     from transformers import Qwen2Config
 
     return Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, intermediate_size=128, vocab_size=512,
-                       tie_word_embeddings=True, max_position_embeddings=4096, rope_theta=1e6,
+                       num_key_value_heads=2, intermediate_size=128, vocab_size=448,
+                       tie_word_embeddings=True, max_position_embeddings=1024, rope_theta=1e6,
                        rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=1)
 
 
 SHAPES = {"qwen2.5-0.5b": qwen25_05b_config, "smollm2-135m": smollm2_135m_config,
           "tiny": tiny_config}
-
-
-def build_checkpoint(out_dir: str, seed: int, shape: str = "qwen2.5-0.5b") -> int:
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(SHAPES[shape](), dtype=torch.bfloat16)
-    model.save_pretrained(out_dir)
-    return sum(p.numel() for p in model.parameters())
 
 
 def sampling(args, out_len: int) -> dict:
@@ -282,7 +276,7 @@ def main() -> None:
                "temperature": args.temperature, "logprobs": args.logprobs, "torch": torch.__version__,
                "engine": {}}
     with tempfile.TemporaryDirectory() as d:
-        results["params"] = build_checkpoint(d, args.seed, args.shape)
+        results["params"] = param_count(build_checkpoint(args.shape, Path(d), args.seed, torch.bfloat16))
         if not args.skip_hf:
             results["hf"] = bench_hf(d, prompts, O, args)
             print("HF generate:", json.dumps(results["hf"]), flush=True)

@@ -158,7 +158,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    from benchmarks.training.rl_step import build_checkpoint, write_prompts
+    from benchmarks.common.checkpoint import build_checkpoint
+    from benchmarks.training.rl_step import write_prompts
 
     args = parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="engine-placements-"))

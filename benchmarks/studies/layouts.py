@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common.checkpoint import build_checkpoint
 from benchmarks.studies.long_rollout import config_argv, parse_config, pool_tokens, prepare_run_dir
-from benchmarks.training.rl_step import build_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -29,8 +29,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.training.rl_step import build_checkpoint
-from benchmarks.training.train_step import device_name, emit
+from benchmarks.common.checkpoint import build_checkpoint
+from benchmarks.common.report import emit
+from trainer.learner.speed import device_name
 
 ROOT = Path(__file__).resolve().parents[2]
 

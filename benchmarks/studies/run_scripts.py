@@ -71,7 +71,7 @@ def checkpoint(shape: str, work: Path) -> Path:
     """A random HF checkpoint of ``shape`` (bf16 on a GPU), built once per shape."""
     out = work / "models" / shape
     if not (out / "config.json").exists():
-        from benchmarks.training.rl_step import build_checkpoint
+        from benchmarks.common.checkpoint import build_checkpoint
 
         print(f"[run-scripts] building a random {shape} checkpoint in {out}", flush=True)
         build_checkpoint(shape, out)

@@ -40,8 +40,9 @@ import time
 
 import torch
 
-from benchmarks.training.train_step import (SHAPES, build_trainer, emit, make_samples, nll_loss,
-                         peak_flops, sequence_lengths, sync, time_repeats)
+from benchmarks.common.report import emit
+from benchmarks.training.train_step import (SHAPES, build_trainer, make_samples, nll_loss, peak_flops,
+                                            sequence_lengths, sync, time_repeats)
 
 RECIPE_ALGORITHM = ["--advantage-estimator", "grpo", "--eps-clip", "0.2", "--eps-clip-high", "0.2",
                     "--kl-loss-coef", "1e-4", "--kl-loss-type", "low_var_kl", "--entropy-coef",

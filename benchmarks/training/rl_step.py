@@ -37,33 +37,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.training.train_step import device_name, emit, flops_per_token, peak_flops, spread
+from benchmarks.common.checkpoint import build_checkpoint
+from benchmarks.common.report import emit, spread
+from benchmarks.training.train_step import device_name, flops_per_token, peak_flops
 
 HBM_PEAK = {"H100": 3.35e12, "H200": 4.8e12}
-SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                    num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
-                    max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
-                    tie_word_embeddings=True, rope_scaling=None)
-# family of checkpoint_tools.tiny_models, and the config values that give the shape
-SHAPES = {"tiny": ("qwen2.5", {}), "smollm2-135m": ("llama3", SMOLLM2_135M)}
 PHASES = ("rollout", "reward", "recompute", "update", "sync", "total")
-
-
-def shape_spec(shape: str) -> tuple[str, dict]:
-    from checkpoint_tools.tiny_models import SHAPES as TINY_SHAPES
-
-    if shape in SHAPES:
-        return SHAPES[shape]
-    return "qwen2.5", TINY_SHAPES[shape]
-
-
-def build_checkpoint(shape: str, out: Path) -> Path:
-    """A random HF checkpoint of ``shape`` (bf16 on a GPU, fp32 on a CPU: the trainer's dtype)."""
-    from checkpoint_tools.tiny_models import make_tiny_model
-
-    family, overrides = shape_spec(shape)
-    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    return make_tiny_model(family, out, dtype=dtype, overrides=overrides)
 
 
 def write_prompts(path: Path, n: int, seed: int) -> Path:

@@ -31,8 +31,8 @@ import time
 
 import torch
 
-from benchmarks.training.train_step import (SHAPES, build_trainer, emit, nll_loss, spread, sync,
-                                            time_repeats)
+from benchmarks.common.report import emit, spread
+from benchmarks.training.train_step import SHAPES, build_trainer, nll_loss, sync, time_repeats
 
 
 def rkv_like_record(L: int, H: int, prompt: int, n: int, budget: int, divide: int, window: int,

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.report import emit, spread
+
 # one FLOP count and one peak table for the benchmarks and the training run's perf/ metrics
 from trainer.learner.speed import device_name, flops_per_token, peak_for, train_flops  # noqa: F401
 
@@ -67,13 +69,6 @@ def peak_flops(override_tflops: float | None = None) -> float | None:
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def spread(values: list[float], digits: int = 4) -> dict:
-    """min / median / max, to ``digits`` significant digits."""
-    sig = lambda x: float(f"{x:.{digits}g}")  # noqa: E731
-    return {"min": sig(min(values)), "median": sig(statistics.median(values)),
-            "max": sig(max(values))}
 
 
 @dataclasses.dataclass
@@ -291,14 +286,6 @@ def main(argv=None) -> dict:
     result = run(args)
     print_table(result)
     return emit(result, args.json)
-
-
-def emit(result: dict, json_path: str | None) -> dict:
-    """The result as one JSON line on stdout, and indented in ``--json`` when given."""
-    print(json.dumps(result))
-    if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=2))
-    return result
 
 
 if __name__ == "__main__":

@@ -161,10 +161,10 @@ def test_committed_rl_step_mfus_are_per_learner_gpu():
 
 @pytest.mark.parametrize("shape", ["smollm2-135m", "qwen2.5-0.5b"])
 def test_rl_step_shapes_match_bench_train(shape):
-    """The random checkpoint training/rl_step.py builds has the architecture training/train_step.py
+    """The random checkpoint common/checkpoint.py builds has the architecture training/train_step.py
     measures."""
-    rl, bench = _load("training.rl_step"), _load("training.train_step")
-    _, overrides = rl.shape_spec(shape)
+    checkpoint, bench = _load("common.checkpoint"), _load("training.train_step")
+    _, overrides = checkpoint.shape_spec(shape)
     for key, value in overrides.items():
         if key in bench.SHAPES[shape]:
             assert bench.SHAPES[shape][key] == value, key

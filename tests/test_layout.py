@@ -323,18 +323,92 @@ def test_runtime_helpers_come_from_the_trainer():
 
 
 # benchmarks that time engine internals on their own; each says which in its docstring
-COMPONENT_BENCHMARKS = {"bench_compaction.py", "bench_decode_attention.py", "bench_sampler.py",
-                        "bench_decode_tail.py", "fp8_quality.py"}
+COMPONENT_BENCHMARKS = {"engine/compaction.py", "engine/decode_attention.py", "engine/sampler.py",
+                        "engine/decode_tail.py", "engine/fp8_quality.py"}
+BENCHMARKS = ROOT / "benchmarks"
+BENCHMARK_GROUPS = {"engine", "training", "studies", "grid", "plots", "common"}
 
 
 def test_benchmarks_drive_the_engine_through_its_public_names():
     """A benchmark of the whole engine imports only ``sglang_kvc``'s public names; a component
     micro-benchmark (listed above) names the internals it times ('Internals timed')."""
-    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+    for path in sorted(BENCHMARKS.rglob("*.py")):
+        name = path.relative_to(BENCHMARKS).as_posix()
         hits = _engine_submodule_imports(path)
-        if path.name in COMPONENT_BENCHMARKS:
+        if name in COMPONENT_BENCHMARKS:
             assert "Internals timed" in (ast.get_docstring(ast.parse(path.read_text())) or ""), \
-                f"{path.name}: say which internals it times"
+                f"{name}: say which internals it times"
         else:
-            assert not hits, f"benchmarks/{path.name} imports {hits}: use sglang_kvc's public API"
-    assert all((ROOT / "benchmarks" / name).is_file() for name in COMPONENT_BENCHMARKS)
+            assert not hits, f"benchmarks/{name} imports {hits}: use sglang_kvc's public API"
+    assert all((BENCHMARKS / name).is_file() for name in COMPONENT_BENCHMARKS)
+
+
+def _edits_sys_path(path: Path) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "path" and _leaf(n.value) == "sys"
+               for n in ast.walk(ast.parse(path.read_text())))
+
+
+def test_benchmarks_are_a_package_grouped_by_kind():
+    """Every benchmark sits in one group's package and runs as ``python -m
+    benchmarks.<group>.<name>``: none reaches another through ``sys.path``."""
+    for path in sorted(BENCHMARKS.rglob("*.py")):
+        rel = path.relative_to(BENCHMARKS)
+        assert rel.parts[0] in BENCHMARK_GROUPS or rel.as_posix() == "__init__.py", rel
+        assert not _edits_sys_path(path), f"benchmarks/{rel} edits sys.path"
+    assert all((BENCHMARKS / group / "__init__.py").is_file() for group in BENCHMARK_GROUPS)
+
+
+def test_sys_path_check_sees_an_edit(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("import sys\ndef f():\n    sys.path.insert(0, 'x')\n")
+    assert _edits_sys_path(src)
+    src.write_text('"""sys.path is not edited here."""\nimport os\nos.path.join("a")\n')
+    assert not _edits_sys_path(src)
+
+
+def _benchmark_imports(path: Path) -> set[str]:
+    """The benchmark modules ``path`` imports (function-local imports too), as dotted names."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks"):
+            subs = {f"{node.module}.{a.name}" for a in node.names}
+            names |= {s for s in subs if (ROOT / (s.replace(".", "/") + ".py")).is_file()} or {node.module}
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names if a.name.startswith("benchmarks.")}
+    return names
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of ``graph`` (module -> modules it imports), or [] when there is none."""
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return found
+        state[node] = "done"
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return []
+
+
+def test_benchmarks_import_without_a_circle():
+    """The grid's CLI, report and waves read runs from one module (grid/runs.py) instead of
+    importing each other."""
+    graph = {".".join(p.relative_to(ROOT).with_suffix("").parts): _benchmark_imports(p)
+             for p in BENCHMARKS.rglob("*.py")}
+    assert _circle(graph) == []
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_one_build_checkpoint_in_the_benchmarks():
+    defined = [p.relative_to(BENCHMARKS).as_posix() for p in BENCHMARKS.rglob("*.py")
+               for node in ast.walk(ast.parse(p.read_text()))
+               if isinstance(node, ast.FunctionDef) and node.name == "build_checkpoint"]
+    assert defined == ["common/checkpoint.py"], defined

@@ -140,6 +140,10 @@ def check_module(module: str, args: list[str], command: str) -> None:
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, f"{command}\n{proc.stderr[-2000:]}"
         return
+    if module.startswith("benchmarks.") and args and not args[0].startswith("-"):
+        known = set(FLAG.findall(help_text(sys.executable, "-m", module, args[0])))  # a subcommand's
+        assert_flags(args[1:], known, f"python -m {module} {args[0]}")
+        return
     known = module_flags(module)
     if module == "trainer.ray_job":  # every other flag goes to the trainer
         known = known | module_flags("trainer.train")
@@ -168,13 +172,6 @@ def test_command(doc, number, command, tmp_path):
         check_run_script(command, tmp_path)
     elif program in ("python", "python3") and args[:1] == ["-m"]:
         check_module(args[1], args[2:], command)
-    elif program in ("python", "python3") and args[0].startswith("benchmarks/"):
-        assert (ROOT / args[0]).is_file(), args[0]
-        script = (sys.executable, str(ROOT / args[0]))
-        if len(args) > 1 and not args[1].startswith("-"):  # a subcommand: its own --help
-            script += (args[1],)
-        known = set(FLAG.findall(help_text(*script)))
-        assert_flags(args[1:], known, args[0])
     elif program == "torchrun":
         i = args.index("-m")
         assert_flags(args[:i], module_flags("torch.distributed.run"), "torchrun")

@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def run_benchmark():
-    def run(script: str, *flags: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    def run(module: str, *flags: str, timeout: int = 600) -> subprocess.CompletedProcess:
         env = {**os.environ, "PYTHONWARNINGS": "ignore",
                "PYTHONPATH": os.pathsep.join([str(ROOT / "sglang-kvc"), str(ROOT)])}
-        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *flags], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *flags], cwd=ROOT,
                               env=env, capture_output=True, text=True, timeout=timeout)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
         return proc

@@ -8,7 +8,7 @@ significant digits, a cell may be any rounding of the values those digits stand 
 What it found when written (fixed in the doc): the frontier's R-KV 192 response length (283 for
 282.45), the issue-29 R-KV 512 step ratio (1.69x for 1.685), call 4's ratio by the sum (2.39x
 for 2.384), call 3's GPU-busy figures (no samples kept) and the tile table's position-order row
-(no raw file; now ``bench_sparse_recompute.py --tiles-only``'s ``gather_position_order``).
+(no raw file; now ``benchmarks/training/sparse_recompute.py --tiles-only``'s ``gather_position_order``).
 Mutation checks: each of those put back fails, and so does a median changed by 0.01 in either
 layouts table or a tile count changed by one."""
 
@@ -67,7 +67,7 @@ LAYOUTS_1125 = {1: ["1gpu-sync", "coloc-dp2-sync", "disagg-s1"],
 
 
 def _run_1125(call: int, layout: str) -> dict:
-    """One run's numbers from its bench_rl_step JSON (medians over the measured steps)."""
+    """One run's numbers from its benchmarks.training.rl_step JSON (medians over the measured steps)."""
     steps = _load(DATA / "layouts-2026-11-25" / f"call{call}-rkv_512-{layout}.json")["steps"]
     med = lambda k: statistics.median(s[k] for s in steps)  # noqa: E731
     return dict(steps=[s["total_s"] for s in steps], median=med("total_s"),

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_SCRIPTS = sorted(p.name for p in (ROOT / "scripts").glob("run-*.sh"))
 # what launches the trainer with settings of its own
 LAUNCHERS = [*sorted((ROOT / "scripts").rglob("*.sh")), *sorted((ROOT / "recipes").rglob("*.py")),
-             ROOT / "trainer" / "quickstart.py", ROOT / "benchmarks" / "grid_waves.py",
-             ROOT / "benchmarks" / "correction_grid.py"]
+             ROOT / "trainer" / "quickstart.py", ROOT / "benchmarks" / "grid" / "waves.py",
+             ROOT / "benchmarks" / "grid" / "correction_grid.py"]
 # a literal micro-batch: the flag then a number (shell or a Python list), or a shell default
 PINNED = re.compile(r"""max-tokens-per-gpu['"]?,?\s+['"]?\d|MAX_TOKENS_PER_GPU:-\d""")
 REASON_LINES = 3  # a `# reason:` this many lines above counts (a comment over a short block)

@@ -1,7 +1,7 @@
 """Flag errors name the command the user typed (``SPARSE_RL_COMMAND``, set by the scripts and the
 outer entry points: ``trainer/startup/interrupt.py``), and what building a parser imports: no
 entry point's ``--help`` or flag error imports torch, Megatron, transformers, sympy or Ray, so
-each answers in about a second (``benchmarks/bench_entry_help.py`` times them; docs/benchmarks.md).
+each answers in about a second (``benchmarks/studies/entry_help.py`` times them; docs/benchmarks.md).
 
 Mutation checks: ``import torch`` back at the top of trainer/launch.py fails the parser tests,
 the ``--help`` of trainer.train, ray_job and preflight and the flag errors of trainer.train and
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.studies.entry_help import ENTRY_POINTS, FLAG_ERRORS  # the one list of them
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_entry_help import ENTRY_POINTS, FLAG_ERRORS  # noqa: E402 - the one list of them
 
 HEAVY = ("torch", "megatron", "transformers", "sympy", "ray")  # seconds each, on a CPU
 

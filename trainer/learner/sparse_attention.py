@@ -19,7 +19,7 @@ pass on the device, once per pack; within a rollout (``replay_cache``) the π_ol
 reference's forward and the update share them when they pack the same micro-batches. A third,
 ``gather`` (``gathered_replay``), runs FlexAttention over the keys each block of 128 queries sees,
 gathered: about a third of the tiles of dense causal attention under R-KV 512 at 4k tokens
-(``bench_sparse_recompute.py --tiles-only``), where ``flex`` covers the whole causal triangle with
+(``benchmarks/training/sparse_recompute.py --tiles-only``), where ``flex`` covers the whole causal triangle with
 partial tiles; chosen by ``--sparse-attention``.
 """
 

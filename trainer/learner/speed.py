@@ -1,4 +1,4 @@
-"""How fast each phase of a rollout ran, per GPU: tokens/s and MFU, as ``bench_train.py`` counts.
+"""How fast each phase of a rollout ran, per GPU: tokens/s and MFU, as ``benchmarks/training/train_step.py`` counts.
 
 FLOPs are the model's matmuls (6 x matmul params x tokens, lm head included) plus causal
 attention (6 x layers x S x heads x head_dim per token of a length-S sequence) for a forward +

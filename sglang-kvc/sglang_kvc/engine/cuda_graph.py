@@ -138,7 +138,7 @@ class DecodeGraphs:
                        for name in ("step_ints", "params_f", "params_i")}
         self.num_captures, self.capture_s = 0, 0.0  # over the engine's life (server info)
         self.deferred = 0  # steps run eagerly because another thread held CAPTURE_GATE
-        self.replays, self.replay_s = 0, 0.0  # host time launching replays (bench_decode_tail)
+        self.replays, self.replay_s = 0, 0.0  # host time launching replays (benchmarks.engine.decode_tail)
         self.capture_stream: torch.cuda.Stream | None = None
         self.clear()
 

@@ -3,7 +3,7 @@ of rows without top-k / top-p / min-p (sampler.py's `need_filter` off) or greedy
 
 Why: the torch path upcasts the [B, V] logits, divides by T, softmaxes, cumsums, searches, log-
 softmaxes and gathers: ~6-8 passes over fp32 copies, against a ~2.2 ms decode step. Here the
-logits are read once, plus one chunk per row. benchmarks/bench_sampler.py, H100, V = 151,936 bf16,
+logits are read once, plus one chunk per row. benchmarks/engine/sampler.py, H100, V = 151,936 bf16,
 T = 1 with log-probs, graphed, cold L2: 498 -> 24 us at B = 64, 1054 -> 52 us at B = 256.
 
   pass 1, grid (row, chunk of CHUNK columns): v = x / d in fp32 (d = the row's temperature, 1 when

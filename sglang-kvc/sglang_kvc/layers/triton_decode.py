@@ -8,7 +8,7 @@ With one split (large batches), stage 1 writes the output itself and stage 2 is 
 
 Why blocks of KV heads: with one token per slot, a request's K/V rows are scattered over the
 pool, and a program per (request, KV head) read 128-byte pieces of them one dependent load after
-another: ~1.1-2.1 TB/s on an H100 whatever the split, warps or pipelining (bench_decode_attention).
+another: ~1.1-2.1 TB/s on an H100 whatever the split, warps or pipelining (benchmarks.engine.decode_attention).
 Reading a slot's heads as one row and prefetching the next block's slots is what helps.
 With `NewTokenKV` (the engine's decode steps), stage 1 also applies RoPE to q and the new token's
 k, writes its K/V into the pool and attends to it from registers: the separate RoPE + store
@@ -207,7 +207,7 @@ def num_kv_splits(batch_size: int, kv_blocks: int, target: int = 256) -> int:
     """Splits giving ~`target` (request, KV-head block, split) programs: enough to fill an H100
     (132 SMs) twice. Depends on shapes only, so a captured graph's grid stays valid whatever
     the sequence lengths. (Measured at batch 256 on the 0.5B shape: one split is as fast as two
-    at long contexts and faster at short ones; bench_decode_attention.)"""
+    at long contexts and faster at short ones; benchmarks.engine.decode_attention.)"""
     splits = 1
     while splits < 32 and batch_size * kv_blocks * splits < target:
         splits *= 2

@@ -1,4 +1,4 @@
-"""The engine's FP8 pool against a dense emulation of it (benchmarks/fp8_emulation.py): a Hugging
+"""The engine's FP8 pool against a dense emulation of it (benchmarks/engine/fp8_emulation.py): a Hugging
 Face fp32 forward whose attention rows that the engine serves from the pool (decode; a prefill
 extending a cached prefix) see quantize -> dequantize K/V, and whose other rows see raw K/V.
 
@@ -20,16 +20,12 @@ others (0.021-0.064).
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks.engine.fp8_emulation import KVEmulation
 from sglang_kvc.engine.engine import Engine
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from fp8_emulation import KVEmulation  # noqa: E402
 
 N_NEW = 24
 SCALES = [0.0125, 0.03]  # tiny qwen2.5: K/V amax ~3.4, so e4m3 never saturates (3.4 / 0.0125 < 448)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -198,9 +197,8 @@ def gpu_sync_task(rank, world, port, hf_dir):
 
 
 def _gpu_syncs(run) -> int:
-    """CUDA's own count (sync debug mode), as benchmarks/profile_train_step.py reports it."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-    from profile_train_step import count_syncs
+    """CUDA's own count (sync debug mode), as benchmarks/training/profile_train_step.py reports it."""
+    from benchmarks.training.profile_train_step import count_syncs
 
     return count_syncs(run)
 

@@ -1,0 +1,1 @@
+"""Measurements of the engine, the trainer and the loop, grouped by kind (README.md)."""

@@ -1,0 +1,309 @@
+"""Decode throughput and host time per step of the sglang_kvc engine vs HF `generate`, same model,
+same run.
+
+Shapes with random bf16 weights (no hub access needed): `qwen2.5-0.5b` (tied, vocab 151,936) and
+`smollm2-135m` (Llama, hidden 576, 30 layers, vocab 49,152). Batch B, prompt P random token ids,
+O output tokens with ignore_eos; greedy by default, or `--temperature 1 --logprobs` as RL
+rollouts sample. Each engine mode (`--modes overlap,sequential`) runs `--repeats` times on one
+engine; min / median / max are printed. Reports output tok/s, the fraction of the HBM roofline
+(docs/engine.md §6), the same for the decode steps alone (the end-to-end figure also holds the
+prefill), and the engine thread's host time per decode step (everything but waiting
+for the GPU's outputs: schedule, input preparation, launches, output processing):
+
+    step bytes = W + B * S_mean * k,  W = all weights (a tied embedding read once as the LM head),
+    k = 2 * layers * kv_heads * head_dim * 2 bytes,  S_mean = P + O / 2,
+    roofline tok/s = B / (step bytes / HBM bandwidth).
+
+`--profile DIR` writes a torch profiler trace of a few decode steps and prints the kernels and
+device->host copies per step.
+
+    PYTHONPATH=sglang-kvc:. python -m benchmarks.engine.throughput [--shape smollm2-135m --batch 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+from pathlib import Path
+
+import torch
+
+from benchmarks.common.checkpoint import build_checkpoint, param_count
+
+# HBM bandwidth by GPU name (datasheet, bytes/s): engine.md §6 uses 3.35 TB/s for the H100 SXM.
+HBM_BW = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}
+
+
+def qwen25_05b_config():
+    from transformers import Qwen2Config
+
+    return Qwen2Config(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                       num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
+                       tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1e6,
+                       rms_norm_eps=1e-6, bos_token_id=151643, eos_token_id=151645)
+
+
+def smollm2_135m_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                       num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
+                       tie_word_embeddings=True, max_position_embeddings=8192, rope_theta=100000.0,
+                       rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+
+
+def tiny_config():
+    """Two layers of the Qwen2 family: CPU smoke runs (decode_tail.py --device cpu); the vocabulary
+    is the tiny tokenizer's, padded (common/checkpoint.py builds it)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, intermediate_size=128, vocab_size=448,
+                       tie_word_embeddings=True, max_position_embeddings=1024, rope_theta=1e6,
+                       rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=1)
+
+
+SHAPES = {"qwen2.5-0.5b": qwen25_05b_config, "smollm2-135m": smollm2_135m_config,
+          "tiny": tiny_config}
+
+
+def sampling(args, out_len: int) -> dict:
+    if args.temperature > 0:
+        return {"temperature": args.temperature, "max_new_tokens": out_len, "ignore_eos": True,
+                "sampling_seed": args.seed}
+    return {"temperature": 0.0, "max_new_tokens": out_len, "ignore_eos": True}
+
+
+def bench_hf(path: str, prompts: torch.Tensor, out_len: int, args) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
+    ids = prompts.cuda()
+    kw = dict(eos_token_id=None, pad_token_id=0)  # no EOS: ignore_eos
+    kw.update(dict(do_sample=True, temperature=args.temperature, top_k=0) if args.temperature > 0
+              else dict(do_sample=False))
+    model.generate(ids[:8], attention_mask=torch.ones_like(ids[:8]), max_new_tokens=8, **kw)  # warm up
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=out_len, **kw)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    n = (out.shape[1] - ids.shape[1]) * ids.shape[0]
+    res = {"tok_s": n / dt, "seconds": dt, "tokens": n, "peak_gb": torch.cuda.max_memory_allocated() / 1e9}
+    del model, out
+    torch.cuda.empty_cache()
+    return res
+
+
+def make_engine(path: str, B: int, P: int, O: int, overlap: bool, args):
+    from sglang_kvc import Engine
+
+    return Engine(model_path=path, skip_tokenizer_init=True, dtype="bfloat16",
+                  max_total_tokens=args.pool_tokens or B * (P + O) + 1024,
+                  max_running_requests=B, cuda_graph_max_bs=B, context_length=P + O + 16,
+                  cuda_graph=not args.no_cuda_graph, mem_fraction_static=0.85,
+                  disable_overlap_schedule=not overlap, **compress_kwargs(args))
+
+
+def compress_kwargs(args) -> dict:
+    """--compress: the engine compresses as bench_rl_step's --compress runs do (step_length,
+    8-query window)."""
+    if args.compress == "none":
+        return {}
+    return dict(compress_algorithm=args.compress, compress_max_prompt=args.kv_budget,
+                compress_divide_length=args.compress_divide_length, compress_max_window=8,
+                compress_divide_method="step_length")
+
+
+def timed_generate(engine, ids: list, params: dict, logprobs: bool) -> dict:
+    engine.loop.step_stats = type(engine.step_stats)()  # fresh counters
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = engine.generate(input_ids=ids, sampling_params=params, return_logprob=logprobs)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    n = sum(len(o["output_ids"]) for o in outs)
+    stats = engine.step_stats.to_dict()
+    # The decode steps alone (each request's first token comes from its prefill step).
+    decode_tok_s = (n - len(outs)) / max(stats["decode_s"], 1e-9)
+    return {"tok_s": n / dt, "decode_tok_s": decode_tok_s, "seconds": dt, "tokens": n, **stats,
+            "first_ids": outs[0]["output_ids"][:16]}
+
+
+def bench_engine(path: str, prompts: torch.Tensor, out_len: int, overlap: bool, args) -> dict:
+    B, P = prompts.shape
+    torch.cuda.reset_peak_memory_stats()
+    engine = make_engine(path, B, P, out_len, overlap, args)
+    ids = prompts.tolist()
+    params = sampling(args, out_len)
+    engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=32))  # warm up/capture
+    runs = [timed_generate(engine, ids, params, args.logprobs) for _ in range(args.repeats)]
+    res = {"runs": runs, "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+           "kv_pool_gb": engine.kv.pool.bytes / 1e9, "preemptions": engine.scheduler.num_preemptions}
+    for key in ("tok_s", "decode_tok_s", "host_ms_per_step", "gpu_wait_ms_per_step"):
+        vals = [r[key] for r in runs]
+        res[key] = {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
+    if args.profile:
+        res["profile"] = profile_steps(engine, ids, params, args)
+    if args.host_breakdown:
+        res["host_us_per_step"] = host_breakdown(engine, ids, params, args)
+    engine.shutdown()
+    return res
+
+
+def profile_steps(engine, ids, params, args, skip: int = 4, steps: int = 16) -> dict:
+    """Kernels and device->host copies per decode step, profiled over `steps` decode steps of
+    an unchanged batch (after `skip` warm steps; prefill excluded)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    launch, seen = engine.runner.launch, [0]
+
+    def windowed(batch):  # runs on the engine thread
+        if not batch.is_prefill:
+            seen[0] += 1
+            if seen[0] == skip + 1:
+                torch.cuda.synchronize()
+                prof.start()
+            elif seen[0] == skip + steps + 1:
+                torch.cuda.synchronize()
+                prof.stop()
+        return launch(batch)
+
+    engine.runner.launch = windowed
+    engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=skip + steps + 8),
+                    return_logprob=args.logprobs)
+    engine.runner.launch = launch
+    Path(args.profile).mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(f"{args.profile}/engine_trace.json")
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=30)
+    with open(f"{args.profile}/engine_kernels.txt", "w") as f:
+        f.write(table)
+    print(table)
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    d2h = sum(1 for e in events if "DtoH" in e.name)
+    kernels = [e for e in events if "Memcpy" not in e.name and "Memset" not in e.name]
+    gpu_us = sum(e.device_time for e in events)
+    return {"steps": steps, "d2h_copies_per_step": d2h / steps, "kernels_per_step": len(kernels) / steps,
+            "gpu_busy_ms_per_step": gpu_us / 1e3 / steps}
+
+
+def host_breakdown(engine, ids, params, args, steps: int = 64) -> dict:
+    """Host microseconds per decode step in each stage of the engine loop (wall time without any
+    device sync, so GPU work is not counted except where a stage waits for it: `result`)."""
+    totals: dict[str, float] = {}
+    r = engine.runner
+
+    def wrap(obj, name, label):
+        fn = getattr(obj, name)
+
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            out = fn(*a, **kw)
+            totals[label] = totals.get(label, 0.0) + time.perf_counter() - t
+            return out
+        setattr(obj, name, timed)
+        return fn
+
+    originals = [(engine.scheduler, "schedule"), (r, "launch"), (r, "_decode"), (r, "sampler"),
+                 (r.rows, "record"), (r, "_sampling_batch"), (engine.loop, "_process"),
+                 (r, "after_step"), (engine.loop, "_complete_inflight")]  # (the loop's, not Engine's)
+    saved = [(o, n, wrap(o, n, n.strip("_"))) for o, n in originals]
+    engine.step_stats.__init__()
+    engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=steps + 1),
+                    return_logprob=args.logprobs)
+    for o, n, fn in saved:
+        setattr(o, n, fn)
+    n = max(engine.step_stats.decode_steps, 1)
+    out = {k: 1e6 * v / n for k, v in totals.items()}
+    out["wait (in complete_inflight)"] = 1e6 * engine.step_stats.gpu_wait_s / n
+    return out
+
+
+def roofline(num_params: int, shape: str, B: int, P: int, O: int, gpu: str) -> dict:
+    cfg = SHAPES[shape]()
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    k = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2
+    W = num_params * 2
+    s_mean = P + O / 2
+    bw = next((v for name, v in HBM_BW.items() if name in gpu), 3.35e12)
+    step_bytes = W + B * s_mean * k
+    return {"tok_s": B / (step_bytes / bw), "hbm_tb_s": bw / 1e12, "step_gb": step_bytes / 1e9}
+
+
+def report(results: dict) -> None:
+    gpu, hf = results["gpu"], results.get("hf", {})
+    roof = results["roofline"]["tok_s"]
+    print(f"\n{gpu}, {results['shape']}, B={results['batch']} P={results['prompt_len']} "
+          f"O={results['output_len']}, T={results['temperature']}, logprobs={results['logprobs']}; "
+          f"roofline {roof:,.0f} tok/s; HF generate {hf.get('tok_s', float('nan')):,.0f} tok/s")
+    print("| mode | tok/s min / median / max | of roofline (median) | vs HF | decode steps only: tok/s "
+          "(median), of roofline | host ms/step (median) | GPU wait ms/step |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for mode, e in results["engine"].items():
+        t, d = e["tok_s"], e["decode_tok_s"]["median"]
+        print(f"| {mode} | {t['min']:,.0f} / {t['median']:,.0f} / {t['max']:,.0f} "
+              f"| {100 * t['median'] / roof:.1f}% | x{t['median'] / hf.get('tok_s', float('nan')):.2f} "
+              f"| {d:,.0f}, {100 * d / roof:.1f}% "
+              f"| {e['host_ms_per_step']['median']:.3f} | {e['gpu_wait_ms_per_step']['median']:.3f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    ap.add_argument("--batch", type=int, default=256, help="concurrent requests")
+    ap.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per request")
+    ap.add_argument("--output-len", type=int, default=512, help="generated tokens per request")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (both engines)")
+    ap.add_argument("--logprobs", action="store_true", help="engine returns sampled logprobs")
+    ap.add_argument("--modes", default="overlap,sequential",
+                    help="engine modes: overlap and/or sequential (--disable-overlap-schedule)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per engine mode")
+    ap.add_argument("--pool-tokens", type=int, default=0, help="KV pool size (0 = fits the batch)")
+    ap.add_argument("--skip-hf", action="store_true", help="do not run HF generate")
+    ap.add_argument("--compress", default="none", choices=["none", "rkv", "snapkv", "streamingllm"],
+                    help="KV compression (as bench_rl_step.py --compress)")
+    ap.add_argument("--kv-budget", type=int, default=128, help="--compress-max-prompt")
+    ap.add_argument("--compress-divide-length", type=int, default=64)
+    ap.add_argument("--no-cuda-graph", action="store_true", help="eager decode steps")
+    ap.add_argument("--profile", default=None, help="directory for a profiler trace of decode steps")
+    ap.add_argument("--host-breakdown", action="store_true", help="host time per stage of a step")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="write results here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.engine.throughput needs a GPU")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - {"overlap", "sequential"}:
+        raise SystemExit(f"--modes: expected overlap and/or sequential, got {args.modes!r}")
+    gpu = torch.cuda.get_device_name()
+    B, P, O = args.batch, args.prompt_len, args.output_len
+    g = torch.Generator().manual_seed(args.seed)
+    vocab = SHAPES[args.shape]().vocab_size
+    prompts = torch.randint(0, vocab - 100, (B, P), generator=g)
+    results = {"gpu": gpu, "shape": args.shape, "batch": B, "prompt_len": P, "output_len": O,
+               "temperature": args.temperature, "logprobs": args.logprobs, "torch": torch.__version__,
+               "compress": args.compress, "kv_budget": args.kv_budget,
+               "engine": {}}
+    with tempfile.TemporaryDirectory() as d:
+        results["params"] = param_count(build_checkpoint(args.shape, Path(d), args.seed, torch.bfloat16))
+        if not args.skip_hf:
+            results["hf"] = bench_hf(d, prompts, O, args)
+            print("HF generate:", json.dumps(results["hf"]), flush=True)
+        for mode in modes:
+            results["engine"][mode] = bench_engine(d, prompts, O, mode == "overlap", args)
+            print(f"engine ({mode}):", json.dumps(results["engine"][mode]), flush=True)
+    results["roofline"] = roofline(results["params"], args.shape, B, P, O, gpu)
+    report(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

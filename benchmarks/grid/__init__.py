@@ -1,0 +1,1 @@
+"""The correction grid: quickstart runs side by side, in paired waves, with their statistics."""

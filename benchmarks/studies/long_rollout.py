@@ -1,0 +1,218 @@
+"""The long-rollout RL step where KV memory binds: dense vs R-KV vs SnapKV in the same KV pool.
+
+Each configuration runs the real training loop (``training/rl_step.py``: in-process engine,
+reward, π_old recompute, update, weight sync) in its own process, on one shared random
+checkpoint, with long-tailed response lengths (``common/long_tail.py``: log-normal around half the cap by
+default, ~12% at the cap) and a KV pool sized as a deployment leaves it: ``--dense-fraction`` of what the
+whole batch would hold densely at the cap (0.25: dense holds a quarter of the batch at once, as a
+7B model on one 80 GB GPU does at 8k tokens).
+
+    python -m benchmarks.studies.long_rollout --shape qwen2.5-0.5b --response-len 4096 8192 \\
+        --configs dense rkv:512 rkv:1024 snapkv:512 snapkv:1024 --steps 2 \\
+        --json runs/long.json --plot docs/plots/long_rollout_steps.png
+
+A config ending in ``@fp8_e4m3`` / ``@fp8_e5m2`` runs with an FP8 KV pool of the same bytes
+(``--sglang-kv-cache-dtype``, twice the slots); ratios stay against the bf16 dense row.
+
+Per configuration and length: each phase's seconds (min / median / max over ``--steps`` steps
+after a short warm-up rollout), rollout tokens/s, the pool's peak slots and capacity, preempted
+requests, and the tail: the share of the rollout spent after 90% of the samples had finished.
+The step and rollout speed-ups are ratios to dense at the same length, measured in one call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.common.checkpoint import build_checkpoint
+from benchmarks.common.report import emit
+from trainer.learner.speed import device_name
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PHASES = ("rollout", "recompute", "update", "sync")
+
+
+def parse_config(spec: str) -> dict:
+    """``dense`` or ``algorithm:budget[:divide_length]``, optionally ``@fp8_e4m3`` or
+    ``@fp8_e5m2``: an FP8 KV pool of the same bytes (twice the slots)."""
+    spec, _, kv = spec.partition("@")
+    if kv not in ("", "fp8_e4m3", "fp8_e5m2"):
+        raise SystemExit(f"--configs {spec}@{kv}: the KV dtype after @ is fp8_e4m3 or fp8_e5m2")
+    name, kv = (f"{spec}@{kv}", {"kv_dtype": kv}) if kv else (spec, {})
+    if spec == "dense":
+        return {"name": name, "compress": "none", **kv}
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or parts[0] not in ("rkv", "snapkv", "streamingllm"):
+        raise SystemExit(f"--configs {spec!r}: expected dense or rkv|snapkv|streamingllm:BUDGET[:DIVIDE]")
+    budget = int(parts[1])
+    divide = int(parts[2]) if len(parts) == 3 else max(16, budget // 4)
+    return {"name": name, "compress": parts[0], "budget": budget, "divide": divide, **kv}
+
+
+def pool_tokens(args, cap: int, cfg: dict | None = None) -> int:
+    """KV slots: --dense-fraction of the batch at the cap (prompt included, ~64 tokens) in bf16;
+    an FP8 pool of the same bytes has twice the slots."""
+    fp8 = 2 if cfg and cfg.get("kv_dtype") else 1
+    return fp8 * int(args.dense_fraction * args.prompts * args.samples * (cap + 64))
+
+
+def config_argv(args, cfg: dict, cap: int, hf: Path, out: Path, work: Path,
+                launcher: tuple[str, ...] = (sys.executable,), more: tuple[str, ...] = ()
+                ) -> list[str]:
+    """``training/rl_step.py`` for one config at one cap, started by ``launcher`` (e.g. torchrun);
+    ``more`` trainer flags go after the pool size (so they may override it), the user's last."""
+    argv = [*launcher, "-m", "benchmarks.training.rl_step", "--hf-checkpoint", str(hf),
+            "--prompts", str(args.prompts), "--samples", str(args.samples),
+            "--response-len", str(cap), "--steps", str(args.steps), "--seed", str(args.seed),
+            "--max-tokens-per-gpu", str(args.max_tokens_per_gpu), "--json", str(out),
+            "--workdir", str(work), "--compress", cfg["compress"]]
+    if cfg["compress"] != "none":
+        argv += ["--kv-budget", str(cfg["budget"]), "--compress-divide-length", str(cfg["divide"])]
+    plugin = (f"cap={cap} median_frac={args.median_frac} sigma={args.sigma} "
+              f"warmup_scale={args.warmup_scale} seed={args.seed}").split()
+    if cfg.get("kv_dtype"):
+        argv += ["--sglang-kv-cache-dtype", cfg["kv_dtype"]]
+    return argv + ["--sglang-max-total-tokens", str(pool_tokens(args, cap, cfg)),
+                   "--custom-generate-function-path", "benchmarks.common.long_tail.LongTailLengths",
+                   "--custom-generate-args", *plugin, *more, *args.extra]
+
+
+def import_once(hf: Path, work: Path) -> Path:
+    """The HF -> torch_dist import every configuration's trainer would do (~25 s for 0.5B),
+    done once; each run's import cache points at it."""
+    target = work / "hf_import"
+    if not target.is_dir():
+        subprocess.run([sys.executable, "-m", "checkpoint_tools.hf2megatron", "--hf-checkpoint",
+                        str(hf), "--save", str(target)], cwd=ROOT, check=True)
+    return target
+
+
+def prepare_run_dir(run_dir: Path, hf: Path, work: Path) -> None:
+    """A run's folder whose trainer finds the shared torch_dist import in its cache."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    cache = run_dir / "logs" / "hf_import"
+    if not cache.exists():
+        cache.symlink_to(import_once(hf, work), target_is_directory=True)
+
+
+def run_config(args, cfg: dict, cap: int, hf: Path, work: Path) -> dict:
+    name = f"{cfg['name'].replace(':', '_')}_{cap}"
+    out, run_dir = work / f"{name}.json", work / name
+    prepare_run_dir(run_dir, hf, work)
+    argv = config_argv(args, cfg, cap, hf, out, run_dir)
+    print(f"[long-rollout] {cfg['name']} at {cap} tokens: {' '.join(argv[1:])}", flush=True)
+    done = subprocess.run(argv, cwd=ROOT)
+    if done.returncode != 0:
+        return {"error": f"exit {done.returncode}"}
+    return json.loads(out.read_text())["summary"]
+
+
+def row(cfg: dict, cap: int, summary: dict, dense: dict | None) -> dict:
+    if "error" in summary:
+        return {"config": cfg["name"], "response_len": cap, **summary}
+    med = {k: v["median"] for k, v in summary.items()}
+    r = {"config": cfg["name"], "response_len": cap, **{f"{p}_s": med.get(f"{p}_s") for p in PHASES},
+         "step_s": med.get("total_s"), "rollout_tokens_per_s": med.get("rollout_tokens_per_s"),
+         "pool_peak_slots": med.get("kv_pool_peak_used"), "pool_slots": med.get("kv_pool_capacity"),
+         "preemptions": med.get("rollout_preemptions"), "tail_fraction": med.get("rollout_tail_fraction"),
+         "response_len_mean": med.get("response_len_mean"), "spread": summary}
+    if med.get("kv_pool_peak_bytes") and r["pool_peak_slots"]:
+        r["pool_gib"] = r["pool_slots"] * med["kv_pool_peak_bytes"] / r["pool_peak_slots"] / 2**30
+    if dense and dense.get("step_s") and r["step_s"]:
+        r["step_speedup"] = dense["step_s"] / r["step_s"]
+        r["rollout_speedup"] = dense["rollout_s"] / r["rollout_s"]
+    return r
+
+
+def print_rows(rows: list[dict]) -> None:
+    cols = ("config", "response_len", "step_s", "rollout_s", "recompute_s", "update_s", "sync_s",
+            "rollout_tokens_per_s", "pool_peak_slots", "preemptions", "tail_fraction",
+            "pool_gib", "step_speedup", "rollout_speedup")
+    print(" ".join(f"{c[:12]:>12s}" for c in cols))
+    for r in rows:
+        print(" ".join(f"{r.get(c):>12.4g}" if isinstance(r.get(c), (int, float)) else
+                       f"{str(r.get(c)):>12s}" for c in cols))
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Stacked step time per configuration, one panel per response length."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["response_len"], round(r.get("pool_gib") or 0, 1)) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
+    for ax, (cap, gib) in zip(axes[0], panels):
+        mine = [r for r in rows if (r["response_len"], round(r.get("pool_gib") or 0, 1)) == (cap, gib)
+                and r.get("step_s")]
+        bottom = [0.0] * len(mine)
+        for phase in PHASES:
+            vals = [r.get(f"{phase}_s") or 0.0 for r in mine]
+            ax.bar([r["config"] for r in mine], vals, bottom=bottom, label=phase)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_title(f"{cap}-token cap, {gib:g} GiB KV pool")
+        ax.set_ylabel("seconds per RL step")
+        ax.tick_params(axis="x", rotation=30)
+    axes[0][0].legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="qwen2.5-0.5b", help="training/rl_step.py's --shape")
+    p.add_argument("--response-len", type=int, nargs="+", default=[4096], help="caps to run")
+    p.add_argument("--configs", nargs="+", default=["dense", "rkv:512", "rkv:1024", "snapkv:512",
+                                                    "snapkv:1024"])
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--dense-fraction", type=float, default=0.25,
+                   help="the pool holds this fraction of the batch's dense KV at the cap")
+    # reasoning RL runs sit near their cap (verl's DAPO: 20-28k-token means at 20k+ caps): by
+    # default the median is half the cap and ~12% of the samples reach it
+    p.add_argument("--median-frac", type=float, default=0.5, help="median length / cap")
+    p.add_argument("--sigma", type=float, default=0.6, help="log-normal spread of the lengths")
+    p.add_argument("--warmup-scale", type=float, default=0.125,
+                   help="the warm-up rollout's lengths are scaled by this (compiles, captures)")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--max-tokens-per-gpu", type=int, default=0,
+                   help="the trainer's micro-batch (0: sized from free memory, its default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None, help="stacked step-time PNG")
+    args, extra = p.parse_known_args(argv)
+    args.extra = extra
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-long-rollout-"))
+    hf = build_checkpoint(args.shape, work / "hf")
+    configs = [parse_config(c) for c in args.configs]
+    rows = []
+    for cap in args.response_len:
+        dense = None
+        for cfg in configs:
+            r = row(cfg, cap, run_config(args, cfg, cap, hf, work), dense)
+            dense = r if cfg["compress"] == "none" and not cfg.get("kv_dtype") else dense
+            rows.append(r)
+            print_rows([r])
+    print_rows(rows)
+    if args.plot:
+        plot(rows, Path(args.plot))
+    return emit({"gpu": device_name(), "shape": args.shape, "prompts": args.prompts,
+                 "samples": args.samples, "dense_fraction": args.dense_fraction,
+                 "median_frac": args.median_frac, "sigma": args.sigma, "rows": rows}, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Issue 60's measurements on one GPU (docs/benchmarks.md, "The RL step at full speed by
+# default"), most important first, each piece under `timeout` and the lane's TOTAL_S:
+#   ril_dense, ril_rkv   training/rollout_in_loop.py: the rollout phase inside the run (0.5B, 32 x 8
+#                        samples, ~128-token prompts, 512-token answers) against the same engine
+#                        alone on the same requests, broken down; the KV pool and the trainer's
+#                        micro-batch as the run scripts leave them (pool from the memory
+#                        fraction, micro-batch from free memory: printed)
+#   oom_3b               training/rl_step.py at the R-KV run script's settings (pool from
+#                        --sglang-mem-fraction-static 0.7, KL reference, sparse_rl correction,
+#                        memory-sized micro-batch) on 32 samples of ~2.3k tokens (a step's
+#                        peak is one micro-batch's, whatever their number): no OOM?
+#   replay               training/sparse_recompute.py: flex and gather against dense (0.5B, 4k,
+#                        budget 512), recompute and update, min / median / max of 3 repeats
+#   engine_dense, engine_rkv  engine/throughput.py on the same shape as ril_* (B 256, P 128, O 512,
+#                        T 1 with log-probs): the engine's own figure and its HBM roofline
+#   oom_1.5b             as oom_3b on the 1.5B shape
+#   long4k, long8k       studies/long_rollout.py at 4,096 / 8,192: dense, R-KV 512, FP8 e4m3 and
+#                        R-KV + FP8, 2 timed steps each, trainer at the memory-sized micro-batch
+# then studies/speed_lane_summary.py writes OUT_DIR/summary.md from the pieces' JSON.
+#
+#   bash benchmarks/studies/speed_lane.sh OUT_DIR
+# All of it is ~20 minutes on an H200, more than one call's TOTAL_S: the defaults run the pieces
+# in the order above and skip what does not fit (parts 1, 2 and 4 first); a second call with
+# PARTS="long4k long8k" runs part 3. Environment: PARTS (pieces, in order), TOTAL_S (510: a piece
+# starts only with >= 30 s left and is cut at the lane's end), PYTHON (python3), SMOKE=1 (tiny
+# shapes on a CPU: the lane end to end, measuring nothing).
+set -uo pipefail
+
+OUT="${1:?usage: benchmarks/studies/speed_lane.sh OUT_DIR}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PY="${PYTHON:-python3}"
+TOTAL_S="${TOTAL_S:-510}"
+SMOKE="${SMOKE:-0}"
+PARTS="${PARTS:-ril_dense ril_rkv oom_3b replay engine_dense engine_rkv oom_1.5b long4k long8k}"
+START=$SECONDS
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$ROOT:$ROOT/sglang-kvc" PYTHONWARNINGS=ignore
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"  # as the run scripts set it
+: >"$OUT/pieces.jsonl"
+
+step() {
+    # step NAME LIMIT_S -m MODULE ARGS...: python -m MODULE ARGS --json OUT/NAME.json, cut at the smaller of its
+    # limit and the time left; one line per piece in pieces.jsonl (exit, seconds, command)
+    local name=$1 limit=$2 left=$((TOTAL_S - (SECONDS - START))) begin=$SECONDS rc
+    shift 2
+    if ((left < 30)); then
+        echo "=== $name: skipped (lane time spent)"
+        printf '{"piece": "%s", "skipped": true}\n' "$name" >>"$OUT/pieces.jsonl"
+        return
+    fi
+    ((limit > left)) && limit=$left
+    echo "=== $name (limit ${limit} s) at $(date +%H:%M:%S)"
+    (cd "$ROOT" && timeout -k 15 "$limit" "$PY" "$@" --json "$OUT/$name.json") >"$OUT/$name.log" 2>&1
+    rc=$?
+    "$PY" -c 'import json, sys; print(json.dumps({"piece": sys.argv[1], "exit": int(sys.argv[2]),
+        "seconds": int(sys.argv[3]), "limit_s": int(sys.argv[4]), "command": sys.argv[5:]}))' \
+        "$name" "$rc" "$((SECONDS - begin))" "$limit" "$@" >>"$OUT/pieces.jsonl"
+    [[ "$name" == oom* ]] && rm -rf "${OUT:?}/work/$name"  # its checkpoints: GBs, not results
+    echo "exit $rc after $((SECONDS - begin)) s (lane $((SECONDS - START)) s); last lines:"
+    grep -v -i "warn" "$OUT/$name.log" | cut -c1-240 | tail -n 25  # (the JSON lines are long)
+}
+
+if [[ "$SMOKE" == 1 ]]; then  # tiny shapes and lengths: the lane's plumbing on a CPU
+    SHAPE=tiny BIG15=tiny BIG3=tiny ENGINE_SHAPE=tiny
+    RIL=(--prompts 2 --samples 2 --prompt-len 24 --response-len 16 --steps 2 --repeats 1)
+    OOM=(--prompts 2 --samples 2 --response-len 32 --steps 1)
+    ENG=(--batch 4 --prompt-len 16 --output-len 16 --repeats 2)
+    REPLAY=(--shape tiny --response-len 300 --budget 64 --divide-length 16 --seqs-per-step 4
+            --max-tokens-per-gpu 1024 --steps 1 --repeats 2)
+    LONG=(--shape tiny --prompts 2 --samples 2 --steps 2 --max-tokens-per-gpu 0)
+    CAPS=(64 128)
+    POOL=()  # a CPU's pool is --sglang-max-total-tokens or 16k slots
+else
+    SHAPE=qwen2.5-0.5b BIG15=qwen2.5-1.5b BIG3=qwen2.5-3b ENGINE_SHAPE=qwen2.5-0.5b
+    RIL=(--prompts 32 --samples 8 --prompt-len 128 --response-len 512 --steps 2 --repeats 2)
+    OOM=(--prompts 4 --samples 8 --response-len 2048 --steps 1)
+    ENG=(--batch 256 --prompt-len 128 --output-len 512 --repeats 3)
+    REPLAY=(--seqs-per-step 8 --steps 2 --repeats 3 --max-tokens-per-gpu 32768)
+    LONG=(--shape qwen2.5-0.5b --steps 2 --max-tokens-per-gpu 0)
+    CAPS=(4096 8192)
+    POOL=(--sglang-mem-fraction-static 0.7 --sglang-max-total-tokens 1000000000)
+fi
+# the R-KV run script's trainer and engine settings (scripts/lib/common.sh); the pool from the
+# fraction alone (rl_step's own --sglang-max-total-tokens lifted)
+SCRIPT_RKV=(--compress rkv --kv-budget 512 --compress-divide-length 128 --max-tokens-per-gpu 0
+            --kl-loss-coef 1e-4 --kl-loss-type low_var_kl --use-mis --mis-preset sparse_rl
+            --sglang-compress-keep-prompt "${POOL[@]}")
+LONG_CONFIGS=(dense rkv:512 dense@fp8_e4m3 rkv:512@fp8_e4m3)
+
+piece() {
+    case "$1" in
+        ril_dense) step ril_dense 150 -m benchmarks.training.rollout_in_loop --shape "$SHAPE" "${RIL[@]}" \
+            --compress none --max-tokens-per-gpu 0 "${POOL[@]}" --workdir "$OUT/work/ril" ;;
+        ril_rkv) step ril_rkv 150 -m benchmarks.training.rollout_in_loop --shape "$SHAPE" "${RIL[@]}" \
+            --compress rkv --kv-budget 128 --compress-divide-length 64 --max-tokens-per-gpu 0 \
+            "${POOL[@]}" --workdir "$OUT/work/ril" ;;
+        oom_1.5b) step oom_1.5b 120 -m benchmarks.training.rl_step --shape "$BIG15" "${OOM[@]}" \
+            "${SCRIPT_RKV[@]}" --workdir "$OUT/work/oom_1.5b" ;;
+        oom_3b) step oom_3b 200 -m benchmarks.training.rl_step --shape "$BIG3" "${OOM[@]}" \
+            "${SCRIPT_RKV[@]}" --workdir "$OUT/work/oom_3b" ;;
+        engine_dense) step engine_dense 75 -m benchmarks.engine.throughput --shape "$ENGINE_SHAPE" \
+            "${ENG[@]}" --temperature 1 --logprobs --skip-hf --modes overlap ;;
+        engine_rkv) step engine_rkv 75 -m benchmarks.engine.throughput --shape "$ENGINE_SHAPE" \
+            "${ENG[@]}" --temperature 1 --logprobs --skip-hf --modes overlap \
+            --compress rkv --kv-budget 128 --compress-divide-length 64 ;;
+        replay) step replay 120 -m benchmarks.training.sparse_recompute "${REPLAY[@]}" ;;
+        long4k) step long4k 330 -m benchmarks.studies.long_rollout "${LONG[@]}" \
+            --response-len "${CAPS[0]}" --configs "${LONG_CONFIGS[@]}" --workdir "$OUT/work/long" ;;
+        long8k) step long8k 450 -m benchmarks.studies.long_rollout "${LONG[@]}" \
+            --response-len "${CAPS[1]}" --configs "${LONG_CONFIGS[@]}" --workdir "$OUT/work/long" ;;
+        *) echo "=== $1: no such piece (PARTS: ril_dense ril_rkv oom_3b replay engine_dense" \
+                "engine_rkv oom_1.5b long4k long8k)" ;;
+    esac
+}
+
+if [[ "$SMOKE" == 1 ]] && ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    PARTS="${PARTS//engine_dense/}"  # engine/throughput.py needs a GPU
+    PARTS="${PARTS//engine_rkv/}"
+fi
+echo "speed lane: $(date -u +%Y-%m-%dT%H:%M:%SZ), parts: $PARTS, TOTAL_S=$TOTAL_S, OUT=$OUT"
+nvidia-smi --query-gpu=name,memory.total,memory.used,utilization.gpu --format=csv 2>/dev/null \
+    | tee "$OUT/gpu.txt"
+for part in $PARTS; do
+    piece "$part"
+done
+# each long-rollout config's own JSON (a piece cut at its limit leaves those that finished)
+mkdir -p "$OUT/long_runs" && cp "$OUT"/work/long/*.json "$OUT/long_runs/" 2>/dev/null
+rm -rf "$OUT/work"  # checkpoints and run dirs: GBs, not results
+"$PY" -m benchmarks.studies.speed_lane_summary "$OUT" --parts $PARTS --lane-seconds $((SECONDS - START))
+echo "speed lane done in $((SECONDS - START)) s; summary: $OUT/summary.md"

@@ -1,0 +1,243 @@
+"""``summary.md`` of a ``speed_lane.sh`` output folder: the pieces' JSON as issue 60's tables.
+
+    python -m benchmarks.studies.speed_lane_summary OUT_DIR [--parts ...] [--lane-seconds S]
+
+Every ratio is taken within the lane's one call. A piece that failed or was cut shows its exit
+status and the last lines of its log instead of numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+OOM_MARKERS = ("out of memory", "OutOfMemoryError")
+
+
+def load(out: Path, name: str) -> dict | None:
+    path = out / f"{name}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def pieces(out: Path) -> dict[str, dict]:
+    path = out / "pieces.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {p["piece"]: p for p in map(json.loads, filter(None, lines))}
+
+
+def fmt(v, digits: int = 4) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}g}"
+    return str(v)
+
+
+def mmm(spread: dict | None, digits: int = 4) -> str:
+    """min / median / max of a ``{"min", "median", "max"}`` dict."""
+    if not spread:
+        return "-"
+    return " / ".join(fmt(float(spread[k]), digits) for k in ("min", "median", "max"))
+
+
+def failure(out: Path, name: str, info: dict | None) -> str:
+    if info is None:
+        return f"- `{name}`: not run"
+    if info.get("skipped"):
+        return f"- `{name}`: skipped (lane time spent)"
+    log = out / f"{name}.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    oom = any(m in text for m in OOM_MARKERS)
+    tail = [ln for ln in text.splitlines() if "warn" not in ln.lower()][-6:]
+    cut = " (cut at its limit)" if info.get("exit") in (124, 137) else ""
+    return (f"- `{name}`: exit {info.get('exit')}{cut}{', **OOM**' if oom else ''} after "
+            f"{info.get('seconds')} s; log tail:\n\n```\n" + "\n".join(tail) + "\n```")
+
+
+def header(out: Path, args, runs: dict) -> list[str]:
+    gpu = (out / "gpu.txt").read_text().strip().splitlines()[1:] if (out / "gpu.txt").exists() else []
+    lines = [f"# Speed lane (issue 60): {time.strftime('%Y-%m-%d', time.gmtime())}", "",
+             f"- GPU: {gpu[0] if gpu else 'none (nvidia-smi absent: CPU smoke run)'}",
+             f"- command: `PARTS=\"{' '.join(args.parts)}\" bash benchmarks/studies/speed_lane.sh OUT`"
+             f" ({args.lane_seconds} s wall)", "",
+             "| piece | exit | seconds | limit s | command |", "|---|---:|---:|---:|---|"]
+    for name in args.parts:
+        p = runs.get(name, {})
+        cmd = " ".join(p.get("command", [])).replace(str(out), "OUT")
+        lines.append(f"| {name} | {fmt(p.get('exit', 'skipped' if p.get('skipped') else '-'))} "
+                     f"| {fmt(p.get('seconds'))} | {fmt(p.get('limit_s'))} | `{cmd}` |")
+    return lines + [""]
+
+
+def micro_batch_section(out: Path, runs: dict) -> list[str]:
+    lines = ["## 1. The memory-sized micro-batch (no `--max-tokens-per-gpu`)", "",
+             "| piece | shape | micro-batch tokens (sized) | peak reserved GiB (min / median / max) "
+             "| step s (min / median / max) | OOM |", "|---|---|---:|---|---|---|"]
+    notes = []
+    for name in ("ril_dense", "ril_rkv", "oom_1.5b", "oom_3b"):
+        r, info = load(out, name), runs.get(name)
+        if r is None:
+            notes.append(failure(out, name, info))
+            continue
+        spread = r.get("summary") or r.get("in_loop") or {}
+        step = spread.get("total_s") or spread.get("time_total")
+        lines.append(f"| {name} | {r.get('shape')} | {fmt(r.get('max_tokens_per_gpu'))} "
+                     f"| {mmm(spread.get('memory/peak_reserved_gib'))} | {mmm(step)} | no |")
+    return lines + [""] + notes + [""]
+
+
+BREAKDOWN = ("pool_resume_s", "graph_captures", "graph_capture_s", "decode_steps", "decode_s",
+             "decode_host_s", "decode_gpu_wait_s", "prefill_and_rest_s", "compression_host_s",
+             "schedule_host_s", "output_host_s", "parse_s", "pool_release_s", "outside_engine_s",
+             "sync_s")
+
+
+def rollout_section(out: Path, runs: dict) -> list[str]:
+    lines = ["## 2. The rollout in the loop against the engine alone", "",
+             "| config | in-loop tok/s (min / median / max) | same requests, engine alone "
+             "| in-loop / alone (target >= 0.90) | decode HBM in loop | decode HBM alone "
+             "| engine/throughput.py tok/s | its decode-only roofline share |",
+             "|---|---|---|---:|---:|---:|---|---:|"]
+    notes, rows = [], {}
+    for cfg in ("dense", "rkv"):
+        r, e = load(out, f"ril_{cfg}"), load(out, f"engine_{cfg}")
+        if r is None:
+            notes.append(failure(out, f"ril_{cfg}", runs.get(f"ril_{cfg}")))
+        if e is None:
+            notes.append(failure(out, f"engine_{cfg}", runs.get(f"engine_{cfg}")))
+        if r is None and e is None:
+            continue
+        rows[cfg] = r
+        lines.append(f"| {cfg} | {mmm((r or {}).get('in_loop', {}).get('rollout_tokens_per_s'), 5)} "
+                     f"| {mmm((r or {}).get('isolated', {}).get('tokens_per_s'), 5)} "
+                     f"| {fmt((r or {}).get('in_loop_over_isolated'), 3)} "
+                     f"| {_hbm((r or {}).get('in_loop_hbm'))} | {_hbm((r or {}).get('isolated_hbm'))} "
+                     f"| {_engine_tok(e)} | {_engine_roof(e)} |")
+    lines += ["", "In-loop rollout, median seconds of each piece (module docstring of "
+              "`benchmarks/training/rollout_in_loop.py`; host-only pieces overlap the GPU):", "",
+              "| piece | " + " | ".join(rows) + " |", "|---|" + "---:|" * len(rows)]
+    for key in BREAKDOWN:
+        lines.append(f"| {key} | " + " | ".join(
+            fmt((r or {}).get("in_loop", {}).get(key, {}).get("median")) for r in rows.values()) + " |")
+    lines.append("| log-prob cost (alone, with - without) | " + " | ".join(
+        fmt((r or {}).get("logprob_cost_s")) for r in rows.values()) + " |")
+    return lines + [""] + notes + [""]
+
+
+def _hbm(h: dict | None) -> str:
+    if not h:
+        return "-"
+    frac = h.get("decode_hbm_fraction")
+    return f"{h['decode_hbm_tb_s']:.2f} TB/s" + (f" ({100 * frac:.0f}%)" if frac else "")
+
+
+def _engine_tok(e: dict | None) -> str:
+    mode = next(iter((e or {}).get("engine", {}).values()), None)
+    return mmm(mode["tok_s"], 5) if mode else "-"
+
+
+def _engine_roof(e: dict | None) -> str:
+    mode = next(iter((e or {}).get("engine", {}).values()), None)
+    if not mode or not e.get("roofline"):
+        return "-"
+    return f"{100 * mode['decode_tok_s']['median'] / e['roofline']['tok_s']:.0f}%"
+
+
+LONG_COLS = ("step_s", "rollout_s", "recompute_s", "update_s", "sync_s", "rollout_tokens_per_s",
+             "preemptions", "step_speedup", "rollout_speedup")
+
+
+def long_section(out: Path, runs: dict) -> list[str]:
+    lines = ["## 3. The long-rollout step on the fast defaults", "",
+             "Targets: R-KV step >= 2x dense at 4k, >= 2.5x at 8k (medians; ratios to the bf16 "
+             "dense row of the same call).", "",
+             "| cap | config | step s (min / median / max) | " + " | ".join(LONG_COLS[1:]) + " |",
+             "|---:|---|---|" + "---:|" * (len(LONG_COLS) - 1)]
+    notes = []
+    for name in ("long4k", "long8k"):
+        r = load(out, name)
+        if r is None:
+            notes.append(failure(out, name, runs.get(name)))
+            r = salvage_long(out, runs.get(name))
+        for row in r.get("rows", []):
+            total = (row.get("spread") or {}).get("total_s")
+            lines.append(f"| {row.get('response_len')} | {row.get('config')} | "
+                         + (mmm(total) if total else fmt(row.get("error"))) + " | "
+                         + " | ".join(fmt(row.get(c), 3) for c in LONG_COLS[1:]) + " |")
+    return lines + [""] + notes + [""]
+
+
+def salvage_long(out: Path, info: dict | None) -> dict:
+    """The configs that finished before a long-rollout piece was cut (their own JSONs, copied
+    to ``long_runs/``), as ``long_rollout.row`` makes them."""
+    from benchmarks.studies.long_rollout import parse_config, row
+
+    cmd = (info or {}).get("command", [])
+    if "--configs" not in cmd or "--response-len" not in cmd:
+        return {}
+    cap = int(cmd[cmd.index("--response-len") + 1])
+    rows, dense = [], None
+    for spec in cmd[cmd.index("--configs") + 1:]:
+        if spec.startswith("--"):
+            break
+        cfg = parse_config(spec)
+        path = out / "long_runs" / f"{cfg['name'].replace(':', '_')}_{cap}.json"
+        if not path.exists():
+            continue
+        r = row(cfg, cap, json.loads(path.read_text())["summary"], dense)
+        dense = r if spec == "dense" else dense
+        rows.append(r)
+    return {"rows": rows}
+
+
+def replay_section(out: Path, runs: dict) -> list[str]:
+    r = load(out, "replay")
+    lines = ["## 4. Replay against dense (flex vs gather)", ""]
+    if r is None:
+        return lines + [failure(out, "replay", runs.get("replay")), ""]
+    impls = r.get("sparse_impls", [])
+    lines += ["| replay | recompute / dense (time) | update / dense | rollout / dense "
+              "| recompute s (min / median / max) | update s |", "|---|---:|---:|---:|---|---|",
+              f"| dense | 1 | 1 | 1 | {mmm(r.get('dense_recompute_step_s'))} "
+              f"| {mmm(r.get('dense_update_step_s'))} |"]
+    verdict = {}
+    for i, impl in enumerate(impls):
+        mode, prefix = ("sparse", "") if i == 0 else (f"sparse_{impl}", f"{impl}_")
+        ratios = [r.get(f"{prefix}{p}_time_ratio") for p in ("recompute", "update", "rollout")]
+        verdict[impl] = ratios
+        lines.append(f"| {impl} | " + " | ".join(fmt(x, 3) for x in ratios)
+                     + f" | {mmm(r.get(f'{mode}_recompute_step_s'))} "
+                     f"| {mmm(r.get(f'{mode}_update_step_s'))} |")
+    ok = {k: v for k, v in verdict.items() if all(x is not None for x in v[:2])}
+    if ok:
+        best = min(ok, key=lambda k: ok[k][2] or max(ok[k][:2]))
+        within = all(x <= 1.2 for x in ok[best][:2])
+        lines += ["", f"Faster replay here: **{best}** (rollout ratio {fmt(ok[best][2], 3)}); "
+                  f"<= 1.2x dense on recompute and update: {'yes' if within else 'no'}."]
+    return lines + [""]
+
+
+def main(argv=None) -> Path:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("--parts", nargs="*", default=[])
+    p.add_argument("--lane-seconds", type=int, default=None)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    runs = pieces(out)
+    args.parts = args.parts or list(runs)
+    text = [*header(out, args, runs), *micro_batch_section(out, runs), *rollout_section(out, runs),
+            *long_section(out, runs), *replay_section(out, runs)]
+    path = out / "summary.md"
+    path.write_text("\n".join(text) + "\n")
+    print(path.read_text())
+    return path
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Issue 60's speed lane: ``studies/speed_lane_summary.py`` turns the pieces' JSON into the
+tables (hand made inputs, hand computed ratios), salvages a long-rollout piece cut at its limit,
+names an OOM; and ``studies/speed_lane.sh`` runs end to end on a CPU with tiny shapes
+(``SMOKE=1``, launch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.studies import speed_lane_summary as summary
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def spread(lo, mid, hi):
+    return {"min": lo, "median": mid, "max": hi}
+
+
+def write_pieces(out: Path, pieces: list[dict]) -> None:
+    (out / "pieces.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pieces))
+
+
+def phase_summary(total: float, rollout: float) -> dict:
+    """A training/rl_step.py summary with the phases studies/long_rollout.py's row reads."""
+    rest = total - rollout
+    return {"total_s": spread(total - 1, total, total + 1), "rollout_s": spread(rollout, rollout, rollout),
+            "recompute_s": spread(rest / 2, rest / 2, rest / 2), "update_s": spread(rest / 2, rest / 2, rest / 2),
+            "sync_s": spread(0.03, 0.03, 0.03)}
+
+
+def test_summary_tables(tmp_path):
+    write_pieces(tmp_path, [
+        {"piece": "ril_dense", "exit": 0, "seconds": 80, "limit_s": 150, "command": ["x.py"]},
+        {"piece": "oom_3b", "exit": 1, "seconds": 60, "limit_s": 170, "command": ["y.py"]},
+        {"piece": "replay", "exit": 0, "seconds": 70, "limit_s": 120, "command": ["z.py"]},
+        {"piece": "long8k", "skipped": True}])
+    (tmp_path / "ril_dense.json").write_text(json.dumps({
+        "shape": "qwen2.5-0.5b", "max_tokens_per_gpu": 32768, "in_loop_over_isolated": 0.8,
+        "in_loop": {"rollout_tokens_per_s": spread(70e3, 80e3, 90e3), "decode_s": spread(2, 2, 2),
+                    "time_total": spread(9, 9.5, 10), "graph_captures": spread(1, 1, 1)},
+        "isolated": {"tokens_per_s": spread(99e3, 100e3, 101e3)},
+        "in_loop_hbm": {"decode_hbm_tb_s": 1.2, "decode_hbm_fraction": 0.25}}))
+    (tmp_path / "oom_3b.log").write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate\n")
+    # flex: 1.5x dense on the recompute; gather: 1.1x and 1.15x -> gather, within 1.2x
+    (tmp_path / "replay.json").write_text(json.dumps({
+        "sparse_impls": ["flex", "gather"], "recompute_time_ratio": 1.5, "update_time_ratio": 1.3,
+        "rollout_time_ratio": 1.4, "gather_recompute_time_ratio": 1.1,
+        "gather_update_time_ratio": 1.15, "gather_rollout_time_ratio": 1.12}))
+    text = summary.main([str(tmp_path), "--lane-seconds", "500"]).read_text()
+    assert "| ril_dense | qwen2.5-0.5b | 32768 |" in text
+    assert "`oom_3b`: exit 1, **OOM**" in text
+    assert "| dense | 70,000 / 80,000 / 90,000 | 99,000 / 1e+05 / 1.01e+05 | 0.8 | 1.20 TB/s (25%)" in text
+    assert "| graph_captures | 1 |" in text
+    assert "`long8k`: skipped" in text
+    assert "Faster replay here: **gather** (rollout ratio 1.12); <= 1.2x dense on recompute and update: yes" in text
+
+
+def test_a_cut_long_rollout_piece_keeps_its_finished_configs(tmp_path):
+    """long4k cut at its limit after dense and R-KV: their own JSONs give the rows, the R-KV
+    speed-ups against that dense row (20 / 10 = 2x the step, 12 / 4 = 3x the rollout)."""
+    cmd = ["-m", "benchmarks.studies.long_rollout", "--response-len", "4096", "--configs", "dense",
+           "rkv:512", "dense@fp8_e4m3", "--workdir", "w", "--json", "j"]
+    write_pieces(tmp_path, [{"piece": "long4k", "exit": 124, "seconds": 330, "limit_s": 330,
+                             "command": cmd}])
+    runs = tmp_path / "long_runs"
+    runs.mkdir()
+    (runs / "dense_4096.json").write_text(json.dumps({"summary": phase_summary(20.0, 12.0)}))
+    (runs / "rkv_512_4096.json").write_text(json.dumps({"summary": phase_summary(10.0, 4.0)}))
+    text = summary.main([str(tmp_path)]).read_text()
+    assert "`long4k`: exit 124 (cut at its limit)" in text
+    assert "| 4096 | dense | 19 / 20 / 21 | 12 |" in text
+    rkv = next(line for line in text.splitlines() if line.startswith("| 4096 | rkv:512 |"))
+    assert rkv.split(" | ")[-2:] == ["2", "3 |"], rkv
+    assert "| 4096 | dense@fp8_e4m3 |" not in text  # cut before it ran
+
+
+@pytest.mark.launch  # the lane through its shell script on a CPU, tiny shapes: ~3 min on 2 cores
+def test_lane_smoke(tmp_path):
+    env = {**os.environ, "SMOKE": "1", "PARTS": "ril_dense long4k", "PYTHON": sys.executable,
+           "PYTHONWARNINGS": "ignore"}
+    out = tmp_path / "lane"
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "studies" / "speed_lane.sh"), str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    pieces = [json.loads(line) for line in (out / "pieces.jsonl").read_text().splitlines()]
+    assert [(p["piece"], p["exit"]) for p in pieces] == [("ril_dense", 0), ("long4k", 0)]
+    ril = json.loads((out / "ril_dense.json").read_text())
+    assert ril["max_tokens_per_gpu"] > 0 and ril["in_loop_over_isolated"] > 0
+    assert ril["in_loop"]["decode_steps"]["median"] > 0
+    rows = json.loads((out / "long4k.json").read_text())["rows"]
+    assert [r["config"] for r in rows] == ["dense", "rkv:512", "dense@fp8_e4m3", "rkv:512@fp8_e4m3"]
+    assert all("error" not in r for r in rows)
+    text = (out / "summary.md").read_text()
+    assert "| ril_dense | tiny |" in text and "| 64 | rkv:512@fp8_e4m3 |" in text
+    assert not (out / "work").exists()  # checkpoints removed, results kept

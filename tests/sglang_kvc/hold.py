@@ -13,13 +13,14 @@ from urllib.parse import urlparse
 
 
 @contextlib.contextmanager
-def hold_when_running(engine, n: int = 1):
-    """Within the block, once `n` requests run (after their prefill) no further step runs; aborts
-    and other commands still do (they run between steps). Generation continues on exit."""
+def hold_when(engine, cond):
+    """Within the block, from the first step at which `cond(scheduler)` holds, no further step
+    runs; aborts and other commands still do (they run between steps). Generation continues on
+    exit."""
     sch = engine.scheduler
 
     def schedule():  # runs on the engine thread, so no step can slip in before the pause
-        if len(sch.running) >= n:
+        if cond(sch):
             sch.paused = True
         return type(sch).schedule(sch)
 
@@ -29,6 +30,17 @@ def hold_when_running(engine, n: int = 1):
     finally:
         del sch.schedule
         engine.continue_generation()
+
+
+def hold_when_running(engine, n: int = 1):
+    """Held once `n` requests run (after their prefill, with their first token)."""
+    return hold_when(engine, lambda sch: len(sch.running) >= n)
+
+
+def hold_after_decode_steps(engine, steps: int):
+    """Held once the engine has scheduled `steps` more decode steps."""
+    start = engine.scheduler.decode_steps
+    return hold_when(engine, lambda sch: sch.decode_steps >= start + steps)
 
 
 def wait_until(cond, timeout: float = 60.0, what: str = "condition") -> None:

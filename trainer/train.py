@@ -31,7 +31,7 @@ if __name__ == "__main__":  # --help and flag errors before the imports below (t
 
 import torch  # noqa: E402 - after the early parse above
 import torch.distributed as dist  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from evaluation.progress import progress_bar  # noqa: E402
 
 
 from checkpoint_tools.model_config import CheckpointError
@@ -274,7 +274,7 @@ def train(cfg: RunConfig, restart_hook: RestartHookFactory | None = None) -> lis
                 run.source.push(run.trainer, f"rollout-{run.start_rollout}")
         if cfg.loop.eval_before_train and run.start_rollout == 0:
             _evaluate_start(run)
-        bar = tqdm(range(run.start_rollout, cfg.loop.num_rollout), desc="rollouts",
+        bar = progress_bar(range(run.start_rollout, cfg.loop.num_rollout), desc="rollouts",
                    disable=_rank() != 0, initial=run.start_rollout, total=cfg.loop.num_rollout)
         for rollout_id in bar:
             metrics = _one_rollout(run, rollout_id)

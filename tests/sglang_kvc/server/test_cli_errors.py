@@ -72,9 +72,16 @@ def test_sigterm_under_load_exits_promptly(tiny_models):
         _wait_healthy(proc, url)
         body = {"text": "hello", "sampling_params": {"max_new_tokens": 100000, "n": 64,
                                                      "ignore_eos": True}}
+        # Paused while the 8 requests queue, so none can finish first on a fast machine; then
+        # running: a request's 64 samples need 8 waves of ~500 steps in this pool before it
+        # could finish, far more than the signal takes.
+        requests.post(url + "/pause_generation", json={})
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             futs = [pool.submit(_post, url, body) for _ in range(8)]
-            time.sleep(2)
+            # each request queued (64 samples) or refused (503: over --max-queued-tokens)
+            _wait_info(url, lambda i: i["num_waiting_reqs"] + 64 * sum(f.done() for f in futs) == 8 * 64)
+            requests.post(url + "/continue_generation", json={})
+            _wait_info(url, lambda i: i["num_running_reqs"] > 0)
             t0 = time.time()
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
@@ -94,6 +101,13 @@ def _post(url, body):
     if r.status_code != 200:
         return r.status_code
     return r.json()[0]["meta_info"]["finish_reason"]["type"]
+
+
+def _wait_info(url, cond, timeout=60.0):
+    deadline = time.time() + timeout
+    while not cond(requests.get(url + "/get_server_info").json()):
+        assert time.time() < deadline, "the server never reached the expected state"
+        time.sleep(0.05)
 
 
 def _wait_healthy(proc, url):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 
-from tqdm import tqdm
+from evaluation.progress import progress_bar
 
 from .interface import Engines, Generation, RolloutConfig, RolloutError, SampleRequest, batch_body
 from .interface import parse_output, reissue_failed
@@ -41,7 +41,7 @@ class EngineRollout(Engines):
             futures = self.engine.submit_generate(batch_body(requests, cfg))
         except RuntimeError as e:  # its thread died: nothing here can run them
             raise RolloutError(f"{self.name}: {e}") from e
-        with tqdm(total=len(requests), desc="generate", unit="sample", leave=False,
+        with progress_bar(total=len(requests), desc="generate", unit="sample", leave=False,
                   disable=not self.progress, mininterval=1.0) as bar:
             for _ in concurrent.futures.as_completed(futures):
                 bar.update()

@@ -95,8 +95,7 @@ def weight_sync_for(ws: WeightSyncConfig, cfg: EngineConfig, engines: Engines, w
     or the servers (the engines behind a router, ``--rollout-engine-urls``, since a router
     forwards generation only)."""
     hosted = engines if engines.hosted else None
-    return WeightSync(ws.mode, engine=None if cfg.remote else hosted,
-                      http=cfg.control_backend(hosted),
+    return WeightSync(ws.mode, engines=cfg.weights_door(hosted),
                       bucket_bytes=ws.bucket_bytes, disk_dir=work_dir / "weight_sync",
                       hf_config_dir=cfg.model_path, group_timeout_s=ws.timeout_s,
                       master_address=ws.master_address

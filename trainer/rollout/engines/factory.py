@@ -72,6 +72,14 @@ def describe(cfg: EngineConfig, place: Placement) -> str:
             + ("GPU" if cfg.per_gpu else "data-parallel replica"))
 
 
+def generation_gpus(cfg: EngineConfig, world_size: int) -> int | None:
+    """GPUs that generate: the engines' own (``--rollout-num-gpus``), else the job's
+    (colocated); None for servers elsewhere (``--rollout-server-urls``: count unknown)."""
+    if cfg.num_gpus:
+        return cfg.num_gpus
+    return None if cfg.remote else world_size
+
+
 def engines_for(cfg: EngineConfig, place: Placement, device: str) -> Engines:
     """This rank's ``Engines`` under ``cfg``."""
     return open_engines(place, server_args=None if cfg.remote else cfg.server_args(device),

@@ -119,7 +119,7 @@ class Disk(Transport):
         return nbytes
 
     def resync(self, url, source, version):
-        self.sync.engines.call("/update_weights_from_disk",
+        self.sync.target.call("/update_weights_from_disk",
                             {"model_path": str(self.last_dir), "weight_version": version},
                             urls=[url])
 
@@ -130,7 +130,7 @@ class Distributed(Transport):
     def __init__(self, sync, master_address="127.0.0.1", master_port=None,
                  timeout_s=GROUP_TIMEOUT_S):
         super().__init__(sync)
-        self.group = _Group(sync.engines, master_address, master_port, timeout_s)
+        self.group = _Group(sync.target, master_address, master_port, timeout_s)
 
     def send(self, bucket, version, urls):
         from sglang_kvc import bucket_specs, flatten_bucket

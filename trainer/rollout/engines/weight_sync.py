@@ -74,7 +74,7 @@ class WeightSync:
             raise ValueError(f"--weight-sync {mode} needs --rollout-server-urls")
         if not group_timeout_s > 0:
             raise ValueError(f"--weight-sync-timeout must be positive, got {group_timeout_s}")
-        self.mode, self.engines, self.bucket_bytes = mode, engines, bucket_bytes
+        self.mode, self.target, self.bucket_bytes = mode, engines, bucket_bytes
         self.disk_dir, self.hf_config_dir = disk_dir, hf_config_dir
         self.transport = TRANSPORTS[mode](self, master_address, master_port, group_timeout_s)
         # who talks to an engine: every colocated engine's host, or rank 0 for servers
@@ -95,9 +95,9 @@ class WeightSync:
     def push_tensors(self, source: NamedTensors, version: str) -> dict:
         """Every engine up gets ``source()``'s tensors as ``version``."""
         start = time.perf_counter()
-        if self.engines is not None:
-            self.engines.wait_for_restarts()  # a replacement coming up gets this push too
-        urls = self.engines.urls if self.engines is not None else []
+        if self.target is not None:
+            self.target.wait_for_restarts()  # a replacement coming up gets this push too
+        urls = self.target.urls if self.target is not None else []
         self._lost = set()
         # what resync() sends: set first, so the restart hook re-syncs an engine that dies during
         # this push to this push's weights (once), not to the previous ones
@@ -120,7 +120,7 @@ class WeightSync:
         hook re-synced each to this push), so the next rollout uses them; how many there were."""
         lost, self._lost = len(self._lost), set()
         if lost:
-            self.engines.wait_for_restarts()
+            self.target.wait_for_restarts()
         return lost
 
     # --- what the transports share ------------------------------------------------------------
@@ -129,19 +129,19 @@ class WeightSync:
         (fails and does not answer /health) is handed to failover and left out of the rest of
         this push; the restart hook re-syncs its replacement (``_wait_for_lost``).
         ``distributed`` has ``lose``."""
-        self._lost.update(self.engines.update_weights(path, payload, urls))
+        self._lost.update(self.target.update_weights(path, payload, urls))
 
     def live(self, urls: list[str]) -> list[str]:
         return [u for u in urls if u not in self._lost]
 
     def lose(self, broken: GroupBroken) -> None:
         """The members of a broken push that are dead go to failover; none dead: a real error."""
-        dead = [u for u in broken.failed if not self.engines.alive(u)]
+        dead = [u for u in broken.failed if not self.target.alive(u)]
         if not dead:
             raise RuntimeError(f"distributed weight update failed: {broken}") from broken
         for url in dead:
             log.warning("weight push: rollout engine %s is lost (%s); the push goes on without "
                         "it", url, broken.failed[url])
             self._lost.add(url)
-            self.engines.lose(url, f"weight push: {broken.failed[url]}")
+            self.target.lose(url, f"weight push: {broken.failed[url]}")
 

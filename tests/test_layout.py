@@ -309,17 +309,25 @@ def test_one_health_wait_one_parent_death_guard():
         assert not slots, f"{name}:{slots} reads the failover slots (engines.urls)"
 
 
-def test_runtime_helpers_come_from_the_trainer():
-    """``default_device``, ``free_port`` and ``teardown`` are the trainer's (trainer/launch.py):
-    no trainer module takes them from the converters' package."""
-    helpers = {"default_device", "free_port", "teardown"}
+def test_runtime_helpers_are_written_once():
+    """``default_device``, ``free_port`` and ``teardown`` are defined once, low enough for the
+    trainer and the converters both (``checkpoint_tools/runtime.py``; ``trainer/launch.py`` and
+    ``cpu_megatron.py`` hand them on); no trainer module takes them from ``cpu_megatron`` (the
+    CPU stand-ins of Megatron, which a GPU run has no use for)."""
+    helpers, defined = {"default_device", "free_port", "teardown"}, set()
+    for package in ("trainer", "checkpoint_tools"):
+        for path in _modules(package):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef) and node.name in helpers:
+                    defined.add((node.name, path.relative_to(ROOT).as_posix()))
+    assert defined == {(h, "checkpoint_tools/runtime.py") for h in helpers}, defined
     for path in _modules("trainer"):
         for node in ast.walk(ast.parse(path.read_text())):
-            from_converters = isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                "checkpoint_tools") and {a.name for a in node.names} & helpers
+            from_stand_ins = isinstance(node, ast.ImportFrom) and (node.module or "").endswith(
+                "cpu_megatron") and {a.name for a in node.names} & helpers
             attribute = isinstance(node, ast.Attribute) and node.attr in helpers and \
                 _leaf(node.value) == "cpu_megatron"
-            assert not (from_converters or attribute), f"{path.relative_to(ROOT)}:{node.lineno}"
+            assert not (from_stand_ins or attribute), f"{path.relative_to(ROOT)}:{node.lineno}"
 
 
 # benchmarks that time engine internals on their own; each says which in its docstring

@@ -309,6 +309,19 @@ def test_one_health_wait_one_parent_death_guard():
         assert not slots, f"{name}:{slots} reads the failover slots (engines.urls)"
 
 
+def test_tests_wait_for_a_server_through_one_fixture():
+    """A test waits for a server's ``/health`` through conftest's ``wait_healthy`` (the trainer's
+    one health wait), not through a polling loop of its own."""
+    loops = []
+    for path in (p for p in (ROOT / "tests").rglob("*.py") if p != Path(__file__)):
+        tree = ast.parse(path.read_text())
+        for loop in (n for n in ast.walk(tree) if isinstance(n, (ast.While, ast.For))):
+            if any(isinstance(c, ast.Constant) and isinstance(c.value, str) and
+                   c.value.endswith("/health") for c in ast.walk(loop)):
+                loops.append(f"{path.relative_to(ROOT)}:{loop.lineno}")
+    assert not loops, loops
+
+
 def test_runtime_helpers_are_written_once():
     """``default_device``, ``free_port`` and ``teardown`` are defined once, low enough for the
     trainer and the converters both (``checkpoint_tools/runtime.py``; ``trainer/launch.py`` and

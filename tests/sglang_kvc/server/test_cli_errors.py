@@ -61,7 +61,7 @@ def test_abbreviated_flag_is_refused(tiny_models):
                        "--max-running")
 
 
-def test_sigterm_under_load_exits_promptly(tiny_models):
+def test_sigterm_under_load_exits_promptly(tiny_models, wait_healthy):
     """~12 s on 2 CPU cores."""
     port = free_port()
     proc = subprocess.Popen(CLI + ["--model-path", str(tiny_models["llama3"]), "--port", str(port),
@@ -69,7 +69,7 @@ def test_sigterm_under_load_exits_promptly(tiny_models):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(proc, url)
+        wait_healthy(url, proc, timeout=120)
         body = {"text": "hello", "sampling_params": {"max_new_tokens": 100000, "n": 64,
                                                      "ignore_eos": True}}
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -94,15 +94,3 @@ def _post(url, body):
     if r.status_code != 200:
         return r.status_code
     return r.json()[0]["meta_info"]["finish_reason"]["type"]
-
-
-def _wait_healthy(proc, url):
-    deadline = time.time() + 120
-    while True:
-        try:
-            if requests.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
-        time.sleep(0.2)

@@ -1,10 +1,11 @@
 """Where this run's engines are, decided here and nowhere else: the one place that reads the
 topology (``EngineConfig``) and turns it into objects. The loop, the manager and the rollout
-sources then hold an ``Engines`` and never ask what is behind it.
+sources then hold an ``Engines`` and never ask what is behind it. One caller takes these steps,
+in this order (``rollout/assembly.py``):
 
     launched = launch_engines(cfg.engines, device)      # before the models: engine processes
     place = engine_placement(launched.config)           # which ranks generate
-    engines = open_engines(place, ...)                  # this rank's Engines (or NoEngines)
+    engines = engines_for(launched.config, place, device)  # this rank's Engines (or NoEngines)
     sync = weight_sync_for(ws_cfg, launched.config, engines, work_dir)
     connect_restarts(engines, launched.restart_hook(launcher_hook), sync)
 

@@ -153,6 +153,15 @@ def test_train_imports_nothing_from_ray():
     assert not ray, f"trainer/train.py imports {sorted(ray)}"
 
 
+def test_the_loop_gets_its_rollouts_from_the_assembly():
+    """``train.py``, its configuration and its command reach the engines only through
+    ``rollout/assembly.py``: nothing under ``rollout/engines/`` is imported by them."""
+    graph = _import_graph("trainer")
+    for module in ("trainer.train", "trainer.run_config", "trainer.startup.cli"):
+        engines = {m for m in graph[module] if m.startswith("trainer.rollout.engines")}
+        assert not engines, f"{module} imports {sorted(engines)}"
+
+
 @pytest.mark.parametrize("package", ["trainer", "sglang_kvc"])
 def test_no_import_cycles(package):
     cycle = _find_cycle(_import_graph(package))

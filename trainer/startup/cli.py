@@ -56,6 +56,8 @@ def _resume_command(argv: list[str]) -> str:
 
 
 def _run(train: Callable, args: argparse.Namespace, restart_hook) -> int:
+    # here, not at the top: trainer/train.py imports this module before its early parse, and
+    # these bring torch and Megatron
     from checkpoint_tools.model_config import CheckpointError
 
     from ..launch import RendezvousError, init_parallel, parallel_config_from_args, teardown

@@ -105,3 +105,18 @@ def test_weights_reach_an_in_process_engine_and_servers_through_one_door():
         WeightSync("tensor", engines=EngineRollout(engine))
     with pytest.raises(ValueError, match="inprocess needs the in-process engine"):
         WeightSync("inprocess", engines=HTTPRollout(["http://a"]))
+
+
+def test_the_gpus_that_generate_are_the_engines_own_else_the_jobs():
+    """What the learner's ``perf/generate_*`` divides by: ``--rollout-num-gpus`` engines (their
+    URLs by then), every GPU of a colocated job, unknown for servers elsewhere."""
+    import dataclasses
+
+    from trainer.rollout.engines.config import EngineConfig
+    from trainer.rollout.engines.factory import generation_gpus
+
+    colocated = EngineConfig("model", {})
+    assert generation_gpus(colocated, 4) == 4
+    own = dataclasses.replace(colocated, num_gpus=2, server_urls=["http://a", "http://b"])
+    assert generation_gpus(own, 4) == 2
+    assert generation_gpus(dataclasses.replace(colocated, server_urls=["http://a"]), 4) is None

@@ -142,14 +142,6 @@ def generation_timing(arch, samples, seconds: float, gpus: int) -> PhaseTiming:
     return PhaseTiming(tokens / gpus, forward_flops(arch, lengths) / gpus, seconds)
 
 
-def generation_gpus(engines, world_size: int) -> int | None:
-    """GPUs that generate: the engines' own (``--rollout-num-gpus``), else the job's
-    (colocated); None for servers elsewhere (``--rollout-server-urls``: count unknown)."""
-    if engines.num_gpus:
-        return engines.num_gpus
-    return None if engines.remote else world_size
-
-
 def rollout_speed(trainers, generation: PhaseTiming | None = None,
                   peak: float | None = None) -> dict:
     """The rollout's ``perf/`` metrics: each trainer's phases since the last call (drained),

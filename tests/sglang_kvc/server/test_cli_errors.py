@@ -61,7 +61,7 @@ def test_abbreviated_flag_is_refused(tiny_models):
                        "--max-running")
 
 
-def test_sigterm_under_load_exits_promptly(tiny_models):
+def test_sigterm_under_load_exits_promptly(tiny_models, wait_healthy):
     """~12 s on 2 CPU cores."""
     port = free_port()
     proc = subprocess.Popen(CLI + ["--model-path", str(tiny_models["llama3"]), "--port", str(port),
@@ -69,7 +69,7 @@ def test_sigterm_under_load_exits_promptly(tiny_models):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(proc, url)
+        wait_healthy(url, proc, timeout=120)
         body = {"text": "hello", "sampling_params": {"max_new_tokens": 100000, "n": 64,
                                                      "ignore_eos": True}}
         # Paused while the 8 requests queue, so none can finish first on a fast machine; then
@@ -109,14 +109,3 @@ def _wait_info(url, cond, timeout=60.0):
         assert time.time() < deadline, "the server never reached the expected state"
         time.sleep(0.05)
 
-
-def _wait_healthy(proc, url):
-    deadline = time.time() + 120
-    while True:
-        try:
-            if requests.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
-        time.sleep(0.2)

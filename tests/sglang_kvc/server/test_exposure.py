@@ -95,7 +95,7 @@ def test_port_in_use_fails_before_the_model_loads(tiny_models):
 
 
 @pytest.mark.launch
-def test_open_host_warns_and_ctrl_c_is_one_line(tiny_models):
+def test_open_host_warns_and_ctrl_c_is_one_line(tiny_models, wait_healthy):
     """~15 s: a server on 0.0.0.0 without a key warns; SIGINT under load ends in one line, exit
     status 130, no traceback."""
     port = free_port()
@@ -104,7 +104,7 @@ def test_open_host_warns_and_ctrl_c_is_one_line(tiny_models):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(proc, url)
+        wait_healthy(url, proc, timeout=120)
         body = {"text": "hi", "sampling_params": {"max_new_tokens": 100000, "ignore_eos": True}}
         subprocess.Popen([sys.executable, "-c", f"import requests; requests.post({url + '/generate'!r}, "
                           f"json={body!r}, timeout=60)"], stderr=subprocess.DEVNULL)
@@ -118,15 +118,3 @@ def test_open_host_warns_and_ctrl_c_is_one_line(tiny_models):
     after = out[out.index("GET /health"):].splitlines()[1:]
     assert len(after) == 1 and after[0].startswith("python -m sglang_kvc.launch_server: stopped by "
                                                    "SIGINT"), out
-
-
-def _wait_healthy(proc, url):
-    deadline = time.time() + 120
-    while True:
-        try:
-            if requests.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
-        time.sleep(0.2)

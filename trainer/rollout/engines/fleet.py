@@ -4,7 +4,7 @@ one dies.
     fleet = EngineFleet(FleetConfig(model_path, num_engines=2, server_args=["--device", "cpu"]))
     with fleet:                                        # starts all, waits for /health; stops all
         rollout = HTTPRollout(fleet.urls, on_engine_failure=fleet.restart)
-        sync = WeightSync("tensor", http=rollout, ...)
+        sync = WeightSync("tensor", engines=rollout, ...)
         fleet.resync = sync.resync                     # a restarted engine gets the last weights
         rollout.generate(...)                          # a killed engine's requests go elsewhere
 

@@ -47,9 +47,13 @@ class EngineRollout(Engines):
                 bar.update()
         return [parse_output(f.result(), cfg.eviction_record) for f in futures]
 
-    def load_weights(self, bucket, version: str) -> None:
-        # same process, same device: the engine copies straight from the trainer's tensors
-        self.engine.update_weights_from_tensor(named_tensors=bucket, weight_version=version)
+    def update_weights(self, path: str, payload: dict, urls: list[str]) -> list[str]:
+        """``/update_weights_from_tensor`` with ``named_tensors``: same process, same device,
+        the engine copies straight from the trainer's tensors."""
+        if path != "/update_weights_from_tensor":
+            raise RuntimeError(f"{self.name} takes its weights as tensors, not {path}")
+        self.engine.update_weights_from_tensor(**payload)
+        return []
 
     def pool(self) -> dict | None:
         return _pool(self.engine.get_server_info())

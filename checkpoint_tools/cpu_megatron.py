@@ -21,11 +21,12 @@ import contextlib
 import datetime
 import os
 import queue
-import socket
 import time
 
 import torch
 import torch.distributed as dist
+
+from .runtime import default_device, free_port, teardown  # noqa: F401 - the converters' and tests' names
 
 _PATCHED = False
 
@@ -86,20 +87,9 @@ def install_cpu_stand_ins() -> None:
     _PATCHED = True
 
 
-def default_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if cuda_available() else torch.device("cpu")
-
-
 def causal_attention_mask(seq_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Megatron's mask convention: ``True`` marks a position that may NOT be attended."""
     return torch.triu(torch.ones(1, 1, seq_len, seq_len, dtype=torch.bool, device=device), 1)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on at ``host`` now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def init_distributed(
@@ -142,15 +132,6 @@ def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234) -> None:
         )
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
-
-
-def teardown() -> None:
-    from megatron.core import parallel_state
-
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 @contextlib.contextmanager

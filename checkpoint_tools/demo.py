@@ -13,7 +13,8 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m checkpoint_tools.demo",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", default="runs/quickstart", help="where the checkpoints are written")
     p.add_argument("--family", default="qwen2.5", help="tiny model family (see tiny_models)")
     args = p.parse_args(argv)

@@ -188,7 +188,8 @@ SHAPES = {
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m checkpoint_tools.tiny_models",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", choices=sorted(FAMILIES), default="qwen2.5",
                         help="which architecture family to mimic")
     parser.add_argument("--out", required=True, help="output directory (HF format)")

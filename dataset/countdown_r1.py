@@ -64,7 +64,8 @@ def make_rows(split: str, n: int, seed: int, chat: bool) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dataset.countdown_r1",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--split", choices=["train", "test"], required=True)
     p.add_argument("--n", type=int, default=1000, help="tasks to write (default 1000)")
     p.add_argument("--out", type=Path, required=True, help="output .jsonl")

@@ -25,20 +25,29 @@ def _require_pyarrow(path: Path):
 def iter_rows(path: str | Path) -> Iterator[tuple[int, object]]:
     """``(line_number, row)`` for each row; a line that is not JSON raises ``ValueError`` naming
     file and line. Parquet rows are numbered from 1."""
+    for lineno, row, problem in iter_checked_rows(path):
+        if problem:
+            raise ValueError(f"{path}:{lineno}: {problem}")
+        yield lineno, row
+
+
+def iter_checked_rows(path: str | Path) -> Iterator[tuple[int, object, str | None]]:
+    """``(line_number, row, None)`` for each row, ``(line_number, None, problem)`` for a line that
+    is not JSON: every line is read, a bad one does not end the file."""
     path = Path(path)
     if path.suffix == ".parquet":
         pq = _require_pyarrow(path)
         for i, row in enumerate(pq.read_table(path).to_pylist(), 1):
-            yield i, row
+            yield i, row, None
         return
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                yield lineno, json.loads(line)
+                yield lineno, json.loads(line), None
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                yield lineno, None, f"not valid JSON ({exc.msg})"
 
 
 def write_rows(path: str | Path, rows: Iterable[dict]) -> int:

@@ -115,7 +115,8 @@ def long_chain_demos(n: int, seed: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dataset.long_arith",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=1000)
     p.add_argument("--out", type=Path, required=True, help="output .jsonl (or .parquet with pyarrow)")
     p.add_argument("--seed", type=int, default=0)

@@ -127,7 +127,8 @@ def make_rows(task: str, n: int, seed: int, chat: bool, steps: int = 3) -> list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Generate synthetic prompt/label tasks with known answers.")
+    parser = argparse.ArgumentParser(prog="python -m dataset.synthetic",
+                                     description="Generate synthetic prompt/label tasks with known answers.")
     parser.add_argument("task", choices=["countdown", "arithmetic"], help="which task")
     parser.add_argument("--n", type=int, default=1000, help="number of tasks (default 1000)")
     parser.add_argument("--out", type=Path, required=True, help="output .jsonl (or .parquet with pyarrow)")

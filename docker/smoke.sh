@@ -236,17 +236,14 @@ python -m sglang_kvc.launch_server --model-path /workspace/models/Qwen2.5-1.5B -
     --compress-algorithm rkv --compress-max-prompt 16 --compress-max-window 4 \
     --compress-divide-length 4 >/tmp/server.log 2>&1 &
 python - $! <<"PY" || { tail -n 30 /tmp/server.log; exit 1; }
-import json, os, sys, time, urllib.request
+import json, os, sys, urllib.request
 import torch
 from transformers import AutoModelForCausalLM
+from trainer.rollout.engines.lifecycle import wait_healthy  # the one health wait
 url, server = "http://127.0.0.1:30000", int(sys.argv[1])
-while True:
+def running():
     assert os.path.exists(f"/proc/{server}"), "the server exited"
-    try:
-        urllib.request.urlopen(url + "/health", timeout=2)
-        break
-    except OSError:
-        time.sleep(0.5)
+assert not wait_healthy([url], 600, poll=0.5, check=running), "no answer on /health in 600 s"
 body = {"input_ids": [5, 17, 9, 40], "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}
 req = urllib.request.Request(url + "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
 out = json.load(urllib.request.urlopen(req, timeout=300))

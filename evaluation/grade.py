@@ -32,6 +32,7 @@ class GradeConfig:
 
 def parse_args(argv: list[str] | None = None) -> GradeConfig:
     parser = argparse.ArgumentParser(
+        prog="python -m evaluation.grade",
         allow_abbrev=False, description="Grade {gold, pred} JSONL pairs with the math grader.")
     parser.add_argument("--input", type=Path, required=True, help="JSONL file, one {\"gold\", \"pred\"} object per line")
     parser.add_argument("--output", type=Path, default=None,

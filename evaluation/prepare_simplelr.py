@@ -30,11 +30,10 @@ import re
 import sys
 from pathlib import Path
 
-from tqdm import tqdm
-
 from dataset.formats import iter_rows, write_rows
 
 from .grader import last_boxed
+from .progress import progress_bar
 
 PUBLIC_SOURCE = ("https://raw.githubusercontent.com/hkust-nlp/simpleRL-reason/v0/train/data/"
                  "math_level3to5_data_processed_with_qwen_prompt.json")
@@ -120,7 +119,7 @@ def download(dest: Path, url: str = PUBLIC_SOURCE) -> Path:
         with requests.get(url, stream=True, timeout=60) as response:
             response.raise_for_status()
             with open(tmp, "wb") as f:
-                for chunk in tqdm(response.iter_content(1 << 20), desc="download", unit="MiB"):
+                for chunk in progress_bar(response.iter_content(1 << 20), desc="download", unit="MiB"):
                     f.write(chunk)
     except requests.RequestException as e:
         tmp.unlink(missing_ok=True)  # never a half file that a rerun would take for the source
@@ -140,7 +139,7 @@ def _reason(e: Exception) -> str:
 
 
 def prepare(problems: list[MathProblem], out_dir: Path) -> dict[str, int]:
-    kept = [p for p in tqdm(problems, desc="filter levels 3-5", unit="row") if p.level in LEVELS]
+    kept = [p for p in progress_bar(problems, desc="filter levels 3-5", unit="row") if p.level in LEVELS]
     counts = {
         "simplelr_qwen_level3to5": write_rows(out_dir / "simplelr_qwen_level3to5" / "train.jsonl", map(qwen_row, kept)),
         "simplelr_level3to5": write_rows(out_dir / "simplelr_level3to5" / "train.jsonl", map(chat_row, kept)),
@@ -150,6 +149,7 @@ def prepare(problems: list[MathProblem], out_dir: Path) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        prog="python -m evaluation.prepare_simplelr",
         allow_abbrev=False, description="Rebuild the SimpleRL MATH level 3-5 training sets.")
     parser.add_argument("--source", type=Path, help="local MATH copy: v0 JSON array, JSONL, or MATH directory")
     parser.add_argument("--download", action="store_true", help=f"fetch the public source ({PUBLIC_SOURCE})")

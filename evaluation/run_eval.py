@@ -64,7 +64,8 @@ class EvalConfig:
 
 
 def parse_args(argv: list[str] | None = None) -> EvalConfig:
-    p = argparse.ArgumentParser(allow_abbrev=False, description="Score a served model (SGLang "
+    p = argparse.ArgumentParser(prog="python -m evaluation.run_eval",
+                                allow_abbrev=False, description="Score a served model (SGLang "
                                 "/generate or OpenAI-compatible) on math benchmarks.")
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
     p.add_argument("--benchmarks", default="math500",
@@ -141,9 +142,9 @@ async def _generate(problems: list[Problem], prompts: list, backend, sampling: S
     records = dict(done)
     bar = None
     if config.progress:
-        from tqdm import tqdm
+        from .progress import progress_bar
 
-        bar = tqdm(total=len(pending) * n, desc=f"{desc} generate", unit="sample")
+        bar = progress_bar(total=len(pending) * n, desc=f"{desc} generate", unit="sample")
 
     with open(partial_path, "a", encoding="utf-8") as partial:
         async def one(problem: Problem, j: int) -> None:

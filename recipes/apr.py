@@ -183,7 +183,8 @@ def prompt_rows(split: str, n: int, seed: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Countdown tasks with APR's spawn instructions")
+    p = argparse.ArgumentParser(prog="python -m recipes.apr",
+                                description="Countdown tasks with APR's spawn instructions")
     p.add_argument("--split", choices=["train", "test"], required=True)
     p.add_argument("--n", type=int, default=1000)
     p.add_argument("--out", type=Path, required=True)

@@ -51,7 +51,8 @@ def prepare(gsm8k_file: Path, out_dir: Path) -> dict[str, int]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m recipes.gsm8k",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--gsm8k-file", type=Path, required=True, help="GSM8K test.jsonl (question, answer)")
     p.add_argument("--out-dir", type=Path, required=True)
     args = p.parse_args(argv)

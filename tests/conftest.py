@@ -14,6 +14,36 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 @pytest.fixture(scope="session")
+def wait_healthy():
+    """``wait_healthy(url, proc=None, timeout=300)``: returns once the server at ``url`` answers
+    ``/health`` (through the trainer's one health wait, ``rollout/engines/lifecycle.py``); the
+    test fails if ``proc`` exits first or ``timeout`` seconds pass, with the server's output
+    where ``proc`` pipes it."""
+    from trainer.rollout.engines.lifecycle import wait_healthy as wait_all
+
+    def wait(url: str, proc=None, timeout: float = 300.0) -> None:
+        def running() -> None:
+            if proc is not None and proc.poll() is not None:
+                pytest.fail(f"the server of {url} exited with code {proc.returncode} before "
+                            f"answering /health{_output(proc)}")
+
+        if wait_all([url], timeout, check=running):
+            pytest.fail(f"{url} did not answer /health within {timeout:g} s{_output(proc)}")
+
+    return wait
+
+
+def _output(proc) -> str:
+    """What a piped server wrote (it is stopped first, so that the read ends)."""
+    if proc is None or proc.stdout is None:
+        return ""
+    if proc.poll() is None:
+        proc.kill()
+    out = proc.stdout.read()
+    return ":\n" + (out.decode(errors="replace") if isinstance(out, bytes) else out)[-3000:]
+
+
+@pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory):
     """``factory(family, dtype=torch.float32, **kwargs) -> Path``, cached per argument set."""
     import torch

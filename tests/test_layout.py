@@ -153,6 +153,15 @@ def test_train_imports_nothing_from_ray():
     assert not ray, f"trainer/train.py imports {sorted(ray)}"
 
 
+def test_the_loop_gets_its_rollouts_from_the_assembly():
+    """``train.py``, its configuration and its command reach the engines only through
+    ``rollout/assembly.py``: nothing under ``rollout/engines/`` is imported by them."""
+    graph = _import_graph("trainer")
+    for module in ("trainer.train", "trainer.run_config", "trainer.startup.cli"):
+        engines = {m for m in graph[module] if m.startswith("trainer.rollout.engines")}
+        assert not engines, f"{module} imports {sorted(engines)}"
+
+
 @pytest.mark.parametrize("package", ["trainer", "sglang_kvc"])
 def test_no_import_cycles(package):
     cycle = _find_cycle(_import_graph(package))
@@ -309,17 +318,38 @@ def test_one_health_wait_one_parent_death_guard():
         assert not slots, f"{name}:{slots} reads the failover slots (engines.urls)"
 
 
-def test_runtime_helpers_come_from_the_trainer():
-    """``default_device``, ``free_port`` and ``teardown`` are the trainer's (trainer/launch.py):
-    no trainer module takes them from the converters' package."""
-    helpers = {"default_device", "free_port", "teardown"}
+def test_tests_wait_for_a_server_through_one_fixture():
+    """A test waits for a server's ``/health`` through conftest's ``wait_healthy`` (the trainer's
+    one health wait), not through a polling loop of its own."""
+    loops = []
+    for path in (p for p in (ROOT / "tests").rglob("*.py") if p != Path(__file__)):
+        tree = ast.parse(path.read_text())
+        for loop in (n for n in ast.walk(tree) if isinstance(n, (ast.While, ast.For))):
+            if any(isinstance(c, ast.Constant) and isinstance(c.value, str) and
+                   c.value.endswith("/health") for c in ast.walk(loop)):
+                loops.append(f"{path.relative_to(ROOT)}:{loop.lineno}")
+    assert not loops, loops
+
+
+def test_runtime_helpers_are_written_once():
+    """``default_device``, ``free_port`` and ``teardown`` are defined once, low enough for the
+    trainer and the converters both (``checkpoint_tools/runtime.py``; ``trainer/launch.py`` and
+    ``cpu_megatron.py`` hand them on); no trainer module takes them from ``cpu_megatron`` (the
+    CPU stand-ins of Megatron, which a GPU run has no use for)."""
+    helpers, defined = {"default_device", "free_port", "teardown"}, set()
+    for package in ("trainer", "checkpoint_tools"):
+        for path in _modules(package):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef) and node.name in helpers:
+                    defined.add((node.name, path.relative_to(ROOT).as_posix()))
+    assert defined == {(h, "checkpoint_tools/runtime.py") for h in helpers}, defined
     for path in _modules("trainer"):
         for node in ast.walk(ast.parse(path.read_text())):
-            from_converters = isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                "checkpoint_tools") and {a.name for a in node.names} & helpers
+            from_stand_ins = isinstance(node, ast.ImportFrom) and (node.module or "").endswith(
+                "cpu_megatron") and {a.name for a in node.names} & helpers
             attribute = isinstance(node, ast.Attribute) and node.attr in helpers and \
                 _leaf(node.value) == "cpu_megatron"
-            assert not (from_converters or attribute), f"{path.relative_to(ROOT)}:{node.lineno}"
+            assert not (from_stand_ins or attribute), f"{path.relative_to(ROOT)}:{node.lineno}"
 
 
 # benchmarks that time engine internals on their own; each says which in its docstring

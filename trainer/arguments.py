@@ -1,6 +1,6 @@
 """Command-line flags of ``python -m trainer.train``, slime's names where slime has them: each
 package defines its flags beside the config that reads them (``learner/flags.py``,
-``launch.py``, ``rollout/config.py``, ``algorithms/argparse_flags.py``, ``tracking.py``); this
+``launch.py``, ``rollout/config.py``, ``algorithms/argparse_flags.py``, ``tracking/logger.py``); this
 module builds the parser from them and checks the combinations (:func:`check_args`).
 None of them imports torch, Megatron or transformers: ``--help`` and a flag error take a second
 or two, not the 10-25 s those imports take (``tests/trainer/test_entry_messages.py``).

@@ -23,6 +23,8 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
+from checkpoint_tools.runtime import default_device, free_port, teardown  # noqa: F401 - handed on
+
 if TYPE_CHECKING:  # torch loads in the functions that use it: the flags below need none of it
     import torch
 
@@ -229,29 +231,3 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--distributed-timeout-minutes", type=float, default=30.0,
                    help="timeout of each collective once the job runs (Megatron's flag)")
 
-
-# --- the process's runtime: its device, a free port, the end of its groups ------------------------
-def default_device() -> torch.device:
-    """This rank's device: its current CUDA device, else the CPU."""
-    import torch
-
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-        else torch.device("cpu")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on at ``host`` now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def teardown() -> None:
-    """Megatron's parallel state and the default process group, ended (where they exist)."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
-    if dist.is_initialized():
-        dist.destroy_process_group()

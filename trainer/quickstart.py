@@ -171,10 +171,12 @@ def smollm2_warm_up(model_dir: Path, work: Path, task: SmolTask, steps: int, see
 def tiny_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     """A tiny model warmed up on the counting format; GRPO with R-KV budget ``--kv-budget``."""
     task = TINY_TASK
-    model_dir = build_model(work / "model", args.seed)
-    steps = task.warmup_steps if args.warmup_steps is None else args.warmup_steps
-    loss = warm_up(model_dir, steps, args.seed)
-    print(f"[quickstart] warm-up: {steps} supervised steps, final loss {loss:.3f}")
+    model_dir = work / "model"
+    if not _kept(model_dir, args):
+        build_model(model_dir, args.seed)
+        steps = task.warmup_steps if args.warmup_steps is None else args.warmup_steps
+        loss = warm_up(model_dir, steps, args.seed)
+        print(f"[quickstart] warm-up: {steps} supervised steps, final loss {loss:.3f}")
     flags = ["--rollout-batch-size", "16", "--n-samples-per-prompt", "8", "--global-batch-size", "128",
              "--rollout-max-response-len", str(task.max_len), "--rm-type", task.rm_type,
              *micro_batch_flags(4096), "--sglang-max-total-tokens", str(128 * task.sample_tokens),
@@ -195,6 +197,16 @@ def micro_batch_flags(cpu_tokens: int) -> list[str]:
         return []
     # reason: on a CPU the default sizes from the host's free RAM, which other processes share
     return ["--max-tokens-per-gpu", str(cpu_tokens)]
+
+
+def _kept(model_dir: Path, args) -> bool:
+    """Resuming (``args.resume_from``: a complete checkpoint in the workdir): the model built and
+    warmed up by the run that wrote it is still there, so neither is redone."""
+    if args.resume_from is None or not (model_dir / "config.json").is_file():
+        return False
+    print(f"[quickstart] resuming from checkpoint iteration {args.resume_from}: the warmed-up "
+          f"model in {model_dir} is kept (no warm-up)")
+    return True
 
 
 def compress_flags(model: str, algorithm: str, budget: int) -> list[str]:
@@ -219,8 +231,10 @@ def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
         subprocess.run(["bash", str(script), str(model_dir)], check=True)
     task = SMOLLM2_TASKS[args.task]
     steps = task.warmup_steps if args.warmup_steps is None else args.warmup_steps
-    if steps:
+    if steps and not _kept(work / "model-warm", args):
         model_dir = smollm2_warm_up(model_dir, work, task, steps, args.seed)
+    elif steps:
+        model_dir = work / "model-warm"
     prompts = 64 if torch.cuda.is_available() else 4
     flags = ["--rollout-batch-size", str(prompts), "--n-samples-per-prompt", "8",
              "--global-batch-size", str(prompts * 8), "--rollout-max-response-len", str(task.max_len),
@@ -332,9 +346,13 @@ def _run(args, extra: list[str], work: Path) -> int:
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     lr = args.lr or DEFAULT_LR[args.model]
-    model_dir, rows, flags = SETUPS[args.model](work, args)
     rollouts = args.num_rollout or (40 if args.model == "tiny" else
                                     30 if torch.cuda.is_available() else 4)
+    args.resume_from = completed_iteration(work)
+    if args.resume_from is not None and args.resume_from >= rollouts:
+        print(complete_message(work, args.resume_from, rollouts))
+        return 0
+    model_dir, rows, flags = SETUPS[args.model](work, args)
     data = work / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -343,14 +361,37 @@ def _run(args, extra: list[str], work: Path) -> int:
     rc = train_main(train_argv(model_dir, data, work, rollouts, lr, args.seed, flags) + extra)
     if rc:
         return rc
+    print(f"[quickstart] {reward_summary(work)}; {time.perf_counter() - start:.0f}s in all; "
+          f"logs and plots in {work / 'logs'}")
+    return 0
+
+
+def completed_iteration(work: Path) -> int | None:
+    """The last complete checkpoint's iteration (= rollouts done) in ``work``, or None."""
+    from checkpoint_tools.torch_dist import read_tracker
+
+    tracker = read_tracker(work / "ckpt")
+    return int(tracker) if tracker and tracker.isdigit() else None
+
+
+def reward_summary(work: Path) -> str:
+    """The mean reward of the first and the last (up to) 5 rollouts of ``work``'s metrics."""
     rows = [json.loads(line) for line in open(work / "logs" / "metrics.jsonl")]
     rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]  # eval-only rows have none
     k = max(1, min(5, len(rewards) // 2))
     first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
-    print(f"[quickstart] reward mean, first {k} rollouts {first:.3f} -> last {k} {last:.3f} "
-          f"({last - first:+.3f}); {time.perf_counter() - start:.0f}s in all; logs and plots in "
-          f"{work / 'logs'}")
-    return 0
+    return f"reward mean, first {k} rollouts {first:.3f} -> last {k} {last:.3f} ({last - first:+.3f})"
+
+
+def complete_message(work: Path, done: int, rollouts: int) -> str:
+    """A rerun of a finished quickstart: nothing to train; what it got, and how to run anew."""
+    try:
+        result = reward_summary(work)
+    except (OSError, ValueError):  # metrics removed or torn: the checkpoint still says it is done
+        result = "its metrics are gone"
+    return (f"[quickstart] the run in {work} is complete ({done} of {rollouts} rollouts): "
+            f"{result}; logs and plots in {work / 'logs'}. To run anew, remove {work} or give "
+            f"another --workdir.")
 
 
 if __name__ == "__main__":

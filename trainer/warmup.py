@@ -96,7 +96,8 @@ def warm_up(model_dir: str | Path, rows: list[dict], out: str | Path, steps: int
 def main(argv=None) -> int:
     from dataset.formats import iter_rows
 
-    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m trainer.warmup",
+                                allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", required=True)
     p.add_argument("--data", required=True, help="rows with prompt and solution (.jsonl / .parquet)")
     p.add_argument("--out", required=True, help="where the warmed-up HF checkpoint goes")

@@ -94,7 +94,7 @@ def assert_serves(url: str, named, names: list[str]) -> None:
 
 def bench_mode(mode: str, fleet: EngineFleet, named, ckpt: Path, args, workdir: Path) -> dict:
     http = HTTPRollout(fleet.urls)
-    sync = WeightSync(mode, http=http, bucket_bytes=args.bucket_mb << 20,
+    sync = WeightSync(mode, engines=http, bucket_bytes=args.bucket_mb << 20,
                       disk_dir=workdir / f"sync-{mode}", hf_config_dir=ckpt)
     source = lambda: iter(named)  # noqa: E731 - the trainer's tensors, already in place
     first = sync.push_tensors(source, f"{mode}-warmup")["time_sync"]

@@ -61,8 +61,11 @@ class _Worker:
         cmd = [sys.executable, "-m", "evaluation.grader.worker", str(to_child_r), str(from_child_w)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        # a session of its own: the terminal's Ctrl-C goes to the parent alone, even while the
+        # worker starts (the worker ignores SIGINT too); the parent stops the pool
         self.process = subprocess.Popen(cmd, pass_fds=(to_child_r, from_child_w), env=env,
-                                        stdin=subprocess.DEVNULL, close_fds=True)
+                                        stdin=subprocess.DEVNULL, close_fds=True,
+                                        start_new_session=True)
         os.close(to_child_r)
         os.close(from_child_w)
         self.send_conn = Connection(to_child_w, readable=False)
@@ -112,9 +115,9 @@ class GraderPool:
         pending = deque(range(len(items)))
         bar = None
         if progress:
-            from tqdm import tqdm
+            from ..progress import progress_bar
 
-            bar = tqdm(total=len(items), desc=desc, unit="pair")
+            bar = progress_bar(total=len(items), desc=desc, unit="pair")
 
         def finish(index: int, result: GradeResult) -> None:
             results[index] = result

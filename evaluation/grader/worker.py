@@ -7,11 +7,15 @@ list of ``(index, pred, gold)``, is answered item by item with ``(index, GradeRe
 
 from __future__ import annotations
 
+import signal
 import sys
 from multiprocessing.connection import Connection
 
 
 def main(argv: list[str]) -> int:
+    # Ctrl-C is the parent's to handle (it stops the pool): a worker that took the terminal's
+    # SIGINT too would print its own KeyboardInterrupt traceback beside the parent's one line.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if len(argv) != 2:
         print("usage: python -m evaluation.grader.worker READ_FD WRITE_FD "
               "(started by evaluation.grader.GraderPool, not by hand)", file=sys.stderr)

@@ -40,6 +40,27 @@ def test_validator_names_file_and_line(tmp_path):
     assert proc.returncode == 0 and "1 rows" in proc.stdout
 
 
+def test_validator_lists_every_bad_line_up_to_max_errors(tmp_path):
+    """A line that is not JSON does not end the check: each bad line is listed, up to
+    --max-errors, then the count of the rest; the exit status is 1."""
+    path = tmp_path / "data.jsonl"
+    good = '{"prompt": "a", "label": "1"}'
+    path.write_text("\n".join(["not json", good, '{"prompt": "b"', good, '{"label": "2"}', "[1",
+                               good]) + "\n")
+    report = validate_file(path)
+    assert [e.split(": ", 1)[0] for e in report.errors] == [f"{path}:{n}" for n in (1, 3, 5, 6)]
+    assert report.rows == 7 and report.bad_rows == 4
+    proc = subprocess.run([sys.executable, "-m", "dataset.validate", str(path), "--max-errors", "3"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"{path}:1: not valid JSON (Expecting value)",
+        f"{path}:3: not valid JSON (Expecting ',' delimiter)",
+        f"{path}:5: missing 'prompt'",
+        f"{path}: 1 more bad row(s) not listed (--max-errors 3)"]
+    assert proc.stdout.strip().endswith(": 4 error(s)")
+
+
 def test_arithmetic_labels_match_python_eval():
     rng = random.Random(1)
     for steps in (1, 2, 3, 5):

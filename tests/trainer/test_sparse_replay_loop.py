@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
-import requests
 
 from checkpoint_tools import cpu_megatron
 
@@ -48,7 +46,7 @@ def test_train_sparse_policy_is_on_policy(setup, tmp_path):  # noqa: F811
     assert row["train_rollout_logprob_abs_diff"] < 1e-5
 
 
-def test_records_travel_over_http(setup, tmp_path):  # noqa: F811
+def test_records_travel_over_http(setup, tmp_path, wait_healthy):  # noqa: F811
     hf, data, _ = setup
     port = cpu_megatron.free_port()
     engine_flags = [f.replace("--sglang-", "--") for f in RKV]
@@ -58,12 +56,7 @@ def test_records_travel_over_http(setup, tmp_path):  # noqa: F811
                               stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                if requests.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                time.sleep(0.5)
+        wait_healthy(url, server)
         row = _one_step(hf, data, tmp_path, "--rollout-server-urls", url, "--sparse-recompute")
     finally:
         server.terminate()

@@ -149,7 +149,7 @@ def test_resume_equals_uninterrupted(setup, tmp_path):
 
 @pytest.mark.launch
 @pytest.mark.parametrize("sync", ["tensor", "ipc", "disk", "distributed"])
-def test_http_server_backend(setup, tmp_path, sync):
+def test_http_server_backend(setup, tmp_path, sync, wait_healthy):
     """Rollouts from a separate sglang-kvc server; every weight-sync transport must leave the
     server serving exactly the trainer's weights (π_old recompute == server logprobs)."""
     hf, data, _ = setup
@@ -159,12 +159,7 @@ def test_http_server_backend(setup, tmp_path, sync):
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(240):
-            try:
-                if requests.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                time.sleep(0.5)
+        wait_healthy(url, server)
         rc, log = _run(_flags(hf, data, tmp_path, "--rollout-server-urls", url,
                               "--weight-sync", sync, rollouts=2))
         assert rc == 0, log[-3000:]

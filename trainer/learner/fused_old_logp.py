@@ -32,12 +32,14 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
+from evaluation.progress import write
 
 from ..algorithms import LossScale, PolicyLossConfig
 from .grpo_update import (PreparedUpdate, RolloutBatch, _reduce_over_dp, apply_correction,
                           gather_dp, make_loss_fn, pad_rows, prep_on_device, step_bounds)
 
-FUSED_REASON = "on-policy: one optimizer step from the weights that π_old is"
+FUSED_REASON = ("the rollout is on-policy and trained in one optimizer step, so the weights "
+                "before that step are π_old")
 _PER_STEP = {"grad_norm", "lr", "update_skipped"}  # not loss terms: never rescaled
 _POLICY_TERMS = {"loss", "pg_loss"}  # the terms the IS weights multiply
 
@@ -110,7 +112,7 @@ def _announce(plan: OldLogpPlan) -> None:
         return
     _announced.add(plan)
     how = "from the update's forward (fused)" if plan.fused else "recomputed before the update"
-    print(f"π_old {how}: {plan.reason}", flush=True)
+    write(f"π_old {how}: {plan.reason}")  # whole, above the rollouts bar
 
 
 @dataclasses.dataclass

@@ -26,6 +26,8 @@ import time
 
 import torch
 
+from evaluation.progress import write
+
 # dense bf16 tensor-core peak, matched against the device name in this order (first match)
 PEAK_BF16 = (("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("GH200", 989e12),
              ("A100", 312e12))
@@ -66,8 +68,8 @@ def this_gpu_peak() -> float | None:
     peak = peak_for(name)
     rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
     if peak is None and rank0:
-        print(f"speed: MFU left out of the perf/ metrics: no dense bf16 peak known for "
-              f"{name!r} (learner/speed.py PEAK_BF16)", flush=True)
+        write(f"speed: MFU left out of the perf/ metrics: no dense bf16 peak known for "
+              f"{name!r} (learner/speed.py PEAK_BF16)")  # above the rollouts bar
     return peak
 
 
@@ -138,14 +140,6 @@ def generation_timing(arch, samples, seconds: float, gpus: int) -> PhaseTiming:
     lengths = [s.length for s in samples]
     tokens = sum(len(s.response_ids) for s in samples)
     return PhaseTiming(tokens / gpus, forward_flops(arch, lengths) / gpus, seconds)
-
-
-def generation_gpus(engines, world_size: int) -> int | None:
-    """GPUs that generate: the engines' own (``--rollout-num-gpus``), else the job's
-    (colocated); None for servers elsewhere (``--rollout-server-urls``: count unknown)."""
-    if engines.num_gpus:
-        return engines.num_gpus
-    return None if engines.remote else world_size
 
 
 def rollout_speed(trainers, generation: PhaseTiming | None = None,

@@ -31,7 +31,6 @@ import queue
 import threading
 from typing import Callable
 
-from .partial import ResumableBackend
 
 _ABORT_EVERY = 0.2  # seconds between aborts while a push waits: requests sent meanwhile end too
 
@@ -183,24 +182,11 @@ class AsyncRollouts:
             self._results.put((rollout_id, out))
 
 
-def gate_for(manager, cfg: AsyncConfig, version: int) -> WeightGate | None:
-    """The gate of a run whose engines serve ``version`` now (None: synchronous). Partial
-    rollouts wrap the manager's backend; the rollout gathers get a process group of their own,
-    since they run in the generation thread while training uses the default group."""
-    import torch.distributed as dist  # here: the flags read AsyncConfig without torch
-
+def weight_gate(cfg: AsyncConfig, version: int, engines) -> WeightGate | None:
+    """The gate of a run whose engines serve ``version`` now (None: synchronous). With partial
+    rollouts a push interrupts generation: ``abort_request`` (all requests) on this rank's
+    engine(s) (``Engines.abort_all``; nothing where it hosts none)."""
     if not cfg.enabled:
         return None
-    gate = WeightGate(version, cfg.max_staleness,
-                      abort_in_flight(manager) if cfg.partial_rollout else None)
-    if cfg.partial_rollout:
-        manager.engines = ResumableBackend(manager.engines, gate, version)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        manager.place = dataclasses.replace(manager.place, group=dist.new_group(backend="gloo"))
-    return gate
-
-
-def abort_in_flight(manager) -> Callable[[], None]:
-    """What interrupts this rank's generation: ``abort_request`` (all requests) on its engine(s)
-    (``Engines.abort_all``; nothing where it hosts none)."""
-    return manager.engines.abort_all
+    return WeightGate(version, cfg.max_staleness,
+                      engines.abort_all if cfg.partial_rollout else None)

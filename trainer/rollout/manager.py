@@ -1,7 +1,7 @@
 """This rank's part of a rollout: its engine's shard of the prompts, their rewards, and the
 gathered global batch with its statistics.
 
-    manager = RolloutManager(place, reward_cfg, engines=engines)  # engines/factory.py's
+    manager = RolloutManager(place, reward_cfg, engines)  # built by assembly.py
     result = manager.run(prompts, n_samples, RolloutConfig(...))  # same result on every rank
     result.gens, result.rewards, result.stats()
 
@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import time
 
-from .engines.factory import open_engines
 from .engines.interface import Engines, Generation, RolloutConfig, RolloutError
 from .engines.sharding import Placement, gather_shards, shard_bounds
 from .samples.data import Prompt
@@ -177,15 +176,11 @@ def engine_stats(shards: list[Shard]) -> dict:
 
 class RolloutManager:
     """Generation on this rank through its ``Engines`` (``engines/factory.py``: an in-process
-    engine, servers, or none on ranks that only train); ``server_args`` / ``server_urls`` build
-    them here instead."""
+    engine, servers, or none on ranks that only train; ``assembly.py`` builds the manager)."""
 
-    def __init__(self, place: Placement, reward_cfg: RewardConfig, *, engines: Engines | None = None,
-                 server_args=None, server_urls: list[str] | None = None, offload: bool = False,
+    def __init__(self, place: Placement, reward_cfg: RewardConfig, engines: Engines, *,
                  generate_plugin=None, tokenizer=None):
-        self.place = place
-        self.engines = engines or open_engines(place, server_args=server_args,
-                                               server_urls=server_urls, offload=offload)
+        self.place, self.engines = place, engines
         self.rewards = RewardModel(reward_cfg) if place.generates else None
         self.version: str | None = None  # the weight version the engine(s) must report
         self.plugin, self.tokenizer = generate_plugin, tokenizer

@@ -1,6 +1,6 @@
 """Where the loop's rollouts come from, synchronous or asynchronous, asked the same way:
 
-    source = rollout_source(manager, sync, generate, cfg.asynchrony, start, num_rollout)
+    source = rollout_source(manager, sync, generate, gate, start, num_rollout)  # assembly.py
     prompts, result, sampled = source.get(rollout_id)   # generated now, or by the thread
     with source.device_work():                          # the training thread's GPU work
         ...recompute, update...
@@ -19,11 +19,8 @@ import contextlib
 import dataclasses
 from typing import Callable
 
-from ..launch import phase
-from .async_rollout import AsyncConfig, AsyncRollouts, WeightGate, gate_for
+from .async_rollout import AsyncRollouts, WeightGate
 from .dynamic_sampling import DynamicSampler
-from .engines.capacity import pool_detail, run_capacity
-from .engines.factory import describe, engine_placement, engines_for
 from .manager import RolloutManager
 from .samples.fidelity import apply_budget
 from .samples.staleness import rollout_staleness, version_number
@@ -134,11 +131,10 @@ class AsyncRolloutSource:
 RolloutSource = SyncRollouts | AsyncRolloutSource
 
 
-def rollout_source(manager, sync, generate: Callable[[int], tuple], cfg: AsyncConfig,
+def rollout_source(manager, sync, generate: Callable[[int], tuple], gate: WeightGate | None,
                    start_rollout: int, num_rollout: int) -> RolloutSource:
-    """The run's source: asynchronous with ``--max-staleness``, else synchronous. The engines
-    serve version ``start_rollout`` now."""
-    gate = gate_for(manager, cfg, start_rollout)
+    """The run's source: asynchronous behind ``gate`` (``--max-staleness``), else synchronous
+    (no gate). The engines serve version ``start_rollout`` now."""
     if gate is None:
         return SyncRollouts(manager, sync, generate)
     return AsyncRolloutSource(manager, sync, generate, gate, start_rollout, num_rollout)
@@ -147,19 +143,3 @@ def rollout_source(manager, sync, generate: Callable[[int], tuple], cfg: AsyncCo
 def tokens_per_s(result, seconds: float) -> float:
     """Generated tokens per second of generation."""
     return sum(len(g.response_ids) for g in result.gens) / max(seconds, 1e-6)
-
-
-def start_manager(setup, tokenizer, plugin, prompts: list, device: str) -> RolloutManager:
-    """The run's engines (``engines/factory.py`` decides which) behind one manager, as a startup
-    phase that reports rank 0's KV pool and what it holds."""
-    engines = setup.engines
-    place = engine_placement(engines)
-    with phase(f"start {describe(engines, place)}") as info:
-        manager = RolloutManager(place, setup.plan.reward,
-                                 engines=engines_for(engines, place, device),
-                                 generate_plugin=plugin, tokenizer=tokenizer)
-        pool = manager.pool_stats()
-        info["detail"] = pool and (f"{pool_detail(pool)}; " + run_capacity(
-            pool["capacity"], engines.engine_flags, prompts, setup.plan.sampling.max_response_len,
-            setup.plan.n_samples))
-    return manager

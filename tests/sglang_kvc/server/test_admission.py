@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import socket
 import time
-from urllib.parse import urlparse
 
 import pytest
 import requests
+
+from tests.sglang_kvc.hold import hold_when_running, raw_post
 
 LONG = {"temperature": 0.0, "max_new_tokens": 900, "ignore_eos": True}
 SMALL = {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True}
@@ -61,16 +61,6 @@ def _idle(srv) -> bool:
             and srv.engine.admission.tokens == 0)
 
 
-def _raw_post(url: str, path: str, body: bytes, declared: int | None = None) -> socket.socket:
-    """A POST over a bare socket, so the test decides when the client leaves."""
-    u = urlparse(url)
-    s = socket.create_connection((u.hostname, u.port))
-    head = (f"POST {path} HTTP/1.1\r\nHost: {u.hostname}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {declared if declared is not None else len(body)}\r\n\r\n")
-    s.sendall(head.encode() + body)
-    return s
-
-
 def _pool_post(url, body, path="/generate", timeout=120):
     pool = concurrent.futures.ThreadPoolExecutor(1)
     return pool.submit(lambda: requests.post(url + path, json=body, timeout=timeout))
@@ -111,15 +101,16 @@ def test_request_larger_than_the_queue_is_400(serve, prompts):
 
 def test_full_queue_is_503_with_retry_after(serve, prompts):
     srv = serve("qwen2.5", max_queued_requests=4)
-    fut = _pool_post(srv.url, {"text": prompts[0], "sampling_params": dict(LONG, n=4), "rid": "big"})
-    _wait(lambda: _info(srv.url)["num_running_reqs"] == 4)
-    r = requests.post(srv.url + "/generate", json={"text": prompts[1], "sampling_params": SMALL})
-    assert r.status_code == 503 and r.headers["Retry-After"] == "1"
-    assert "retry" in r.json()["error"]["message"]
-    r = requests.post(srv.url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 2})
-    assert r.status_code == 503 and r.json()["code"] == 503
-    requests.post(srv.url + "/abort_request", json={"rid": "big"})
-    assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in fut.result(60).json())
+    with hold_when_running(srv.engine, n=4):  # "big" fills the queue until it is aborted
+        fut = _pool_post(srv.url, {"text": prompts[0], "sampling_params": dict(LONG, n=4), "rid": "big"})
+        _wait(lambda: _info(srv.url)["num_running_reqs"] == 4)
+        r = requests.post(srv.url + "/generate", json={"text": prompts[1], "sampling_params": SMALL})
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+        assert "retry" in r.json()["error"]["message"]
+        r = requests.post(srv.url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 503 and r.json()["code"] == 503
+        requests.post(srv.url + "/abort_request", json={"rid": "big"})
+        assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in fut.result(60).json())
     _wait(lambda: _idle(srv))
     r = requests.post(srv.url + "/generate", json={"text": prompts[1], "sampling_params": SMALL})
     assert r.status_code == 200
@@ -132,7 +123,7 @@ def test_client_leaving_before_its_body_is_one_line(serve):
     srv = serve("qwen2.5")
     with Records("sglang_kvc.server") as ours, Records("uvicorn.error") as uv:
         for _ in range(5):
-            s = _raw_post(srv.url, "/generate", b'{"text": "hel', declared=200)
+            s = raw_post(srv.url, "/generate", b'{"text": "hel', declared=200)
             time.sleep(0.05)
             s.close()
         _wait(lambda: len(ours.lines()) >= 5)
@@ -154,11 +145,12 @@ def test_client_leaving_mid_generation_aborts_its_samples(path, body, serve):
     import json
 
     srv = serve("qwen2.5")
-    with Records("sglang_kvc.server") as ours, Records("uvicorn.error") as uv:
-        s = _raw_post(srv.url, path, json.dumps(body).encode())
+    with Records("sglang_kvc.server") as ours, Records("uvicorn.error") as uv, \
+            hold_when_running(srv.engine, n=3):  # held: only the abort can end the samples
+        s = raw_post(srv.url, path, json.dumps(body).encode())
         _wait(lambda: _info(srv.url)["num_running_reqs"] == 3)
         s.close()
-        _wait(lambda: _idle(srv), timeout=20)  # long before 900 tokens: aborted
+        _wait(lambda: _idle(srv), timeout=20)
         _wait(lambda: ours.lines())
     assert len(ours.lines()) == 1 and "left" in ours.lines()[0]
     assert not [r for r in uv.records if r.levelno >= logging.ERROR]
@@ -166,13 +158,14 @@ def test_client_leaving_mid_generation_aborts_its_samples(path, body, serve):
 
 def test_abort_all_is_prompt_with_a_deep_queue(serve, prompts):
     srv = serve("qwen2.5", max_queued_tokens=10 ** 8)  # 3000 x 900 tokens: over 64 pools
-    futs = [_pool_post(srv.url, {"text": prompts[i % 4], "sampling_params": dict(LONG, n=100)})
-            for i in range(30)]
-    _wait(lambda: srv.engine.admission.samples == 3000)
-    t0 = time.time()
-    assert requests.post(srv.url + "/abort_request", json={"abort_all": True}).status_code == 200
-    outs = [f.result(60) for f in futs]
-    assert time.time() - t0 < 10
+    with hold_when_running(srv.engine):  # no sample finishes before the abort, however slow the posts
+        futs = [_pool_post(srv.url, {"text": prompts[i % 4], "sampling_params": dict(LONG, n=100)})
+                for i in range(30)]
+        _wait(lambda: srv.engine.admission.samples == 3000)
+        t0 = time.time()
+        assert requests.post(srv.url + "/abort_request", json={"abort_all": True}).status_code == 200
+        outs = [f.result(60) for f in futs]
+        assert time.time() - t0 < 10
     assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for r in outs for o in r.json())
     _wait(lambda: _idle(srv))
 

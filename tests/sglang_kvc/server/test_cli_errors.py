@@ -61,7 +61,7 @@ def test_abbreviated_flag_is_refused(tiny_models):
                        "--max-running")
 
 
-def test_sigterm_under_load_exits_promptly(tiny_models):
+def test_sigterm_under_load_exits_promptly(tiny_models, wait_healthy):
     """~12 s on 2 CPU cores."""
     port = free_port()
     proc = subprocess.Popen(CLI + ["--model-path", str(tiny_models["llama3"]), "--port", str(port),
@@ -69,12 +69,19 @@ def test_sigterm_under_load_exits_promptly(tiny_models):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(proc, url)
+        wait_healthy(url, proc, timeout=120)
         body = {"text": "hello", "sampling_params": {"max_new_tokens": 100000, "n": 64,
                                                      "ignore_eos": True}}
+        # Paused while the 8 requests queue, so none can finish first on a fast machine; then
+        # running: a request's 64 samples need 8 waves of ~500 steps in this pool before it
+        # could finish, far more than the signal takes.
+        requests.post(url + "/pause_generation", json={})
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             futs = [pool.submit(_post, url, body) for _ in range(8)]
-            time.sleep(2)
+            # each request queued (64 samples) or refused (503: over --max-queued-tokens)
+            _wait_info(url, lambda i: i["num_waiting_reqs"] + 64 * sum(f.done() for f in futs) == 8 * 64)
+            requests.post(url + "/continue_generation", json={})
+            _wait_info(url, lambda i: i["num_running_reqs"] > 0)
             t0 = time.time()
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
@@ -96,13 +103,9 @@ def _post(url, body):
     return r.json()[0]["meta_info"]["finish_reason"]["type"]
 
 
-def _wait_healthy(proc, url):
-    deadline = time.time() + 120
-    while True:
-        try:
-            if requests.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
-        time.sleep(0.2)
+def _wait_info(url, cond, timeout=60.0):
+    deadline = time.time() + timeout
+    while not cond(requests.get(url + "/get_server_info").json()):
+        assert time.time() < deadline, "the server never reached the expected state"
+        time.sleep(0.05)
+

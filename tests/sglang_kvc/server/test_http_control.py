@@ -8,6 +8,8 @@ import time
 
 import requests
 
+from tests.sglang_kvc.hold import hold_when_running, wait_until
+
 LONG = {"temperature": 0.0, "max_new_tokens": 900, "ignore_eos": True}
 
 
@@ -27,30 +29,33 @@ def _post_async(url, body):
 
 def test_abort_by_rid_and_all(serve, prompts):
     srv = serve("qwen2.5")
-    fut = _post_async(srv.url, {"text": prompts[0], "sampling_params": LONG, "rid": "victim"})
-    _wait_running(srv.url)
-    assert requests.post(srv.url + "/abort_request", json={"rid": "victim"}).status_code == 200
-    out = fut.result(timeout=60)
+    with hold_when_running(srv.engine):  # held: only the abort can end it, on any machine
+        fut = _post_async(srv.url, {"text": prompts[0], "sampling_params": LONG, "rid": "victim"})
+        _wait_running(srv.url)
+        assert requests.post(srv.url + "/abort_request", json={"rid": "victim"}).status_code == 200
+        out = fut.result(timeout=60)
     assert out["meta_info"]["finish_reason"]["type"] == "abort"
     assert len(out["output_ids"]) < LONG["max_new_tokens"]
 
-    futs = [_post_async(srv.url, {"text": p, "sampling_params": LONG}) for p in prompts[:3]]
-    _wait_running(srv.url, 3)
-    requests.post(srv.url + "/abort_request", json={"abort_all": True})
-    for f in futs:
-        assert f.result(timeout=60)["meta_info"]["finish_reason"]["type"] == "abort"
+    with hold_when_running(srv.engine, n=3):
+        futs = [_post_async(srv.url, {"text": p, "sampling_params": LONG}) for p in prompts[:3]]
+        _wait_running(srv.url, 3)
+        requests.post(srv.url + "/abort_request", json={"abort_all": True})
+        outs = [f.result(timeout=60) for f in futs]
+    assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs)
     info = requests.get(srv.url + "/get_server_info").json()
     assert info["num_running_reqs"] == 0 and info["kv_pool"]["used"] == 0
 
 
 def test_abort_streaming_request(serve, prompts):
     srv = serve("qwen2.5")
-    r = requests.post(srv.url + "/generate", json={"text": prompts[0], "sampling_params": LONG,
-                                                   "stream": True, "rid": "s1"}, stream=True)
-    lines = r.iter_lines(decode_unicode=True)
-    next(x for x in lines if x)  # first chunk arrived: it is running
-    requests.post(srv.url + "/abort_request", json={"rid": "s1"})
-    events = [x for x in lines if x]
+    with hold_when_running(srv.engine):  # held after its first token: only the abort ends it
+        r = requests.post(srv.url + "/generate", json={"text": prompts[0], "sampling_params": LONG,
+                                                       "stream": True, "rid": "s1"}, stream=True)
+        lines = r.iter_lines(decode_unicode=True)
+        next(x for x in lines if x)  # first chunk arrived: it is running
+        requests.post(srv.url + "/abort_request", json={"rid": "s1"})
+        events = [x for x in lines if x]
     assert events[-1] == "data: [DONE]"
     assert '"abort"' in events[-2]
 
@@ -63,10 +68,10 @@ def test_pause_and_continue(serve, prompts):
     r = requests.post(srv.url + "/pause_generation", json={})
     assert r.json()["status"] == "ok"
     fut = _post_async(srv.url, body)
-    time.sleep(0.5)
+    wait_until(lambda: srv.engine.get_server_info()["num_waiting_reqs"] == 1, what="queued")
     assert not fut.done()
     info = requests.get(srv.url + "/get_server_info").json()
-    assert info["paused"] and info["num_waiting_reqs"] == 1
+    assert info["paused"] and info["num_running_reqs"] == 0
     requests.post(srv.url + "/continue_generation", json={})
     assert fut.result(timeout=60)["output_ids"] == expected
 
@@ -76,12 +81,14 @@ def test_pause_retract_mid_generation_then_continue(serve, prompts):
     body = {"text": prompts[2], "sampling_params": {"temperature": 0.0, "max_new_tokens": 300,
                                                     "ignore_eos": True}}
     expected = requests.post(srv.url + "/generate", json=body).json()["output_ids"]
-    fut = _post_async(srv.url, body)
-    _wait_running(srv.url)
-    requests.post(srv.url + "/pause_generation", json={"mode": "retract"})
-    info = requests.get(srv.url + "/get_server_info").json()
-    assert info["num_running_reqs"] == 0 and info["kv_pool"]["used"] == 0
-    requests.post(srv.url + "/continue_generation", json={})
+    with hold_when_running(srv.engine):  # retracted mid-generation on any machine
+        fut = _post_async(srv.url, body)
+        _wait_running(srv.url)
+        requests.post(srv.url + "/pause_generation", json={"mode": "retract"})
+        info = requests.get(srv.url + "/get_server_info").json()
+        assert info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 1
+        assert info["kv_pool"]["used"] == 0
+    # leaving the hold continues generation (as /continue_generation, tested above)
     assert fut.result(timeout=60)["output_ids"] == expected  # recomputed, same tokens
 
 

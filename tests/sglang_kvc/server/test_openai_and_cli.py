@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
@@ -64,7 +63,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def test_launch_server_cli(tiny_models):
+def test_launch_server_cli(tiny_models, wait_healthy):
     port = _port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglang_kvc.launch_server", "--model-path", str(tiny_models["llama3"]),
@@ -73,15 +72,7 @@ def test_launch_server_cli(tiny_models):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if requests.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
-            time.sleep(0.2)
+        wait_healthy(url, proc, timeout=120)
         info = requests.get(url + "/get_server_info").json()
         assert info["max_total_num_tokens"] == 2048 and info["context_length"] == 512
         assert info["resolved_dtype"] == "float32"

@@ -30,6 +30,7 @@ openai = pytest.importorskip("openai")
 
 
 def _wait(url: str, procs: list, timeout: float = 120) -> None:
+    """Until ``url`` answers 200 (the router's /v1/models: it has no engine's /health)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for p in procs:
@@ -50,7 +51,7 @@ def _start(argv: list[str], log: Path) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_models, tmp_path_factory):
+def cluster(tiny_models, tmp_path_factory, wait_healthy):
     """(router URL, dense server URL, R-KV server URL, model dir, log dir)."""
     model, logs = tiny_models["qwen2.5"], tmp_path_factory.mktemp("cluster")
     ports = [free_port() for _ in range(3)]
@@ -63,8 +64,8 @@ def cluster(tiny_models, tmp_path_factory):
                               "--compress-divide-length", "2"], logs / "rkv.log")]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
-        for url in urls[1:]:
-            _wait(url + "/health", procs)
+        for url, proc in zip(urls[1:], procs):
+            wait_healthy(url, proc, timeout=120)
         procs.append(_start([*_router_cli(), "launch", "--worker-urls", *urls[1:], "--policy", "round_robin",
                              "--host", "127.0.0.1", "--port", str(ports[0]), "--prometheus-host",
                              "127.0.0.1", "--prometheus-port", str(free_port())], logs / "router.log"))

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import requests
@@ -169,7 +168,7 @@ def test_flattened_bucket_distributed(serve, tiny_models):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_ipc_into_a_server_process(tiny_models):
+def test_cuda_ipc_into_a_server_process(tiny_models, wait_healthy):
     """Another process on this GPU maps the trainer's CUDA buffer and copies from it; the
     buffer's memory comes back to the sender once the server has answered."""
     port = free_port()
@@ -179,7 +178,7 @@ def test_cuda_ipc_into_a_server_process(tiny_models):
                               env={**os.environ, "PYTHONWARNINGS": "ignore"})
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait(url, server)
+        wait_healthy(url, server)
         named = [(n, t.cuda()) for n, t in iter_safetensors(tiny_models["qwen2.5-seed1"])]
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -191,16 +190,3 @@ def test_cuda_ipc_into_a_server_process(tiny_models):
     finally:
         server.terminate()
         server.wait(timeout=60)
-
-
-def _wait(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"server exited with {proc.returncode}"
-        try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not healthy after {timeout} s")

@@ -11,8 +11,18 @@ import pytest
 from trainer.rollout.async_rollout import AsyncRollouts, WeightGate
 
 
-def _loop(bound: int, steps: int, train_seconds: float = 0.05):
-    """A training loop over a producer that records the engines' version at each start."""
+def _wait_until(cond, timeout: float = 30.0) -> None:
+    """Poll `cond`; the timeout only bounds a failing test."""
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, "the generation thread never got there"
+        time.sleep(0.005)
+
+
+def _loop(bound: int, steps: int):
+    """A training loop over a producer that records the engines' version at each start.
+    Training lasts until the producer has started every rollout the bound allows (it would
+    hang, and fail, if the producer did not run ahead), not a fixed time a slow machine outlasts."""
     gate, started = WeightGate(0, bound), {}
 
     def generate(r):
@@ -23,7 +33,7 @@ def _loop(bound: int, steps: int, train_seconds: float = 0.05):
     trained = []
     for r in range(steps):
         trained.append(producer.get(r))
-        time.sleep(train_seconds)  # training: the producer may run ahead meanwhile
+        _wait_until(lambda: max(started) >= min(r + bound, steps - 1))  # training
         with gate.update(r + 1):
             pass
     producer.close()
@@ -38,22 +48,23 @@ def test_rollout_r_starts_under_version_r_minus_bound_at_the_oldest(bound):
         assert r - bound <= version <= r
     if bound == 0:  # the synchronous schedule: every rollout under the weights it trains
         assert all(v == r for r, v in started.items())
-    else:  # training is slow here, so the producer runs as far ahead as the bound allows
+    else:  # training outlasts generation here, so the producer runs as far ahead as allowed
         assert all(v == max(0, r - bound) for r, v in started.items())
 
 
 def test_push_waits_for_the_rollout_in_flight_without_partial_rollouts():
     gate, events = WeightGate(0, 1), []
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     def generate(r):
         events.append(f"start {r}")
-        release.wait(5)
+        started.set()
+        release.wait(30)
         events.append(f"end {r}")
         return r
 
     producer = AsyncRollouts(generate, gate, range(1)).start()
-    time.sleep(0.1)
+    assert started.wait(30)  # the rollout is in flight
     threading.Timer(0.2, release.set).start()
     with gate.update(1):
         events.append("push")
@@ -63,19 +74,20 @@ def test_push_waits_for_the_rollout_in_flight_without_partial_rollouts():
 
 
 def test_push_interrupts_with_partial_rollouts():
-    aborted = threading.Event()
+    aborted, in_flight = threading.Event(), threading.Event()
     gate = WeightGate(0, 1, interrupt=aborted.set)
     versions = []
 
     def generate(r):
         with gate.engine_use():
-            aborted.wait(5)  # the engine's requests end when aborted ...
+            in_flight.set()
+            aborted.wait(30)  # the engine's requests end when aborted ...
         with gate.engine_use():  # ... and are continued once the push is done
             versions.append(gate.version)
         return r
 
     producer = AsyncRollouts(generate, gate, range(1)).start()
-    time.sleep(0.1)
+    assert in_flight.wait(30)
     with gate.update(1):
         assert aborted.is_set()
     assert producer.get(0) == 0 and versions == [1] and gate.interruptions == 1

@@ -21,12 +21,14 @@ class InterruptibleBackend(Backend):
 
     def __init__(self, gate_holder):
         self.gate_holder, self.calls, self.version = gate_holder, [], 0
+        self.in_flight = threading.Event()  # the first call is on the engine: a push interrupts it
 
     def run(self, requests, cfg):
         self.calls.append(requests)
         first = len(self.calls) == 1
         if first:
-            self.gate_holder["pushing"].wait(5)
+            self.in_flight.set()
+            self.gate_holder["pushing"].wait(30)
         out = []
         for k, r in enumerate(requests):
             limit = r.sampling_params["max_new_tokens"]  # as the real backends
@@ -47,8 +49,7 @@ def test_interrupted_samples_resume_once_under_the_new_version():
     cfg = RolloutConfig(max_response_len=4, seed=10)
     producer = AsyncRollouts(lambda r: backend.generate([[1, 2], [3]], 2, cfg), gate,
                              range(1)).start()
-    import time
-    time.sleep(0.1)
+    assert inner.in_flight.wait(30)
     with gate.update(1):
         inner.version = 1  # the push: the engine now serves rollout-1
     gens = producer.get(0)
@@ -87,8 +88,7 @@ def test_a_plug_ins_own_token_budget_holds_across_an_interruption():
     cfg = RolloutConfig(max_response_len=10, seed=3)
     producer = AsyncRollouts(lambda r: backend.generate([[1], [2]], 2, cfg, max_new_tokens=3),
                              gate, range(1)).start()
-    import time
-    time.sleep(0.1)
+    assert inner.in_flight.wait(30)
     with gate.update(1):
         inner.version = 1
     gens = producer.get(0)

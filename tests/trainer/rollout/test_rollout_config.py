@@ -51,9 +51,12 @@ def test_weight_updates_skip_the_router(flags):
     remote = [*flags, "--rollout-server-urls", "http://router", "--weight-sync", "disk"]
     engines = rollout_setup_from_args(parse_args(remote)).engines
     backend = object()
-    assert engines.control_backend(backend) is backend
+    assert engines.weights_door(backend) is backend
     behind = rollout_setup_from_args(parse_args([*remote, "--rollout-engine-urls", "http://e0"]))
-    assert behind.engines.control_backend(backend).urls == ["http://e0"]
+    assert behind.engines.weights_door(backend).urls == ["http://e0"]
+    assert behind.engines.weights_door(None) is None  # a rank that talks to no engine
+    colocated = rollout_setup_from_args(parse_args(flags)).engines
+    assert colocated.weights_door(backend) is backend
 
 
 def test_eval_passes_per_temperature_and_compression(flags):

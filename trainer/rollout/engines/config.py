@@ -46,14 +46,15 @@ class EngineConfig:
 
         return self.offload if self.offload is not None else torch.cuda.is_available()
 
-    def control_backend(self, backend):
-        """Where weight updates go: the servers (``backend``), or the engines behind a router
-        (``engine_urls``), since a router forwards generation only; None for colocated engines."""
-        if not self.remote or backend is None:
-            return None
+    def weights_door(self, backend):
+        """Where weight updates go: this rank's engines (``backend``: in-process, servers, or
+        None), or the engines behind a router (``engine_urls``), since a router forwards
+        generation only."""
+        if not (self.remote and self.engine_urls) or backend is None:
+            return backend
         from .servers import HTTPRollout
 
-        return HTTPRollout(self.engine_urls) if self.engine_urls else backend
+        return HTTPRollout(self.engine_urls)
 
     def server_args(self, device: str | None = None):
         """The colocated engine's ServerArgs; ``device`` (this rank's GPU) replaces ``auto``."""

@@ -1,10 +1,11 @@
 """Where this run's engines are, decided here and nowhere else: the one place that reads the
 topology (``EngineConfig``) and turns it into objects. The loop, the manager and the rollout
-sources then hold an ``Engines`` and never ask what is behind it.
+sources then hold an ``Engines`` and never ask what is behind it. One caller takes these steps,
+in this order (``rollout/assembly.py``):
 
     launched = launch_engines(cfg.engines, device)      # before the models: engine processes
     place = engine_placement(launched.config)           # which ranks generate
-    engines = open_engines(place, ...)                  # this rank's Engines (or NoEngines)
+    engines = engines_for(launched.config, place, device)  # this rank's Engines (or NoEngines)
     sync = weight_sync_for(ws_cfg, launched.config, engines, work_dir)
     connect_restarts(engines, launched.restart_hook(launcher_hook), sync)
 
@@ -72,6 +73,14 @@ def describe(cfg: EngineConfig, place: Placement) -> str:
             + ("GPU" if cfg.per_gpu else "data-parallel replica"))
 
 
+def generation_gpus(cfg: EngineConfig, world_size: int) -> int | None:
+    """GPUs that generate: the engines' own (``--rollout-num-gpus``), else the job's
+    (colocated); None for servers elsewhere (``--rollout-server-urls``: count unknown)."""
+    if cfg.num_gpus:
+        return cfg.num_gpus
+    return None if cfg.remote else world_size
+
+
 def engines_for(cfg: EngineConfig, place: Placement, device: str) -> Engines:
     """This rank's ``Engines`` under ``cfg``."""
     return open_engines(place, server_args=None if cfg.remote else cfg.server_args(device),
@@ -95,8 +104,7 @@ def weight_sync_for(ws: WeightSyncConfig, cfg: EngineConfig, engines: Engines, w
     or the servers (the engines behind a router, ``--rollout-engine-urls``, since a router
     forwards generation only)."""
     hosted = engines if engines.hosted else None
-    return WeightSync(ws.mode, engine=None if cfg.remote else hosted,
-                      http=cfg.control_backend(hosted),
+    return WeightSync(ws.mode, engines=cfg.weights_door(hosted),
                       bucket_bytes=ws.bucket_bytes, disk_dir=work_dir / "weight_sync",
                       hf_config_dir=cfg.model_path, group_timeout_s=ws.timeout_s,
                       master_address=ws.master_address

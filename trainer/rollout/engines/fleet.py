@@ -4,7 +4,7 @@ one dies.
     fleet = EngineFleet(FleetConfig(model_path, num_engines=2, server_args=["--device", "cpu"]))
     with fleet:                                        # starts all, waits for /health; stops all
         rollout = HTTPRollout(fleet.urls, on_engine_failure=fleet.restart)
-        sync = WeightSync("tensor", http=rollout, ...)
+        sync = WeightSync("tensor", engines=rollout, ...)
         fleet.resync = sync.resync                     # a restarted engine gets the last weights
         rollout.generate(...)                          # a killed engine's requests go elsewhere
 
@@ -156,10 +156,11 @@ class EngineFleet:
             if self._stopped:
                 raise RuntimeError("the engine fleet is stopped")
             with self.log_path(engine).open("a") as out:
-                # from the spawner thread: PR_SET_PDEATHSIG fires when the spawning thread ends
+                # from the spawner thread: PR_SET_PDEATHSIG fires when the spawning thread ends;
+                # a session of its own: Ctrl-C is the trainer's, which stops its engines
                 engine.proc = self._spawner.submit(
                     subprocess.Popen, self._argv(engine), stdout=out, stderr=subprocess.STDOUT,
-                    env=env, preexec_fn=die_with_parent).result()
+                    env=env, preexec_fn=die_with_parent, start_new_session=True).result()
 
     def _wait_healthy(self, engine: EngineProcess) -> None:
         if not wait_healthy([engine.url], self.cfg.start_timeout,

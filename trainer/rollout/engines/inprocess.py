@@ -8,7 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 
-from tqdm import tqdm
+from evaluation.progress import progress_bar
 
 from .interface import Engines, Generation, RolloutConfig, RolloutError, SampleRequest, batch_body
 from .interface import parse_output, reissue_failed
@@ -41,15 +41,19 @@ class EngineRollout(Engines):
             futures = self.engine.submit_generate(batch_body(requests, cfg))
         except RuntimeError as e:  # its thread died: nothing here can run them
             raise RolloutError(f"{self.name}: {e}") from e
-        with tqdm(total=len(requests), desc="generate", unit="sample", leave=False,
+        with progress_bar(total=len(requests), desc="generate", unit="sample", leave=False,
                   disable=not self.progress, mininterval=1.0) as bar:
             for _ in concurrent.futures.as_completed(futures):
                 bar.update()
         return [parse_output(f.result(), cfg.eviction_record) for f in futures]
 
-    def load_weights(self, bucket, version: str) -> None:
-        # same process, same device: the engine copies straight from the trainer's tensors
-        self.engine.update_weights_from_tensor(named_tensors=bucket, weight_version=version)
+    def update_weights(self, path: str, payload: dict, urls: list[str]) -> list[str]:
+        """``/update_weights_from_tensor`` with ``named_tensors``: same process, same device,
+        the engine copies straight from the trainer's tensors."""
+        if path != "/update_weights_from_tensor":
+            raise RuntimeError(f"{self.name} takes its weights as tensors, not {path}")
+        self.engine.update_weights_from_tensor(**payload)
+        return []
 
     def pool(self) -> dict | None:
         return _pool(self.engine.get_server_info())

@@ -137,8 +137,9 @@ class Engines(Backend):
     lacks the feature does (a server has no decode counters in this process, nothing to offload).
 
     generate      ``run`` / ``generate`` (``Backend``)
-    weights       ``load_weights(bucket, version)`` (in-process copy) or ``control(path, payload,
-                  urls)`` (HTTP: returns the URLs lost); ``weight_sync.WeightSync`` buckets and
+    weights       ``update_weights(path, payload, urls)``: SGLang's ``/update_weights_from_*``
+                  request (in-process: ``/update_weights_from_tensor`` with the tensors
+                  themselves); returns the URLs lost. ``weight_sync.WeightSync`` buckets and
                   versions them through one of ``transports.TRANSPORTS``
     info          ``pool()``, ``context_length()``, ``decode_counters()``, ``fault_metrics()``
     pause/resume  ``abort_all()`` (requests in flight end now), ``kv_memory()`` (the KV pool only
@@ -148,17 +149,21 @@ class Engines(Backend):
     """
 
     hosted = True  # False: this rank talks to no engine (NoEngines)
+    over_http = False  # True: servers, which take every --weight-sync mode but ``inprocess``
     on_engine_failure: Callable[[str], "str | None"] | None = None  # HTTP engines restart through it
 
     @property
     def name(self) -> str:
         return type(self).__name__
 
-    def load_weights(self, bucket, version: str) -> None:
-        raise RuntimeError(f"{self.name} takes weights over HTTP, not in-process")
+    @property
+    def urls(self) -> list[str]:
+        """The servers up now (none: the engine is in this process, or there is none)."""
+        return []
 
-    def control(self, path: str, payload: dict, urls: list[str]) -> list[str]:
-        raise RuntimeError(f"{self.name} takes no HTTP control requests ({path})")
+    def update_weights(self, path: str, payload: dict, urls: list[str]) -> list[str]:
+        """A weight update to the engines (``urls`` of them over HTTP): the URLs it lost."""
+        raise RuntimeError(f"{self.name} takes no weight updates ({path})")
 
     def pool(self) -> dict | None:
         """The KV pool (``peak_used``, ``bytes_per_slot``, ``capacity``) or None (unknown)."""

@@ -38,6 +38,8 @@ class HTTPRollout(Engines):
     keeps its index and its ``sampling_seed`` wherever it runs, so a re-issued sample is the one
     the first engine would have produced. ``fault_metrics()`` counts what happened."""
 
+    over_http = True
+
     def __init__(self, urls: list[str], timeout: float = 3600.0,
                  on_engine_failure: RestartHook | None = None, health_timeout: float = 5.0,
                  restart_wait: float = 600.0):
@@ -171,7 +173,7 @@ class HTTPRollout(Engines):
         with concurrent.futures.ThreadPoolExecutor(len(urls)) as pool:
             return [s for s in pool.map(one, urls) if s is not None]
 
-    def control(self, path: str, payload: dict, urls: list[str]) -> list[str]:
+    def update_weights(self, path: str, payload: dict, urls: list[str]) -> list[str]:
         """A weight update's request to ``urls``: the URLs of the engines it lost (failed and
         silent on ``/health``: handed to failover, restarted by the hook); see
         ``call_surviving``."""

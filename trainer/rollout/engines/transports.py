@@ -1,8 +1,8 @@
 """The ways a bucket of the trainer's weights reaches the engines (``--weight-sync``), one
 ``Transport`` each, in one registry (``TRANSPORTS``). ``WeightSync`` (``weight_sync.py``) walks
 the buckets and keeps the version and the engines lost during a push; a transport speaks to the
-engines only through their interface (``Engines.load_weights`` in-process, ``control`` and
-``lose`` over HTTP), never by their URLs' slots.
+engines only through their interface (``Engines.update_weights``; ``alive`` and ``lose`` over
+HTTP), never by their URLs' slots.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class Transport:
 
 class InProcess(Transport):
     def send(self, bucket, version, urls):
-        self.sync.engine.load_weights(bucket, version)
+        self.sync.update("/update_weights_from_tensor",
+                         {"named_tensors": bucket, "weight_version": version}, urls)
 
 
 class Tensor(Transport):
@@ -68,7 +69,7 @@ class Tensor(Transport):
 
         payload = {"serialized_named_tensors": [serialize_named_tensors(bucket)],
                    "weight_version": version, "flush_cache": True}
-        self.sync.control("/update_weights_from_tensor", payload, urls)
+        self.sync.update("/update_weights_from_tensor", payload, urls)
 
 
 class Ipc(Transport):
@@ -82,9 +83,9 @@ class Ipc(Transport):
         from sglang_kvc import serialize_ipc_bucket
 
         payload, keep_alive = serialize_ipc_bucket(bucket)
-        self.sync.control("/update_weights_from_tensor",
-                          {"serialized_named_tensors": [payload], "load_format": "ipc",
-                           "weight_version": version, "flush_cache": True}, urls)
+        self.sync.update("/update_weights_from_tensor",
+                         {"serialized_named_tensors": [payload], "load_format": "ipc",
+                          "weight_version": version, "flush_cache": True}, urls)
         del keep_alive  # every engine answered: none maps the buffer any more
 
 
@@ -112,13 +113,13 @@ class Disk(Transport):
             (out / "config.json").write_text(json.dumps(config, indent=2))
             copy_tokenizer_files(self.sync.hf_config_dir, out)
             self.last_dir = out  # before the call: a replacement is re-synced from it
-            self.sync.control("/update_weights_from_disk",
-                              {"model_path": str(out), "weight_version": version},
-                              self.sync.live(urls))
+            self.sync.update("/update_weights_from_disk",
+                             {"model_path": str(out), "weight_version": version},
+                             self.sync.live(urls))
         return nbytes
 
     def resync(self, url, source, version):
-        self.sync.http.call("/update_weights_from_disk",
+        self.sync.target.call("/update_weights_from_disk",
                             {"model_path": str(self.last_dir), "weight_version": version},
                             urls=[url])
 
@@ -129,7 +130,7 @@ class Distributed(Transport):
     def __init__(self, sync, master_address="127.0.0.1", master_port=None,
                  timeout_s=GROUP_TIMEOUT_S):
         super().__init__(sync)
-        self.group = _Group(sync.http, master_address, master_port, timeout_s)
+        self.group = _Group(sync.target, master_address, master_port, timeout_s)
 
     def send(self, bucket, version, urls):
         from sglang_kvc import bucket_specs, flatten_bucket

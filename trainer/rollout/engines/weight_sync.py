@@ -59,25 +59,26 @@ NamedTensors = Callable[[], Iterator[tuple[str, torch.Tensor]]]
 
 
 class WeightSync:
-    def __init__(self, mode: str, *, engine=None, http=None, bucket_bytes: int = 512 << 20,
+    def __init__(self, mode: str, *, engines=None, bucket_bytes: int = 512 << 20,
                  disk_dir: str | Path | None = None, hf_config_dir: str | Path | None = None,
                  master_port: int | None = None, master_address: str = "127.0.0.1",
                  group_timeout_s: float = GROUP_TIMEOUT_S):
-        """``engine``: this rank's in-process ``Engines`` (``inprocess``), ``http``: the
-        ``HTTPRollout`` weight updates go to (the other modes); None where this rank has none."""
+        """``engines``: the ``Engines`` this rank's pushes go to (its in-process engine for
+        ``inprocess``, servers for the other modes); None where this rank talks to none."""
         if mode not in MODES:
             raise ValueError(f"--weight-sync must be one of {MODES}, got {mode!r}")
-        if mode == "inprocess" and engine is None and is_rank0():
+        over_http = engines is not None and engines.over_http
+        if mode == "inprocess" and (engines is None or over_http) and is_rank0():
             raise ValueError("--weight-sync inprocess needs the in-process engine")
-        if mode != "inprocess" and http is None and is_rank0():
+        if mode != "inprocess" and not over_http and is_rank0():
             raise ValueError(f"--weight-sync {mode} needs --rollout-server-urls")
         if not group_timeout_s > 0:
             raise ValueError(f"--weight-sync-timeout must be positive, got {group_timeout_s}")
-        self.mode, self.engine, self.http, self.bucket_bytes = mode, engine, http, bucket_bytes
+        self.mode, self.target, self.bucket_bytes = mode, engines, bucket_bytes
         self.disk_dir, self.hf_config_dir = disk_dir, hf_config_dir
         self.transport = TRANSPORTS[mode](self, master_address, master_port, group_timeout_s)
         # who talks to an engine: every colocated engine's host, or rank 0 for servers
-        self.pushes = engine is not None if mode == "inprocess" else is_rank0()
+        self.pushes = engines is not None if mode == "inprocess" else is_rank0()
         self.version: str | None = None  # the last version pushed: what a restarted engine needs
         self.source: NamedTensors | None = None
         self._lost: set[str] = set()  # URLs of engines that died during the current push
@@ -94,9 +95,9 @@ class WeightSync:
     def push_tensors(self, source: NamedTensors, version: str) -> dict:
         """Every engine up gets ``source()``'s tensors as ``version``."""
         start = time.perf_counter()
-        if self.http is not None:
-            self.http.wait_for_restarts()  # a replacement coming up gets this push too
-        urls = self.http.urls if self.http is not None else []
+        if self.target is not None:
+            self.target.wait_for_restarts()  # a replacement coming up gets this push too
+        urls = self.target.urls if self.target is not None else []
         self._lost = set()
         # what resync() sends: set first, so the restart hook re-syncs an engine that dies during
         # this push to this push's weights (once), not to the previous ones
@@ -119,27 +120,28 @@ class WeightSync:
         hook re-synced each to this push), so the next rollout uses them; how many there were."""
         lost, self._lost = len(self._lost), set()
         if lost:
-            self.http.wait_for_restarts()
+            self.target.wait_for_restarts()
         return lost
 
     # --- what the transports share ------------------------------------------------------------
-    def control(self, path: str, payload: dict, urls: list[str]) -> None:
-        """A control request to the push's engines. One that dies (fails and does not answer
-        /health) is handed to failover and left out of the rest of this push; the restart hook
-        re-syncs its replacement (``_wait_for_lost``). ``distributed`` has ``lose``."""
-        self._lost.update(self.http.control(path, payload, urls))
+    def update(self, path: str, payload: dict, urls: list[str]) -> None:
+        """A weight update to the push's engines (``Engines.update_weights``). One that dies
+        (fails and does not answer /health) is handed to failover and left out of the rest of
+        this push; the restart hook re-syncs its replacement (``_wait_for_lost``).
+        ``distributed`` has ``lose``."""
+        self._lost.update(self.target.update_weights(path, payload, urls))
 
     def live(self, urls: list[str]) -> list[str]:
         return [u for u in urls if u not in self._lost]
 
     def lose(self, broken: GroupBroken) -> None:
         """The members of a broken push that are dead go to failover; none dead: a real error."""
-        dead = [u for u in broken.failed if not self.http.alive(u)]
+        dead = [u for u in broken.failed if not self.target.alive(u)]
         if not dead:
             raise RuntimeError(f"distributed weight update failed: {broken}") from broken
         for url in dead:
             log.warning("weight push: rollout engine %s is lost (%s); the push goes on without "
                         "it", url, broken.failed[url])
             self._lost.add(url)
-            self.http.lose(url, f"weight push: {broken.failed[url]}")
+            self.target.lose(url, f"weight push: {broken.failed[url]}")
 

@@ -9,7 +9,8 @@ import sys
 
 import torch.distributed as dist
 
-from sglang_kvc.server_args import ServerArgs
+from trainer.rollout.engines.config import EngineConfig
+from trainer.rollout.engines.factory import engines_for
 from trainer.rollout.engines.interface import RolloutConfig, RolloutError
 from trainer.rollout.samples.data import Prompt
 from trainer.rollout.manager import RolloutManager
@@ -27,8 +28,10 @@ def broken_launch(batch):
 def main(model_dir: str, out_dir: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    manager = RolloutManager(Placement(world, rank), RewardConfig(rm_type="arithmetic"),
-                             server_args=ServerArgs(model_path=model_dir, device="cpu"))
+    # as the run builds them (assembly.py): the factory's engines for this rank's placement
+    place = Placement(world, rank)
+    engines = engines_for(EngineConfig(model_dir, {"device": "cpu"}, offload=False), place, "cpu")
+    manager = RolloutManager(place, RewardConfig(rm_type="arithmetic"), engines)
     if rank == 1:
         manager.engines.engine.runner.launch = broken_launch
     try:

@@ -22,6 +22,8 @@ from trainer.rollout.engines.interface import RolloutConfig
 from trainer.rollout.engines.servers import HTTPRollout
 from trainer.rollout.samples.data import Prompt
 from trainer.rollout.engines.failover import AllEnginesDown, EngineSet
+from trainer.rollout.engines.config import EngineConfig
+from trainer.rollout.engines.factory import engines_for
 from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
 from trainer.rollout.manager import RolloutManager
 from trainer.rollout.samples.rewards import RewardConfig
@@ -67,10 +69,11 @@ def _kill_after(rollout: HTTPRollout, finished: int, pids) -> list:
 
 
 def test_killed_engine_requests_reissued_and_engine_restarted(fleet, reference):
-    manager = RolloutManager(Placement(1, 0), RewardConfig(rm_type="arithmetic"),
-                             server_urls=fleet.urls)
-    rollout = manager.engines
+    # as the run builds them (assembly.py): the factory's engines for the servers
+    place, cfg = Placement(1, 0), EngineConfig(fleet.cfg.model_path, {}, server_urls=fleet.urls)
+    rollout = engines_for(cfg, place, "cpu")
     rollout.on_engine_failure = fleet.restart
+    manager = RolloutManager(place, RewardConfig(rm_type="arithmetic"), rollout)
     victim = fleet.engines[0]
     old_pid = victim.proc.pid
     _kill_after(rollout, 3, lambda: [victim.proc.pid])
@@ -200,6 +203,8 @@ def test_engine_not_healthy_in_time_is_stopped(tiny_model_factory, tmp_path):
 
 ORPHAN_CHECK = """
 import os, signal, sys
+from trainer.rollout.engines.config import EngineConfig
+from trainer.rollout.engines.factory import engines_for
 from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
 fleet = EngineFleet(FleetConfig(sys.argv[1], 1, {server}, start_timeout=120))
 fleet.start()

@@ -4,13 +4,12 @@ the continuation is exactly a fresh compressed request of prompt + head."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
 from checkpoint_tools.tiny_models import make_tiny_model
 from sglang_kvc.engine.engine import Engine
+from tests.sglang_kvc.hold import hold_after_decode_steps, wait_until
 from trainer.rollout.async_rollout import AsyncRollouts, WeightGate
 from trainer.rollout.engines.inprocess import EngineRollout
 from trainer.rollout.engines.interface import RolloutConfig, SampleRequest
@@ -27,13 +26,12 @@ def model_dir(tmp_path_factory):
 
 
 def _push_after_decode_steps(engine, gate: WeightGate, steps: int) -> None:
-    """A push (of the same weights) once the engine has decoded `steps` more steps, so the
-    requests are in flight whatever the machine's speed."""
-    start = engine.step_stats.decode_steps
-    while engine.step_stats.decode_steps < start + steps:
-        time.sleep(0.002)
-    with gate.update(1):
-        pass
+    """A push (of the same weights) once the engine has decoded `steps` more steps; the engine is
+    held there until the push is done, so the requests are in flight whatever the machine's speed."""
+    with hold_after_decode_steps(engine, steps):
+        wait_until(lambda: engine.scheduler.paused, what="the engine held")
+        with gate.update(1):
+            pass
 
 
 def _interrupted_run(engine, inner, prompts, n, cfg):

@@ -59,7 +59,7 @@ def test_push_resync_after_restart_push_again(mode, fleet, models, tmp_path):
     url = fleet.urls[0]
     http = HTTPRollout(fleet.urls, on_engine_failure=fleet.restart)
     # 64 KiB buckets: the tiny model travels in several requests / broadcasts
-    sync = WeightSync(mode, http=http, bucket_bytes=64 << 10, disk_dir=tmp_path,
+    sync = WeightSync(mode, engines=http, bucket_bytes=64 << 10, disk_dir=tmp_path,
                       hf_config_dir=start)
     fleet.resync = sync.resync
     stats = sync.push_tensors(lambda: iter_safetensors(other), f"{mode}-1")
@@ -80,7 +80,7 @@ def test_push_resync_after_restart_push_again(mode, fleet, models, tmp_path):
 
 
 def test_nothing_pushed_yet_resync_keeps_the_checkpoint(fleet, models, tmp_path):
-    sync = WeightSync("tensor", http=HTTPRollout(fleet.urls), disk_dir=tmp_path)
+    sync = WeightSync("tensor", engines=HTTPRollout(fleet.urls), disk_dir=tmp_path)
     before = requests.get(fleet.urls[0] + "/get_weight_version", timeout=10).json()
     sync.resync(fleet.urls[0])  # no version yet: the engine keeps what it started from
     assert requests.get(fleet.urls[0] + "/get_weight_version", timeout=10).json() == before
@@ -88,7 +88,7 @@ def test_nothing_pushed_yet_resync_keeps_the_checkpoint(fleet, models, tmp_path)
 
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="--weight-sync must be one of"):
-        WeightSync("cuda-ipc", http=object())
+        WeightSync("cuda-ipc", engines=object())
 
 
 @pytest.mark.parametrize("mode", ["tensor", "disk"])
@@ -100,7 +100,7 @@ def test_engine_killed_during_a_push_is_restarted_resynced_and_used_again(mode, 
     start, other = models
     url, engine = fleet.urls[0], fleet.engines[0]
     http = HTTPRollout(fleet.urls, on_engine_failure=fleet.restart)
-    sync = WeightSync(mode, http=http, bucket_bytes=64 << 10, disk_dir=tmp_path,
+    sync = WeightSync(mode, engines=http, bucket_bytes=64 << 10, disk_dir=tmp_path,
                       hf_config_dir=start)
     fleet.resync = sync.resync
     post, killed = http.post, []

@@ -69,7 +69,7 @@ def kill_mid_push(fleet, models, victim, device: str = "cpu", timeout_s: float =
                     for m in models]
     http = HTTPRollout(fleet.urls, on_engine_failure=fleet.restart)
     # what a gloo broadcast left waiting on a survivor gives up after (sent: not the default)
-    sync = WeightSync("distributed", http=http, bucket_bytes=BUCKET, group_timeout_s=timeout_s)
+    sync = WeightSync("distributed", engines=http, bucket_bytes=BUCKET, group_timeout_s=timeout_s)
     fleet.resync = sync.resync
     assert sync.push_tensors(start, "d-0")["sync_engines_lost"] == 0
     first = sync.group.generation
@@ -126,7 +126,7 @@ def test_engine_dead_before_the_group_is_built(fleet, models):
     failover and the group is built of the others, without waiting for the rendezvous."""
     start, _ = models
     http = HTTPRollout(fleet.urls, on_engine_failure=fleet.restart)
-    sync = WeightSync("distributed", http=http, bucket_bytes=BUCKET, group_timeout_s=30)
+    sync = WeightSync("distributed", engines=http, bucket_bytes=BUCKET, group_timeout_s=30)
     fleet.resync = sync.resync
     victim = fleet.engines[0]
     os.kill(victim.proc.pid, signal.SIGKILL)
@@ -143,7 +143,7 @@ def test_member_error_aborts_the_group_and_fails_the_push(fleet, models):
     engine is restarted, and the group is rebuilt for the next push."""
     start, _ = models
     http = HTTPRollout(fleet.urls, on_engine_failure=fleet.restart)
-    sync = WeightSync("distributed", http=http, bucket_bytes=BUCKET)
+    sync = WeightSync("distributed", engines=http, bucket_bytes=BUCKET)
     fleet.resync = sync.resync
     sync.push_tensors(lambda: iter_safetensors(start), "e-0")
 
@@ -167,7 +167,7 @@ def test_replacement_up_during_a_push_is_resynced(fleet, models, tmp_path):
     its URL out (before: the re-sync skipped it and it served the old weights)."""
     start, other = models
     http = HTTPRollout(fleet.urls, on_engine_failure=fleet.restart)
-    sync = WeightSync("tensor", http=http, bucket_bytes=BUCKET)
+    sync = WeightSync("tensor", engines=http, bucket_bytes=BUCKET)
     resynced = threading.Event()
     fleet.resync = lambda url: (sync.resync(url), resynced.set())
     killer = Killer(http, victim := fleet.engines[2], "/update_weights_from_tensor", after=1)
@@ -192,7 +192,7 @@ def test_new_trainer_pushes_to_servers_holding_an_old_trainers_group(fleet, mode
     'already exists')."""
     start, other = models
     for i, weights in enumerate((start, other)):  # two trainers, one after the other
-        sync = WeightSync("distributed", http=HTTPRollout(fleet.urls), bucket_bytes=BUCKET)
+        sync = WeightSync("distributed", engines=HTTPRollout(fleet.urls), bucket_bytes=BUCKET)
         sync.push_tensors(lambda: iter_safetensors(weights), f"n-{i}")
     for url in fleet.urls:
         assert_serves(url, other, "n-1")

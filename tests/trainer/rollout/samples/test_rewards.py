@@ -60,7 +60,7 @@ def test_math_timeout_scores_zero():
     assert rewards == [0.0, 1.0]
     assert model.last_stats == {"reward_timeouts": 1}
     assert model.total_timeouts == 1
-    assert 1.0 <= elapsed < 4.0
+    assert 1.0 <= elapsed < 30.0  # the timeout waited for; only the kill ends the tower (bound loose for a loaded CPU)
 
 
 def test_missing_label_is_an_error(math_model):
@@ -201,6 +201,16 @@ def test_custom_async_runs_concurrently(monkeypatch, tmp_path):
             await asyncio.sleep(0.3)
             return 1.0 if item.response == item.label else 0.0
 
+        arrived = []
+
+        async def all_at_once(item):  # answers once all 8 items of the batch are running at once
+            arrived.append(item)
+            for _ in range(3000):  # 30 s: items run one after another never all arrive
+                if len(arrived) == 8:
+                    return 1.0 if item.response == item.label else 0.0
+                await asyncio.sleep(0.01)
+            raise TimeoutError("the items did not run concurrently")
+
         async def slow_batch(items: list):
             await asyncio.sleep(0.1)
             return [len(i.response) for i in items]
@@ -209,10 +219,9 @@ def test_custom_async_runs_concurrently(monkeypatch, tmp_path):
             raise KeyError("boom")
     """)
     batch = [_inp(str(i), str(i % 2)) for i in range(8)]
+    together = RewardModel(RewardConfig(custom_rm_path=f"{name}:all_at_once"))
+    assert together.score(batch) == [1.0, 1.0] + [0.0] * 6  # "0" == "0", "1" == "1"
     model = RewardModel(RewardConfig(custom_rm_path=f"{name}:slow"))
-    start = time.monotonic()
-    assert model.score(batch) == [1.0, 1.0] + [0.0] * 6  # "0" == "0", "1" == "1"
-    assert time.monotonic() - start < 0.3 * 8 / 2  # concurrent, not 8 x 0.3 s
     assert RewardModel(RewardConfig(custom_rm_path=f"{name}:slow_batch")).score(batch) == [1.0] * 8
 
     async def inside_a_running_loop():  # e.g. an async rollout loop calling score()

@@ -111,7 +111,7 @@ def make_engine(path: str, B: int, P: int, O: int, overlap: bool, args):
 
 
 def compress_kwargs(args) -> dict:
-    """--compress: the engine compresses as bench_rl_step's --compress runs do (step_length,
+    """--compress: the engine compresses as training/rl_step.py's --compress runs do (step_length,
     8-query window)."""
     if args.compress == "none":
         return {}
@@ -267,7 +267,7 @@ def main() -> None:
     ap.add_argument("--pool-tokens", type=int, default=0, help="KV pool size (0 = fits the batch)")
     ap.add_argument("--skip-hf", action="store_true", help="do not run HF generate")
     ap.add_argument("--compress", default="none", choices=["none", "rkv", "snapkv", "streamingllm"],
-                    help="KV compression (as bench_rl_step.py --compress)")
+                    help="KV compression (as training/rl_step.py --compress)")
     ap.add_argument("--kv-budget", type=int, default=128, help="--compress-max-prompt")
     ap.add_argument("--compress-divide-length", type=int, default=64)
     ap.add_argument("--no-cuda-graph", action="store_true", help="eager decode steps")

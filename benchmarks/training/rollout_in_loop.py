@@ -219,7 +219,7 @@ def start_run(args, extra: list[str], work: Path):
 def measure(args, targs, run) -> dict:
     from checkpoint_tools.model_config import load_arch
 
-    engines = run.rollouts.engines
+    engines = run.rollout.manager.engines
     probe, engine = attach(engines), engines.engine
     machine = rl.Machine.detect(args)
     decode = rl.DecodeModel.from_run(load_arch(targs.hf_checkpoint), targs)

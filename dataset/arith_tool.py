@@ -5,8 +5,8 @@
 Each row asks for ``a * b + c`` (three-digit ``a``, ``b``; two-digit ``c``); the label is its value.
 The intended answer takes two turns: a Qwen2.5-style ``<tool_call>`` to the ``calculator``,
 then, after the tool's ``<tool_response>``, the value in ``\\boxed{}``. ``solution_turns`` holds
-those two model turns (the worked examples of a warm-up); the observation between them is what
-the environment (``recipes.tool_use:ArithToolEnv``) answers. ``chat`` rows are message lists with
+those two model turns (the worked examples of a warm-up, ``trainer.warmup``) and ``observations``
+what the environment (``recipes.tool_use:ArithToolEnv``) answers between them. ``chat`` rows are message lists with
 a system prompt that describes the tool (a real chat model); ``tiny`` rows are the quickstart's
 short ChatML string for its tiny model.
 """
@@ -44,7 +44,8 @@ def arith_tool_rows(n: int, seed: int, style: str = "chat") -> list[dict]:
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": QUESTION.format(expr=expr)}]
         rows.append({"prompt": prompt, "label": str(value),
-                     "solution_turns": [tool_call(expr), f"\\boxed{{{value}}}"]})
+                     "solution_turns": [tool_call(expr), f"\\boxed{{{value}}}"],
+                     "observations": [f"<tool_response>\n{value}\n</tool_response>"]})
     return rows
 
 

@@ -92,3 +92,19 @@ def test_the_task_rows_demonstrate_the_format():
     a, b, c = (int(x) for x in row["prompt"].split("calc ")[1].split("<")[0].replace("*", "+").split("+"))
     assert row["label"] == str(a * b + c)
     assert row["solution_turns"][1] == f"\\boxed{{{a * b + c}}}"
+
+
+def test_warm_up_examples_are_the_rollouts_tokens(scripted):
+    """A worked example (trainer.warmup) is token for token the episode a model that writes the
+    solution's turns samples, with the same mask: the warm-up teaches what the rollout trains."""
+    from trainer.warmup import example_ids
+
+    ctx, _ = scripted(lambda p, k: "")
+    row = arith_tool_rows(1, seed=3, style="tiny")[0]
+    turns = iter(row["solution_turns"])
+    ctx.backend.script = lambda p, k: next(turns) + "<|im_end|>"
+    (trace,) = MultiTurn(ArithToolEnv().step)(ctx, [Prompt(row["prompt"], ctx.encode(row["prompt"]),
+                                                            row["label"], {})], 1)
+    prompt, answer, mask = example_ids(ctx.tokenizer, row)
+    assert trace.reward == 1.0 and prompt == trace.calls[0].prompt_ids
+    assert answer == trace.calls[0].gen.response_ids and mask == trace.calls[0].loss_mask

@@ -1,0 +1,66 @@
+"""Multi-turn samples are exact: the in-process engine's log-probs of every model token equal
+HF's over the whole concatenated context (prompt, turns and observations; float32, 1e-5), so
+the trainer's dense recompute over that context is the sampler's policy; observation tokens
+carry no sampler log-prob and are masked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from checkpoint_tools.tiny_models import make_tiny_model
+from sglang_kvc.engine.engine import Engine
+from trainer.rollout.engines.inprocess import EngineRollout
+from trainer.rollout.engines.interface import RolloutConfig
+from trainer.rollout.multiturn.environment import Step
+from trainer.rollout.multiturn.loop import MultiTurn
+from trainer.rollout.samples.data import Prompt
+from trainer.rollout.samples.generate import GenerateContext
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model("qwen2.5", tmp_path_factory.mktemp("m") / "qwen", dtype=torch.float32)
+
+
+def echo_env(conversation) -> Step:
+    """Answers every turn with a numbered observation; ends after the third turn."""
+    k = len(conversation.turns)
+    return Step(done=True, reward=0.0) if k == 3 else Step(f"result {k} of sample "
+                                                            f"{conversation.sample_index}")
+
+
+def _episodes(model_dir, **engine_kw):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    text = tok.apply_chat_template([{"role": "user", "content": "add 3 4"}], tokenize=False,
+                                   add_generation_prompt=True)
+    prompt = Prompt(text, tok(text, add_special_tokens=False)["input_ids"], "7", {})
+    with Engine(model_path=str(model_dir), device="cpu", **engine_kw) as eng:
+        ctx = GenerateContext(EngineRollout(eng), RolloutConfig(max_response_len=96, seed=3), tok,
+                              None, context_length=eng.max_seq_len)
+        return MultiTurn(echo_env, max_turns=3, turn_tokens=10)(ctx, [prompt], 3)
+
+
+def _hf_logprobs(model_dir, ids: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits[:-1], dim=-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+def test_sampler_logprobs_equal_hf_over_the_concatenated_context(model_dir):
+    traces = _episodes(model_dir)
+    assert [t.meta["turns"] for t in traces] == [3, 3, 3]
+    for trace in traces:
+        (call,) = trace.calls
+        mask = torch.tensor(call.loss_mask, dtype=torch.bool)
+        assert 0 < int(mask.sum()) < len(mask)  # model turns and observations both there
+        hf = _hf_logprobs(model_dir, call.prompt_ids + call.gen.response_ids)[len(call.prompt_ids) - 1:]
+        sampler = torch.tensor(call.gen.logprobs)
+        assert torch.allclose(sampler[mask], hf[mask], atol=1e-5, rtol=0), \
+            float((sampler[mask] - hf[mask]).abs().max())
+        assert (sampler[~mask] == 0).all()

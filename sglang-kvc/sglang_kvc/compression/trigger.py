@@ -14,6 +14,10 @@ evicted. Every rule above then counts response slots only (held - P): the respon
 compressed back to B once it holds B + N (or after a newline with more than B), so the request
 holds at most P + B + N slots, and after a compaction exactly P + B. The divide length N is
 unchanged (every N decode steps); prompt compression at prefill cannot be combined with it.
+
+A session's request (engine/sessions.py) continues the KV its previous request left: the first
+prompt of the chain is what keep_prompt pins, and its new tokens (the observation) are held
+like decoded ones, compressed after their prefill once pinned + B + N are held.
 """
 
 from __future__ import annotations
@@ -37,8 +41,11 @@ class Trigger:
                 seq.compress_stopped = True
 
     def pinned(self, seq) -> int:
-        """Slots at the head of the request's row that are never evicted (its prompt)."""
-        return len(seq.prompt_ids) if self.cfg.keep_prompt else 0
+        """Slots at the head of the request's row that are never evicted (its prompt; for a
+        session's request, the first prompt of its chain: observations are evictable)."""
+        if not self.cfg.keep_prompt:
+            return 0
+        return seq.first_prompt_len if seq.first_prompt_len is not None else len(seq.prompt_ids)
 
     def budget(self, seq) -> int:
         """B for this request (its `compress_budget`, else the server's): evictable slots kept
@@ -55,7 +62,10 @@ class Trigger:
         if seq.compress_stopped or seq.kv_len <= floor:
             return False
         if is_prefill:
-            return c.compress_prompt or bool(seq.output_ids)
+            # A session request's new tokens, prefilled after the KV it adopted, count as
+            # decoded tokens would: compress once pinned + B + N are held.
+            grown = seq.adopted_kv and seq.kv_len >= floor + c.divide_length
+            return c.compress_prompt or bool(seq.output_ids) or grown
         if seq.kv_len >= floor + c.divide_length:
             return True
         return c.divide_method == "newline" and seq.token_at(seq.num_computed - 1) in self.newline_ids

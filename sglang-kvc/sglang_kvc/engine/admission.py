@@ -11,7 +11,8 @@ Three bounds, checked before a request's samples are built (so `n = 10^8` never 
 A sample's tokens are its prompt plus the output it may still produce (max_new_tokens, capped by
 the context as generation is): the work it brings, whatever compression later keeps of its KV.
 With prefix sharing, samples of one call with the same prompt (a request's n) count it once:
-the first carries the prompt, the others their output only.
+the first carries the prompt, the others their output only. A session's request continuing an
+earlier one (engine/sessions.py) counts its new tokens and output, not the context it continues.
 """
 
 from __future__ import annotations
@@ -93,11 +94,13 @@ class Admission:
 
 def token_shares(seqs, max_seq_len: int, shared: bool = False) -> list[int]:
     """Each sample's tokens; with `shared`, a prompt already counted for an earlier sample of
-    `seqs` is left out of the later ones."""
+    `seqs` is left out of the later ones. A session's request does not count the context it
+    continues (its session holds that KV already)."""
     seen: set[tuple] = set()
     shares = []
     for s in seqs:
         total = sample_tokens(len(s.prompt_ids), s.params.max_new_tokens, max_seq_len)
+        total -= s.continued_len
         key = tuple(s.prompt_ids)
         if shared and key in seen:
             total -= len(s.prompt_ids)

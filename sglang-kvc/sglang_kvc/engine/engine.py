@@ -26,6 +26,7 @@ from .io_struct import GenerateItem, parse_generate
 from .model_runner import ModelRunner
 from .output import OutputBuilder
 from .scheduler import Scheduler, SchedulerConfig
+from .sessions import Sessions, check_open_args
 from .step_loop import StepLoop
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,10 @@ class Engine:
         self.admission = Admission(limits_from_args(args, self.kv.capacity))
         self.accepting = True
         _freeze_startup_heap()
-        self.loop = StepLoop(self.runner, self.scheduler, self.outputs, self.max_seq_len, self.overlap)
+        self.sessions = Sessions(self.kv, self.scheduler)
+        self.scheduler.reclaim = self.sessions.drop_lru
+        self.loop = StepLoop(self.runner, self.scheduler, self.outputs, self.max_seq_len, self.overlap,
+                             self.sessions)
         self.weights = WeightUpdater(self.runner, self.loop.call, self._abort_all, self._set_version)
 
     # ================================================================ requests
@@ -139,15 +143,16 @@ class Engine:
     def generate(self, prompt=None, input_ids=None, sampling_params=None, return_logprob=False,
                  logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=False,
                  rid=None, stream=False, compress=None, return_eviction_record=None,
-                 compress_budget=None):
+                 compress_budget=None, session_params=None):
         """SGLang's Engine.generate: single or batched prompts; returns a dict, or a list for a
-        batch or n > 1; with stream=True an iterator of cumulative output dicts (one prompt)."""
+        batch or n > 1; with stream=True an iterator of cumulative output dicts (one prompt).
+        `session_params` ({"id", "rid"}, a list for a batch): continue a session's request."""
         body = {"text": prompt, "input_ids": input_ids, "sampling_params": sampling_params,
                 "return_logprob": return_logprob, "return_text_in_logprobs": return_text_in_logprobs,
                 "rid": rid, "stream": stream, "logprob_start_len": logprob_start_len,
                 "top_logprobs_num": top_logprobs_num, "compress": compress,
                 "compress_budget": compress_budget,
-                "return_eviction_record": return_eviction_record}
+                "return_eviction_record": return_eviction_record, "session_params": session_params}
         items, is_batch = parse_generate({k: v for k, v in body.items() if v is not None},
                                          self.sampling_defaults)
         if stream:
@@ -173,7 +178,10 @@ class Engine:
             raise QueueFull("server shutting down: not accepting requests")
         check_n(items, self.admission.limits.max_n)  # before n samples are built
         self.admission.check_alone(Demand(sum(it.params.n for it in items), 0))
-        seqs = [s for it in items for s in make_sequences(it, self.tokenizer, self._limits, self._rng)]
+        contexts = [self.sessions.resolve(it.session, it.return_eviction_record)
+                    if it.session is not None else None for it in items]
+        seqs = [s for it, ctx in zip(items, contexts)
+                for s in make_sequences(it, self.tokenizer, self._limits, self._rng, ctx)]
         shares = token_shares(seqs, self.max_seq_len, shared=self.kv.prefix is not None)
         self.admission.admit(Demand(len(seqs), sum(shares)))
         futures = []
@@ -189,6 +197,20 @@ class Engine:
         HTTP server parses it; one future per sample, prompt-major (as `submit`)."""
         items, _ = parse_generate(body, self.sampling_defaults)
         return self.submit(items, on_update)
+
+    # ================================================================ sessions (sessions.py)
+
+    def open_session(self, capacity_of_str_len: int = 0, session_id: str | None = None) -> str:
+        """SGLang's open_session: a session whose requests continue each other's KV; returns its
+        id (`session_id`, or a new one). `capacity_of_str_len` is accepted and unused."""
+        check_open_args(capacity_of_str_len, session_id)
+        return self.loop.call(self.sessions.open, session_id)
+
+    def close_session(self, session_id: str) -> None:
+        """Close a session and free the KV its finished requests hold (ValueError if unknown)."""
+        if not isinstance(session_id, str):
+            raise ValueError("session_id must be a string")
+        self.loop.call(self.sessions.close, session_id)
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> int:
         return self.loop.call(self.loop.abort, rid, abort_all, "Aborted by request")
@@ -342,6 +364,8 @@ class Engine:
         self._check_tags(tags)
         if self.scheduler.running or self.scheduler.waiting:
             raise ValueError("cannot release memory while requests are in flight")
+        if "kv_cache" in tags:
+            self.sessions.drop_all()  # their next requests prefill their whole context
         self.runner.release(tags)
 
     def _resume(self, tags: set[str]) -> None:

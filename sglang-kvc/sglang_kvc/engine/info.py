@@ -43,6 +43,7 @@ def server_info(engine) -> dict:
         "max_running_reqs_seen": sch.max_running,
         "overlap_schedule": engine.overlap,
         "step_stats": engine.step_stats.to_dict(),
+        "sessions": engine.sessions.stats(),
     })
     if runner.graphs is not None:
         info["cuda_graphs"] = runner.graphs.stats()

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from ..compression.eviction_record import EvictionTracker
 from .io_struct import GenerateItem
 from .sequence import Sequence
+from .sessions import SessionContext
 
 UpdateFn = Callable[[dict, bool], Any]  # (output dict, finished)
 
@@ -67,9 +68,15 @@ def check_total(prompt_len: int, max_new: int, context: int) -> None:
 
 
 def make_sequences(item: GenerateItem, tokenizer, limits: IntakeLimits,
-                   rng: random.Random) -> list[Sequence]:
-    """The item's n samples; sample i of a seeded request draws with seed + i."""
+                   rng: random.Random, session: SessionContext | None = None) -> list[Sequence]:
+    """The item's n samples; sample i of a seeded request draws with seed + i. A session's
+    request (`session`, sessions.py) has as prompt the context it continues plus its tokens."""
     ids = prompt_ids(item, tokenizer)
+    if session is not None and session.parent_rid is not None:
+        if item.logprob_start_len >= 0:
+            raise ValueError("logprob_start_len is not supported on a request continuing a "
+                             "session (the context before its tokens is not recomputed)")
+        ids = session.ids + ids
     check_prompt(ids, item, limits)
     n = item.params.n
     seqs = []
@@ -88,6 +95,10 @@ def make_sequences(item: GenerateItem, tokenizer, limits: IntakeLimits,
             compress_stopped=not item.compress, compress=item.compress,
             compress_budget=item.compress_budget,
             eviction=EvictionTracker(*limits.kv_shape) if item.return_eviction_record else None))
+    if session is not None:
+        seqs[0].session_id, seqs[0].parent_rid = session.session_id, session.parent_rid
+        seqs[0].first_prompt_len = session.first_prompt_len or len(ids)
+        seqs[0].continued_len = len(session.ids)
     return seqs
 
 

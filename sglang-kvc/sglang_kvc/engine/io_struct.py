@@ -21,13 +21,14 @@ GENERATE_KEYS = {
     "compress",  # ours: false = this request keeps its whole KV on a compressing server
     "compress_budget",  # ours: this request's budget B instead of --compress-max-prompt
     "return_eviction_record",  # ours: per layer/KV head, the first query that lost each key
+    "session_params",  # SGLang's: continue a request of an open session (sessions.py)
 }
 # SGLang fields that would change the result, accepted at their default (what every stock client
 # sends) and refused otherwise: a value we would silently ignore is a wrong answer.
 _NEUTRAL_KEYS = {
     "input_embeds": None, "image_data": None, "video_data": None, "audio_data": None,
     "lora_path": None, "custom_logit_processor": None, "return_hidden_states": False,
-    "return_routed_experts": False, "modalities": None, "session_params": None,
+    "return_routed_experts": False, "modalities": None,
     "return_entropy": False, "return_sampling_mask": False, "return_flat_raw_top_logprobs": False,
     "return_flat_raw_top_logprobs_b64": False, "return_prompt_token_ids": False,
     "return_indexer_topk": False, "routed_experts_start_len": 0, "mm_hashes": None,
@@ -77,6 +78,34 @@ def _log_ignored(names: list[str]) -> None:
                  "do not change this server's output (logged once per field)", ", ".join(names))
 
 
+@dataclass(frozen=True)
+class SessionParams:
+    """SGLang's `session_params`: continue request `rid` of session `id` (None: the session's
+    first request). Only appending at the end of that request's context is supported."""
+    id: str
+    rid: str | None = None
+
+    @classmethod
+    def parse(cls, value: Any) -> "SessionParams | None":
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError("session_params must be an object {\"id\": ..., \"rid\": ...}")
+        unknown = sorted(set(value) - {"id", "rid", "offset", "replace", "drop_previous_output"})
+        if unknown:
+            raise ValueError(f"unknown session_params field(s): {', '.join(unknown)}")
+        for key in ("offset", "replace", "drop_previous_output"):
+            if value.get(key) not in (None, 0, False):
+                raise ValueError(f"session_params.{key}={value[key]!r} is not supported: a "
+                                 f"session request appends to the end of request rid's context")
+        sid, rid = value.get("id"), value.get("rid")
+        if not isinstance(sid, str) or not sid:
+            raise ValueError("session_params.id must be a session id (a string from /open_session)")
+        if rid is not None and not isinstance(rid, str):
+            raise ValueError("session_params.rid must be a string (a previous request's id) or null")
+        return cls(sid, rid)
+
+
 @dataclass
 class GenerateItem:
     """One prompt of a (possibly batched) request, before expansion into n samples."""
@@ -92,6 +121,7 @@ class GenerateItem:
     compress: bool = True  # False: dense KV for this request (e.g. a dense evaluation)
     compress_budget: int | None = None  # B for this request (None: the server's); checked at intake
     return_eviction_record: bool = False  # meta_info.eviction_record when the request finishes
+    session: SessionParams | None = None  # continue a session's request (engine/sessions.py)
     # Set by the OpenAI routes, not a JSON field: max_new_tokens reaching past the context is
     # SGLang's 400 there; /generate caps generation at the context instead.
     refuse_past_context: bool = False
@@ -157,7 +187,10 @@ def parse_generate(body: Any, sampling_defaults: dict | None = None) -> tuple[li
             compress=get("compress", True),
             compress_budget=get("compress_budget"),
             return_eviction_record=get("return_eviction_record", False),
+            session=SessionParams.parse(get("session_params")),
         )
+        if item.session is not None and item.params.n != 1:
+            raise ValueError("a session request must have n = 1 (each sample in its own session)")
         for name in ("return_logprob", "compress", "return_eviction_record"):
             if not isinstance(getattr(item, name), bool):
                 raise ValueError(f"{name} must be a boolean")

@@ -245,7 +245,8 @@ class ModelRunner:
         if self.kv.prefix is None:
             return logits, input_lp
         for s in computed:
-            self.kv.cache_prompt(s)
+            if not s.adopted_kv:  # a session's held KV is not (always) dense KV of its prompt
+                self.kv.cache_prompt(s)
         followers = [s for s in seqs if s.leader is not None]
         for f in followers:
             self.kv.share(f, f.leader)
@@ -261,12 +262,15 @@ class ModelRunner:
         counts = [len(c) for c in chunks]
         self.prefill_tokens += sum(counts)
         flat = [t for c in chunks for t in c]
-        prefix = [s.num_computed for s in seqs]  # cached slots at the head of each row
+        prefix = [s.num_computed for s in seqs]  # first position computed now
+        # Slots already at the head of each row (a cached prefix, or a session's adopted KV,
+        # fewer than its positions once compressed): every new token attends to all of them.
+        held = [s.kv_len for s in seqs]
         out_slots = self.kv.extend(seqs, counts)
         starts = list(itertools.accumulate(counts, initial=0))[:-1]
         positions, pad_index, pad_rows = prefill_layout(counts, prefix, dev)
         meta = AttentionMetadata(is_prefill=True, out_slots=out_slots, pad_index=pad_index, pad_rows=pad_rows,
-                                 extend=extend_layout(counts, prefix, [s.row for s in seqs], dev))
+                                 extend=extend_layout(counts, held, [s.row for s in seqs], dev))
         if self.attn.ring is not None:
             # The last w tokens of each request fill its query ring.
             w = self.attn.ring.window

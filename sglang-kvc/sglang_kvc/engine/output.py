@@ -49,6 +49,8 @@ class OutputBuilder:
             "e2e_latency": (seq.finished_at or time.time()) - seq.created,
             "num_preemptions": seq.num_preemptions,
         }
+        if seq.session_id is not None:  # the whole context before this request's output
+            meta["session_context_len"] = len(seq.prompt_ids)
         if self.compressor is not None:
             meta["compression"] = {
                 "num_compressions": seq.num_compressions, "tokens_evicted": seq.tokens_evicted,

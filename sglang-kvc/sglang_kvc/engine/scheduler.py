@@ -24,6 +24,12 @@ equals one admitted in the same batch (the n samples of a request) becomes that 
 it is not computed, it shares the leader's slots and logits. Shared slots count once: a request
 needs only the slots it computes, and cached slots nobody reads are free room (evicted, least
 recently used first, before anything is preempted).
+
+Sessions (sessions.py): a finished session request is parked with its KV until the request
+continuing it adopts that KV (it waits holding its row and slots, and computes only its new
+tokens). Parked KV is room held like a cache's: a waiting request that does not fit, or a decode
+step short of slots, drops the least recently parked first, before any running request is
+preempted.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class Scheduler:
         None = dense, reserve `reserve_steps` decode tokens per request. `cow(seq, shared)`: the
         slots a compaction may allocate to copy `shared` shared slots (compression)."""
         self.cfg, self.kv, self.bound, self.cow = cfg, kv, bound, cow
+        self.reclaim = lambda: False  # frees a parked session's KV (sessions.py); True if any
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -109,7 +116,7 @@ class Scheduler:
         """Slots a waiting request may need beyond its prefill (which computes all but `shared`
         of its tokens)."""
         if self.bound is not None:
-            n = seq.num_tokens
+            n = seq.kv_len + seq.num_tokens - seq.num_computed  # held after its prefill
             return max(self.bound(seq, n) - n, 0) + self.cow(seq, shared)
         return min(self.cfg.reserve_steps, seq.params.max_new_tokens - len(seq.output_ids))
 
@@ -124,7 +131,7 @@ class Scheduler:
 
     def _plan(self, seq: Sequence, leaders: dict):
         """(leader or None, cache match or None, tokens shared) for a waiting request."""
-        if self.kv.prefix is None:
+        if self.kv.prefix is None or seq.row is not None:  # a row: KV adopted (sessions.py)
             return None, None, 0
         fresh = seq.num_computed == 0 and not seq.output_ids
         wants_input_lp = seq.return_logprob and seq.logprob_start_len >= 0
@@ -146,22 +153,27 @@ class Scheduler:
             seq = self.waiting[0]
             if len(self.running) + len(admitted) >= self.cfg.max_running_requests:
                 break
-            if not self.kv.has_free_row():
-                break
+            adopted = seq.row is not None  # holds the KV a session's request left
+            if not adopted and not self.kv.has_free_row():
+                gained = self._drop_parked()  # its row is free now
+                if gained is None:
+                    break
+                free += gained
             leader, match, shared = self._plan(seq, leaders)
             need = seq.num_tokens - seq.num_computed - shared  # tokens computed = slots taken
             if admitted and need > budget:
                 break
-            locked = self.kv.prefix.unlocked_on_path(match.node) if match is not None else 0
             seq_reserve = self._future(seq, shared)
+            locked, free = self._room(match, need + reserve + seq_reserve, free)
             if need + locked + reserve + seq_reserve > free:
                 # Alone and idle, a request that fits the pool must run even without a reserve.
                 if self.running or admitted or need + locked > free:
                     break
             self.waiting.popleft()
-            self.kv.attach(seq, match)
+            if not adopted:
+                self.kv.attach(seq, match)
             seq.leader = leader
-            if leader is None and self.kv.prefix is not None and not seq.output_ids:
+            if leader is None and self.kv.prefix is not None and not seq.output_ids and not adopted:
                 leaders.setdefault(_group_key(seq), seq)
             seq.status = Status.RUNNING
             admitted.append(seq)
@@ -174,10 +186,12 @@ class Scheduler:
         return admitted
 
     def _make_room_for_decode(self) -> list[Sequence]:
-        """Preempt the newest requests until every decodable one gets a slot; returns those."""
+        """Free parked sessions' KV, then preempt the newest requests, until every decodable one
+        gets a slot; returns those."""
         seqs = self._decodable()
         while seqs and self.kv.num_free < len(seqs):
-            self.preempt(self.running[-1])
+            if self._drop_parked() is None:  # parked KV goes before running requests do
+                self.preempt(self.running[-1])
             seqs = self._decodable()
         return seqs
 
@@ -189,6 +203,7 @@ class Scheduler:
             seq.eviction.on_reset(len(seq.prompt_ids) + seq.num_sampled - 1)
         seq.num_computed = 0
         seq.leader = None
+        seq.adopted_kv = False  # recomputed densely from position 0
         seq.status = Status.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -202,6 +217,31 @@ class Scheduler:
             self.kv.release(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+            self.kv.release(seq)  # a session request waiting with adopted KV holds some
+
+    def park(self, seq: Sequence) -> None:
+        """A finished session request leaves the running set and keeps its KV (sessions.py)."""
+        self.running.remove(seq)
+        self.version += 1
+
+    def _room(self, match, want: int, free: int) -> tuple[int, int]:
+        """(slots locking `match` takes from the free room, the free room), after dropping
+        parked sessions' KV until `want` more slots fit, or none is left."""
+        while True:
+            locked = self.kv.prefix.unlocked_on_path(match.node) if match is not None else 0
+            if want + locked <= free:
+                return locked, free
+            gained = self._drop_parked()
+            if gained is None:
+                return locked, free
+            free += gained
+
+    def _drop_parked(self) -> int | None:
+        """Free the least recently parked session request's KV, as a cache gives up its least
+        recently used entry (that session's next request prefills its whole context): the free
+        room gained, None when nothing is parked."""
+        before = self.kv.num_free
+        return self.kv.num_free - before if self.reclaim() else None
 
     def retract_all(self) -> None:
         for seq in reversed(list(self.running)):

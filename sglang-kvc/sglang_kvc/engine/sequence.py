@@ -66,6 +66,16 @@ class Sequence:
     # return_eviction_record: which keys each query saw (compression/eviction_record.py)
     eviction: Any = None
 
+    # Sessions (sessions.py): the request's session and the request it continues; its prompt is
+    # then that request's context plus the new tokens. `first_prompt_len`: the chain's first
+    # prompt (what --compress-keep-prompt pins). `adopted_kv`: its row holds the KV the previous
+    # request left (not dense KV of its prompt once compressed: never put in the prefix cache).
+    session_id: str | None = None
+    parent_rid: str | None = None
+    continued_len: int = 0  # tokens of the context it continues (the head of prompt_ids)
+    first_prompt_len: int | None = None
+    adopted_kv: bool = False
+
     finish_reason: dict | None = None
     num_preemptions: int = 0
     created: float = field(default_factory=time.time)

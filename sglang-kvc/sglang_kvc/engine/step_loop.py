@@ -28,6 +28,7 @@ from .model_runner import ModelRunner
 from .output import OutputBuilder
 from .scheduler import Batch, Scheduler
 from .sequence import Sequence, Status
+from .sessions import Sessions
 from .step_io import PendingStep, StepOutput, bind_thread
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,9 @@ class StepStats:
 
 class StepLoop:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, outputs: OutputBuilder,
-                 max_seq_len: int, overlap: bool):
+                 max_seq_len: int, overlap: bool, sessions: Sessions | None = None):
         self.runner, self.scheduler, self.outputs = runner, scheduler, outputs
+        self.sessions = sessions
         self.max_seq_len, self.overlap = max_seq_len, overlap
         self._inflight: PendingStep | None = None
         self._waited_s = 0.0  # total time blocked on step outputs
@@ -127,7 +129,7 @@ class StepLoop:
             self._fail_everything(e)
 
     def _iterate(self) -> None:
-        self._drain_inbox(self.scheduler.add, self._run_command)
+        self._drain_inbox(self._take, self._run_command)
         t0, waited0 = time.perf_counter(), self._waited_s
         step = self._launch_next()
         completed = self._complete_inflight()
@@ -142,6 +144,11 @@ class StepLoop:
             self._complete_inflight()
         if not step.batch.is_prefill:
             self.step_stats.add(time.perf_counter() - t0, self._waited_s - waited0)
+
+    def _take(self, seq: Sequence) -> None:
+        if seq.parent_rid is not None and self.sessions is not None:
+            self.sessions.adopt(seq)  # the KV its session's previous request left
+        self.scheduler.add(seq)
 
     def _fail_everything(self, e: BaseException) -> None:
         """Answer every request and queued command with the error (the thread is gone)."""
@@ -222,11 +229,15 @@ class StepLoop:
     def finish(self, seq: Sequence, reason: dict) -> None:
         if seq.finished:
             return
-        self.scheduler.remove(seq)
+        kept = seq.session_id is not None and self.sessions is not None and self.sessions.park(seq, reason)
+        if not kept:
+            self.scheduler.remove(seq)
         seq.finish_reason = reason
         seq.status = Status.FINISHED
         seq.finished_at = time.time()
         seq.on_update(self.outputs.build(seq, final=True), True)
+        if kept:  # its session keeps the request until closed, not its response (the callback's)
+            seq.on_update = None
 
     def abort(self, rid: str, abort_all: bool, message: str) -> int:
         """(engine thread) End the matching requests, running or waiting."""

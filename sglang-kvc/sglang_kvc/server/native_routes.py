@@ -1,5 +1,5 @@
-"""SGLang's native endpoints (engine.md §4): /generate, health checks, model and server info, and
-the control routes (flush, abort, pause/continue).
+"""SGLang's native endpoints (engine.md §4): /generate, sessions, health checks, model and server
+info, and the control routes (flush, abort, pause/continue).
 
 Handlers never block the event loop: engine commands run in a thread pool and generation results
 come back through futures.
@@ -16,8 +16,8 @@ from starlette.concurrency import run_in_threadpool
 
 from ..engine.engine import Engine
 from ..engine.io_struct import parse_generate
-from .http_io import (abort_soon, get_engine, jsonable, read_json, read_object, results_or_abort,
-                      sse, stream_bridge)
+from .http_io import (BadRequest, abort_soon, get_engine, jsonable, read_json, read_object,
+                      results_or_abort, sse, stream_bridge)
 
 router = APIRouter()
 log = logging.getLogger("sglang_kvc.server")
@@ -58,6 +58,32 @@ async def _events(engine: Engine, q: asyncio.Queue, remaining: int, rids: list[s
             abort_soon(engine, rids)
             log.info("streaming client left /generate with %d sample(s) unfinished: aborted",
                      remaining)
+
+
+# ------------------------------------------------------------ sessions (engine/sessions.py)
+
+
+@router.api_route("/open_session", methods=["GET", "POST"])
+async def open_session(request: Request, engine: Engine = Depends(get_engine)):
+    """SGLang's: {"capacity_of_str_len": int, "session_id"?: str} -> the session id (a JSON
+    string)."""
+    body = await read_object(request)
+    unknown = sorted(set(body) - {"capacity_of_str_len", "session_id"})
+    if unknown:
+        raise BadRequest(f"unknown field(s): {', '.join(unknown)}")
+    sid = await run_in_threadpool(engine.open_session, body.get("capacity_of_str_len", 0),
+                                  body.get("session_id"))
+    return JSONResponse(sid)
+
+
+@router.api_route("/close_session", methods=["GET", "POST"])
+async def close_session(request: Request, engine: Engine = Depends(get_engine)):
+    """SGLang's: {"session_id": str}; frees the KV the session's requests hold."""
+    body = await read_object(request)
+    if "session_id" not in body:
+        raise BadRequest("session_id is required")
+    await run_in_threadpool(engine.close_session, body["session_id"])
+    return Response(status_code=200)
 
 
 @router.get("/health")

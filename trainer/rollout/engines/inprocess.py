@@ -47,6 +47,13 @@ class EngineRollout(Engines):
                 bar.update()
         return [parse_output(f.result(), cfg.eviction_record) for f in futures]
 
+    def open_session(self) -> str:
+        """A session whose requests continue each other's KV (multi-turn rollouts)."""
+        return self.engine.open_session()
+
+    def close_session(self, session_id: str) -> None:
+        self.engine.close_session(session_id)
+
     def load_weights(self, bucket, version: str) -> None:
         # same process, same device: the engine copies straight from the trainer's tensors
         self.engine.update_weights_from_tensor(named_tensors=bucket, weight_version=version)

@@ -37,6 +37,13 @@ class MultiTurn:
         fmt = observation_format(ctx.tokenizer, self.observation_role)
         turns = self._turns(ctx)
         episodes = [Episode(p, i, k) for i, p in enumerate(prompts) for k in range(n)]
+        try:
+            self._run(ctx, fmt, turns, episodes)
+        finally:
+            turns.close(episodes)  # whatever is still open (an error mid-rollout)
+        return [e.trace(ctx.decode(e.ids)) for e in episodes]
+
+    def _run(self, ctx: GenerateContext, fmt: ObservationFormat, turns, episodes: list[Episode]):
         live = episodes
         for turn in range(self.max_turns):
             gens = turns.generate(live, [self._budget(ctx, e) for e in live])
@@ -46,8 +53,7 @@ class MultiTurn:
             turns.close([e for e in live if e.done])  # their KV is free before the next turn
             live = [e for e in live if not e.done]
             if not live:
-                break
-        return [e.trace(ctx.decode(e.ids)) for e in episodes]
+                return
 
     def _turns(self, ctx: GenerateContext):
         if self.use_sessions:

@@ -30,7 +30,7 @@ def echo_env(conversation) -> Step:
                                                             f"{conversation.sample_index}")
 
 
-def _episodes(model_dir, **engine_kw):
+def _episodes(model_dir, sessions=True, **engine_kw):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -40,7 +40,10 @@ def _episodes(model_dir, **engine_kw):
     with Engine(model_path=str(model_dir), device="cpu", **engine_kw) as eng:
         ctx = GenerateContext(EngineRollout(eng), RolloutConfig(max_response_len=96, seed=3), tok,
                               None, context_length=eng.max_seq_len)
-        return MultiTurn(echo_env, max_turns=3, turn_tokens=10)(ctx, [prompt], 3)
+        traces = MultiTurn(echo_env, max_turns=3, turn_tokens=10, use_sessions=sessions)(
+            ctx, [prompt], 3)
+        assert eng.get_server_info()["sessions"]["open"] == 0  # every episode's session closed
+        return traces
 
 
 def _hf_logprobs(model_dir, ids: list[int]) -> torch.Tensor:
@@ -52,8 +55,9 @@ def _hf_logprobs(model_dir, ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits[:-1], dim=-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
 
 
-def test_sampler_logprobs_equal_hf_over_the_concatenated_context(model_dir):
-    traces = _episodes(model_dir)
+@pytest.mark.parametrize("sessions", [True, False], ids=["sessions", "reprefill"])
+def test_sampler_logprobs_equal_hf_over_the_concatenated_context(model_dir, sessions):
+    traces = _episodes(model_dir, sessions)
     assert [t.meta["turns"] for t in traces] == [3, 3, 3]
     for trace in traces:
         (call,) = trace.calls
@@ -64,3 +68,32 @@ def test_sampler_logprobs_equal_hf_over_the_concatenated_context(model_dir):
         assert torch.allclose(sampler[mask], hf[mask], atol=1e-5, rtol=0), \
             float((sampler[mask] - hf[mask]).abs().max())
         assert (sampler[~mask] == 0).all()
+
+
+def test_sessions_prefill_only_new_tokens_and_sample_what_reprefill_samples(model_dir):
+    """The same seeds, the same episodes: a session's turn continues its KV (the context before
+    it comes from the engine, not prefilled again) and samples the tokens a re-prefill does."""
+    kept, again = _episodes(model_dir, True), _episodes(model_dir, False)
+    for k, r in zip(kept, again):
+        assert k.calls[0].gen.response_ids == r.calls[0].gen.response_ids
+        assert torch.allclose(torch.tensor(k.calls[0].gen.logprobs),
+                              torch.tensor(r.calls[0].gen.logprobs), atol=1e-5)
+        last = k.calls[0].gen.meta
+        context = len(k.calls[0].prompt_ids) + len(k.calls[0].gen.response_ids) - \
+            len(_last_turn_ids(k))
+        assert last["session_context_len"] == context
+        # prefilled: the last observation (and at most the previous turn's last token)
+        observation = _runs(k.calls[0].loss_mask)[-2]
+        assert context - observation - 1 <= last["cached_tokens"] <= context - observation
+
+
+def _last_turn_ids(trace) -> list[int]:
+    return trace.calls[0].gen.response_ids[-_runs(trace.calls[0].loss_mask)[-1]:]
+
+
+def _runs(mask: list[int]) -> list[int]:
+    """Lengths of the mask's runs: turn, observation, turn, ..."""
+    runs = [1]
+    for a, b in zip(mask, mask[1:]):
+        runs[-1:] = [runs[-1] + 1] if a == b else [runs[-1], 1]
+    return runs

@@ -49,3 +49,23 @@ def test_bad_multiturn_flags_fail_at_once(setup, tmp_path, extra, message):  # n
     rc, log = _run(_flags(hf, data, tmp_path, *extra), timeout=120)
     assert rc == 2 and message in log, log[-2000:]
     assert "Traceback" not in log
+
+
+RKV = ["--sglang-compress-algorithm", "rkv", "--sglang-compress-max-prompt", "8",
+       "--sglang-compress-divide-length", "2", "--sglang-compress-max-window", "2"]
+
+
+@pytest.mark.launch
+def test_eviction_replay_over_turns_is_the_sampler(setup, tmp_path):  # noqa: F811
+    """R-KV across turns in engine sessions: replaying the last turn's eviction record (it spans
+    the whole context) recomputes every model token's log-prob as the compressed sampler had it,
+    observations evicted and attended as they were; the dense recompute is far off."""
+    hf, data, _ = setup
+    sparse = _one_step(hf, data, tmp_path / "sparse", *RKV, "--sparse-recompute",
+                       "--train-sparse-policy")
+    assert sparse["rollout/turns_per_sample"] == 3.0
+    assert sparse["kv_compressions_per_sample"] > 0
+    assert sparse["train_rollout_logprob_abs_diff"] < 1e-5, sparse["train_rollout_logprob_abs_diff"]
+    assert abs(sparse["train/ppo_kl"]) < 1e-6, sparse["train/ppo_kl"]
+    dense = _one_step(hf, data, tmp_path / "dense", *RKV)
+    assert dense["train_rollout_logprob_abs_diff"] > 1e-3

@@ -2,7 +2,8 @@
 
     python -m dataset.arith_tool --n 2000 --out data/arith_tool.jsonl [--style chat|tiny]
 
-Each row asks for ``a * b + c`` (three-digit ``a``, ``b``; two-digit ``c``); the label is its value.
+Each row asks for ``a * b + c`` (three-digit ``a``, ``b``; two-digit ``c``; one-digit numbers in
+the tiny style); the label is its value.
 The intended answer takes two turns: a Qwen2.5-style ``<tool_call>`` to the ``calculator``,
 then, after the tool's ``<tool_response>``, the value in ``\\boxed{}``. ``solution_turns`` holds
 those two model turns (the worked examples of a warm-up, ``trainer.warmup``) and ``observations``
@@ -33,11 +34,16 @@ def tool_call(expression: str) -> str:
     return f"<tool_call>\n{args}\n</tool_call>"
 
 
-def arith_tool_rows(n: int, seed: int, style: str = "chat") -> list[dict]:
+def arith_tool_rows(n: int, seed: int, style: str = "chat", digits: int | None = None) -> list[dict]:
+    """``digits`` of ``a`` and ``b`` (default 3; the tiny style 1, with a one-digit ``c``: the
+    quickstart's tiny model must learn to copy the numbers into the call and out of the answer)."""
+    digits = digits or (1 if style == "tiny" else 3)
+    low, high = 10 ** (digits - 1) + (digits == 1), 10 ** digits - 1
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
-        a, b, c = rng.randint(100, 999), rng.randint(100, 999), rng.randint(10, 99)
+        a, b = rng.randint(low, high), rng.randint(low, high)
+        c = rng.randint(1, 9) if digits == 1 else rng.randint(10, 99)
         expr = f"{a} * {b} + {c}"
         value = a * b + c
         prompt = TINY_PROMPT.format(expr=expr) if style == "tiny" else [
@@ -54,9 +60,10 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--style", choices=["chat", "tiny"], default="chat")
+    p.add_argument("--digits", type=int, default=None, help="of a and b (default 3; tiny: 1)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    write_rows(Path(a.out), arith_tool_rows(a.n, a.seed, a.style))
+    write_rows(Path(a.out), arith_tool_rows(a.n, a.seed, a.style, a.digits))
     return 0
 
 

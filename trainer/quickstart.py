@@ -139,6 +139,7 @@ class SmolTask:
     warmup_steps: int  # supervised steps of 4 worked answers before GRPO (trainer.warmup)
     demos: Callable[[int, int], list[dict]] | None = None  # the warm-up's rows, when not ``rows``
     flags: tuple[str, ...] = ()  # the task's own trainer flags (a multi-turn environment)
+    keep_prompt: bool = False  # compressed: never evict the prompt (--sglang-compress-keep-prompt)
 
 
 # ``arith`` is the short task: its reward checks the last number, and GRPO shortened answers from
@@ -149,16 +150,17 @@ class SmolTask:
 # GRPO has the rest of the chain to learn (dataset.long_arith); 320-token prompts, 1,280 to answer.
 SMOLLM2_TASKS = {"arith": SmolTask(smollm2_rows, "gsm8k", 160, 220, 40, 0),
                  "arith-tool": SmolTask(functools.partial(arith_tool_rows, style="chat"), "arithmetic",
-                                        256, 480, 128, 12, flags=TOOL_FLAGS),
+                                        256, 480, 128, 12, flags=TOOL_FLAGS, keep_prompt=True),
                  "chain": SmolTask(chain_rows, "chain", 400, 600, 128, 12),
                  "chain100": SmolTask(long_chain_rows, "chain", 1280, 1600, 128, 12, long_chain_demos)}
 # The tiny model's own task (``make_rows``: count up, box the sum): 40 response tokens, a pool of
 # 128 slots a sample, R-KV budget 20, 60 warm-up steps (tiny_setup).
 TINY_TASK = SmolTask(make_rows, "math", 40, 128, 20, 60)
-# ``arith-tool`` on the tiny model: a calculator call (82 tokens), its response (46), the boxed
-# value (11); warmed up on 24 x 32 worked episodes. R-KV keeps 64 tokens of each turn's decode.
+# ``arith-tool`` on the tiny model (one-digit numbers): a calculator call (~70 tokens), its
+# response (~40), the boxed value (~8); warmed up on 30 x 32 worked episodes. R-KV's budget of 96
+# spans the episode's context (engine sessions), the prompt kept: the call copies its numbers.
 TINY_TOOL_TASK = SmolTask(functools.partial(arith_tool_rows, style="tiny"), "arithmetic", 160, 192,
-                          64, 24, flags=TOOL_FLAGS)
+                          96, 30, flags=TOOL_FLAGS, keep_prompt=True)
 # R-KV's buffer N (--sglang-compress-divide-length) and observation window per --model: short
 # against each model's answers, so that a sample is compressed several times.
 COMPRESS_SHAPE = {"tiny": (4, 4), "smollm2": (16, 8)}
@@ -200,15 +202,17 @@ def tiny_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     # R-KV keeps 20 tokens (+ a 4-token buffer): responses run 10-40 tokens, and the average
     # sample is compressed ~4 times, so the sampler really is the sparse policy.
     if args.compress_algorithm != "none":
-        flags += compress_flags("tiny", args.compress_algorithm, args.kv_budget or task.kv_budget)
+        flags += compress_flags("tiny", args.compress_algorithm, args.kv_budget or task.kv_budget,
+                                task.keep_prompt)
     return model_dir, task.rows(2000, args.seed), flags
 
 
-def compress_flags(model: str, algorithm: str, budget: int) -> list[str]:
+def compress_flags(model: str, algorithm: str, budget: int, keep_prompt: bool = False) -> list[str]:
     """The trainer's engine flags of ``algorithm`` at ``budget`` (``COMPRESS_SHAPE``'s N and window)."""
     divide, window = COMPRESS_SHAPE[model]
     return ["--sglang-compress-algorithm", algorithm, "--sglang-compress-max-prompt", str(budget),
-            "--sglang-compress-divide-length", str(divide), "--sglang-compress-max-window", str(window)]
+            "--sglang-compress-divide-length", str(divide), "--sglang-compress-max-window", str(window),
+            *(["--sglang-compress-keep-prompt"] if keep_prompt else [])]
 
 
 def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
@@ -243,7 +247,8 @@ def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     # arith: R-KV keeps 40 tokens (+ a 16-token buffer) of ~140 (52 prompt + ~88 response): the
     # peak KV per sample is at most 56 slots, under half of dense's. chain: 128 (+ 16) of ~460.
     if args.compress_algorithm != "none":
-        flags += compress_flags("smollm2", args.compress_algorithm, args.kv_budget or task.kv_budget)
+        flags += compress_flags("smollm2", args.compress_algorithm, args.kv_budget or task.kv_budget,
+                                task.keep_prompt)
     return model_dir, task.rows(4000, args.seed), flags
 
 

@@ -97,3 +97,34 @@ def _runs(mask: list[int]) -> list[int]:
     for a, b in zip(mask, mask[1:]):
         runs[-1:] = [runs[-1] + 1] if a == b else [runs[-1], 1]
     return runs
+
+
+def early_env(conversation) -> Step:
+    """Sample 0 ends after its first turn; the others after their third."""
+    k = len(conversation.turns)
+    if k == 3 or conversation.sample_index == 0:
+        return Step(done=True, reward=0.0)
+    return Step(f"result {k}")
+
+
+def test_a_finished_episode_frees_its_session_at_once(model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompt = Prompt("q", tok("add 3 4", add_special_tokens=False)["input_ids"], "7", {})
+    with Engine(model_path=str(model_dir), device="cpu") as eng:
+        backend = EngineRollout(eng)
+        seen, run = [], backend.run
+
+        def counted(requests, cfg):  # the engine's sessions when each turn is sent
+            seen.append((len(requests), eng.get_server_info()["sessions"]["open"]))
+            return run(requests, cfg)
+
+        backend.run = counted
+        ctx = GenerateContext(backend, RolloutConfig(max_response_len=96, seed=3), tok, None,
+                              context_length=eng.max_seq_len)
+        traces = MultiTurn(early_env, max_turns=3, turn_tokens=6)(ctx, [prompt], 3)
+        after = eng.get_server_info()["sessions"]
+    assert [t.meta["turns"] for t in traces] == [1, 3, 3]
+    assert seen == [(3, 3), (2, 2), (2, 2)]  # sample 0's session closed before turn 2
+    assert after["open"] == 0 and after["parked_slots"] == 0

@@ -2,8 +2,8 @@
 a turn sends only its new tokens (the observation and the next turn's header) and nothing of the
 history is prefilled again. Under compression the budget then spans the whole context and the
 last turn's eviction record describes every turn (exact replay). Used when the rollout's engine
-offers sessions (the in-process engine: ``EngineRollout.open_session``); otherwise the loop
-re-prefills (``turns.Reprefill``)."""
+offers sessions (the in-process engine, or one HTTP server: ``open_session``); otherwise (several
+servers) the loop re-prefills (``turns.Reprefill``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from .episode import Episode
 def sessions_for(ctx: GenerateContext) -> "Sessions | None":
     """The session turns of ``ctx``'s engine, or None when it has none."""
     backend = ctx.backend
+    if not getattr(backend, "has_sessions", True):  # several HTTP servers
+        return None
     if callable(getattr(backend, "open_session", None)) and callable(
             getattr(backend, "close_session", None)):
         return Sessions(ctx)
@@ -53,5 +55,5 @@ class Sessions:
             self.closed.add(e.session)
             try:
                 self.backend.close_session(e.session)
-            except ValueError:  # unknown to the engine (it restarted): nothing is held
+            except (ValueError, RuntimeError):  # unknown to the engine (it restarted): none held
                 pass

@@ -128,3 +128,47 @@ def test_a_finished_episode_frees_its_session_at_once(model_dir):
     assert [t.meta["turns"] for t in traces] == [1, 3, 3]
     assert seen == [(3, 3), (2, 2), (2, 2)]  # sample 0's session closed before turn 2
     assert after["open"] == 0 and after["parked_slots"] == 0
+
+
+@pytest.mark.launch
+def test_one_http_server_runs_the_same_sessions(model_dir):
+    """Through ``/open_session`` and ``/generate`` with ``session_params``: the episodes the
+    in-process engine samples, token for token."""
+    import subprocess
+    import sys
+    import time
+
+    import requests
+    from transformers import AutoTokenizer
+
+    from checkpoint_tools import cpu_megatron
+    from trainer.rollout.engines.servers import HTTPRollout
+
+    port = cpu_megatron.free_port()
+    server = subprocess.Popen([sys.executable, "-m", "sglang_kvc.launch_server", "--model-path",
+                               str(model_dir), "--port", str(port), "--device", "cpu"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if requests.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                time.sleep(0.5)
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        text = tok.apply_chat_template([{"role": "user", "content": "add 3 4"}], tokenize=False,
+                                       add_generation_prompt=True)
+        prompt = Prompt(text, tok(text, add_special_tokens=False)["input_ids"], "7", {})
+        ctx = GenerateContext(HTTPRollout([url]), RolloutConfig(max_response_len=96, seed=3), tok,
+                              None, context_length=1024)
+        http = MultiTurn(echo_env, max_turns=3, turn_tokens=10)(ctx, [prompt], 3)
+        info = requests.get(url + "/get_server_info", timeout=10).json()
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    local = _episodes(model_dir)
+    assert info["sessions"]["open"] == 0
+    for h, k in zip(http, local):
+        assert h.calls[0].gen.response_ids == k.calls[0].gen.response_ids
+        assert h.calls[0].gen.meta["session_context_len"] == k.calls[0].gen.meta["session_context_len"]

@@ -81,6 +81,9 @@ class Episode:
         last = self.gens[-1].meta
         meta = {k: v for k, v in last.items() if k not in ("input_ids", "compression")}
         meta["prompt_tokens"] = len(self.prompt.input_ids)
+        # the prompt's prefix-cache hits (a session's later turn counts its whole held context)
+        meta["cached_tokens"] = self.gens[0].meta.get("cached_tokens", 0)
+        meta["cached_tokens_per_turn"] = [g.meta.get("cached_tokens", 0) for g in self.gens]
         comps = [g.meta["compression"] for g in self.gens if g.meta.get("compression")]
         if comps:
             meta["compression"] = {

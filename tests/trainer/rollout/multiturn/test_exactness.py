@@ -84,7 +84,8 @@ def test_sessions_prefill_only_new_tokens_and_sample_what_reprefill_samples(mode
         assert last["session_context_len"] == context
         # prefilled: the last observation (and at most the previous turn's last token)
         observation = _runs(k.calls[0].loss_mask)[-2]
-        assert context - observation - 1 <= last["cached_tokens"] <= context - observation
+        cached = last["cached_tokens_per_turn"][-1]
+        assert context - observation - 1 <= cached <= context - observation
 
 
 def _last_turn_ids(trace) -> list[int]:

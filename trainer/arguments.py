@@ -125,10 +125,12 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     from .learner.checkpoint_policy import check_checkpoint_args
     from .learner.flags import check_sparse_replay_args, global_batch_size
     from .rollout.samples.fidelity import check_fidelity_args
+    from .rollout.multiturn.flags import check_multiturn_args
 
     check_sparse_replay_args(parser, args)
     check_checkpoint_args(parser, args)
     check_fidelity_args(parser, args)
+    check_multiturn_args(parser, args)
     if args.save_debug_rollout_data:
         try:
             args.save_debug_rollout_data.format(rollout_id=0)

@@ -25,25 +25,44 @@ if TYPE_CHECKING:  # torch loads in the functions that use it: --help comes befo
     import torch
 
 
-def example_ids(tok, row: dict) -> tuple[list[int], list[int]]:
-    """``(prompt ids, answer ids)`` of one worked example; the answer ends the turn."""
+def example_ids(tok, row: dict) -> tuple[list[int], list[int], list[int] | None]:
+    """``(prompt ids, answer ids, answer mask)`` of one worked example; the answer ends the turn.
+    A multi-turn example (``solution_turns`` with ``observations`` between them) is rendered as
+    the multi-turn rollout renders it (``rollout/multiturn/chat.py``), and only the model's turns
+    are trained (mask 0 on the observations)."""
     prompt = row["prompt"]
     if isinstance(prompt, list):
         prompt = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-    answer = row["solution"] + tok.eos_token
-    return tok(prompt, add_special_tokens=False)["input_ids"], tok(answer, add_special_tokens=False)["input_ids"]
+    encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    if "solution_turns" not in row:
+        return encode(prompt), encode(row["solution"] + tok.eos_token), None
+    from .rollout.multiturn.chat import observation_format
+
+    fmt, ids, mask = observation_format(tok), [], []
+    turns, observations = row["solution_turns"], row.get("observations", [])
+    for k, turn in enumerate(turns):
+        turn_ids = encode(turn + tok.eos_token)
+        ids, mask = ids + turn_ids, mask + [1] * len(turn_ids)
+        if k < len(turns) - 1:
+            obs = encode(fmt.render(turn + tok.eos_token, observations[k]))
+            ids, mask = ids + obs, mask + [0] * len(obs)
+    return encode(prompt), ids, mask
 
 
-def batch_tensors(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ``input_ids`` and ``labels`` (-100 everywhere but the answers)."""
+def batch_tensors(pairs: list[tuple], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids`` and ``labels`` (-100 everywhere but the answers, and where an
+    answer's optional third element, its mask, is 0)."""
     import torch
 
-    width = max(len(p) + len(r) for p, r in pairs)
+    width = max(len(p) + len(r) for p, r, *_ in pairs)
     ids = torch.full((len(pairs), width), pad_id)
     labels = torch.full_like(ids, -100)
-    for i, (p, r) in enumerate(pairs):
+    for i, (p, r, *mask) in enumerate(pairs):
         ids[i, : len(p) + len(r)] = torch.tensor(p + r)
-        labels[i, len(p): len(p) + len(r)] = torch.tensor(r)
+        target = torch.tensor(r)
+        if mask and mask[0] is not None:
+            target = torch.where(torch.tensor(mask[0]).bool(), target, torch.tensor(-100))
+        labels[i, len(p): len(p) + len(r)] = target
     return ids, labels
 
 

@@ -66,8 +66,14 @@ def pad_rows(rows: list[torch.Tensor], width: int | None = None) -> torch.Tensor
 
 
 def response_mask(samples: list[Sample], width: int) -> torch.Tensor:
+    """[B, width] bool: the tokens that enter the loss, advantages, correction and mismatch
+    metrics: every response token, less a multi-turn sample's observations (``loss_mask``)."""
     lengths = torch.tensor([len(s.response_ids) for s in samples])
-    return torch.arange(width)[None, :] < lengths[:, None]
+    mask = torch.arange(width)[None, :] < lengths[:, None]
+    for i, s in enumerate(samples):
+        if s.loss_mask is not None:
+            mask[i, :len(s.loss_mask)] &= torch.tensor(s.loss_mask, dtype=torch.bool)
+    return mask
 
 
 def gather_dp(values: list[torch.Tensor | None], trainer) -> list[torch.Tensor]:

@@ -25,6 +25,9 @@ class Sample:
     # the engine recomputed this sample densely from this query on (a preemption after an
     # eviction): a sparse pack replays it as two sequences, masked before and dense after
     eviction_dense_from: int | None = None
+    # per response token: 1 = the model's token (trained), 0 = context only (a multi-turn
+    # sample's tool output / observation); None = all trained (a single-turn sample)
+    loss_mask: list[int] | None = None
 
     @property
     def length(self) -> int:

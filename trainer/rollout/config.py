@@ -22,6 +22,7 @@ from .dynamic_sampling import DynamicSamplingConfig
 from .engines.config import (EngineConfig, WeightSyncConfig, add_engine_args, add_server_args,
                              engine_config_from_args, weight_sync_config_from_args)
 from .engines.interface import RolloutConfig
+from .multiturn.flags import MultiTurnConfig, add_multiturn_args, multiturn_config_from_args
 from .samples.data import PromptStream, load_prompts
 from .samples.fidelity import adaptive_config_from_args
 from .samples.generate import load_generate_plugin, parse_options
@@ -90,6 +91,7 @@ class RolloutPlan:
     overlong: OverlongConfig = dataclasses.field(default_factory=OverlongConfig)  # training only
     dynamic: DynamicSamplingConfig = dataclasses.field(default_factory=DynamicSamplingConfig)
     adaptive: AdaptiveBudgetConfig | None = None  # --adaptive-budget-*: None = the engines' B
+    multiturn: MultiTurnConfig | None = None  # --env-path: multi-turn episodes
 
     def sampling_for(self, rollout_id: int) -> RolloutConfig:
         # per-sample seeds derived from (seed, rollout id): a resumed run samples exactly what
@@ -108,6 +110,8 @@ class RolloutPlan:
 
     def load_plugin(self):
         """The generate plug-in, or None when rollouts are plain samples."""
+        if self.multiturn is not None:
+            return self.multiturn.plugin()
         if not self.generate_plugin:
             return None
         return load_generate_plugin(self.generate_plugin, parse_options(self.generate_args))
@@ -160,7 +164,7 @@ def rollout_plan_from_args(args: argparse.Namespace) -> RolloutPlan:
                                 args.overlong_filtering),
         dynamic=DynamicSamplingConfig(args.dynamic_sampling_filter_path,
                                       args.over_sampling_batch_size),
-        adaptive=adaptive_config_from_args(args))
+        adaptive=adaptive_config_from_args(args), multiturn=multiturn_config_from_args(args))
 
 
 def sampling_config_from_args(args: argparse.Namespace) -> RolloutConfig:
@@ -191,7 +195,7 @@ def add_rollout_args(parser: argparse.ArgumentParser) -> None:
     from .samples.rewards import add_reward_args
 
     for add in (_add_data_args, _add_rollout_args, add_engine_args, _add_eval_args,
-                add_reward_args, add_fidelity_args):
+                add_reward_args, add_fidelity_args, add_multiturn_args):
         add(parser)
 
 

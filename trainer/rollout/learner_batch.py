@@ -36,7 +36,8 @@ def learner_sample(call, pad_id: int) -> Sample:
     gen = call.gen
     record = gen.eviction_record if gen.response_ids else None
     return Sample(call.prompt_ids, gen.response_ids or [pad_id], record,
-                  gen.meta.get("eviction_record_dense_from"))
+                  gen.meta.get("eviction_record_dense_from"),
+                  call.loss_mask if gen.response_ids else None)
 
 
 def kl_coefs(calls, default: float) -> list[float] | None:

@@ -19,6 +19,7 @@ import time
 
 from .engines.interface import Engines, Generation, RolloutConfig, RolloutError
 from .engines.sharding import Placement, gather_shards, shard_bounds
+from .multiturn.stats import episode_stats
 from .samples.data import Prompt
 from .samples.generate import GenerateContext, run_plugin
 from .samples.rewards import RewardConfig, RewardInput, RewardModel
@@ -82,7 +83,7 @@ class RolloutResult:
                **engine_stats(self.shards)}
         if any(s.plugin_stats for s in self.shards):
             out.update(plugin_stats(self.shards, self.traces))
-        return out
+        return {**out, **episode_stats(self.traces)}  # multi-turn rollouts (--env-path)
 
 
 def _row(index: int, engine: int, trace_id: int, prompt: Prompt, trace: Trace, call) -> dict:

@@ -55,6 +55,13 @@ class EngineRollout(Engines):
         self.engine.update_weights_from_tensor(**payload)
         return []
 
+    def open_session(self) -> str:
+        """A session whose requests continue each other's KV (multi-turn rollouts)."""
+        return self.engine.open_session()
+
+    def close_session(self, session_id: str) -> None:
+        self.engine.close_session(session_id)
+
     def pool(self) -> dict | None:
         return _pool(self.engine.get_server_info())
 

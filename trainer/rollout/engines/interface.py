@@ -87,6 +87,7 @@ class SampleRequest:
     input_ids: list[int]
     sampling_params: dict
     compress: bool = True  # False: this sample keeps its whole KV (dense share)
+    session_params: dict | None = None  # {"id", "rid"}: continue a session's KV (multi-turn)
 
     @classmethod
     def of(cls, input_ids: list[int], cfg: RolloutConfig, seed: int | None, **overrides
@@ -111,7 +112,9 @@ def batch_body(requests: list[SampleRequest], cfg: RolloutConfig) -> dict:
     ``sampling_params``)."""
     return {"input_ids": [r.input_ids for r in requests],
             "sampling_params": [r.sampling_params for r in requests],
-            "return_logprob": True, **_kv_fields(cfg), **_per_sample_compress(requests, cfg)}
+            "return_logprob": True, **_kv_fields(cfg), **_per_sample_compress(requests, cfg),
+            **({"session_params": [r.session_params for r in requests]}
+               if any(r.session_params for r in requests) else {})}
 
 
 def _per_sample_compress(requests: list[SampleRequest], cfg: RolloutConfig) -> dict:

@@ -142,6 +142,18 @@ class HTTPRollout(Engines):
             raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text[:500]}")
         return r.json() if r.content else {}  # /abort_request answers an empty 200, as SGLang
 
+    @property
+    def has_sessions(self) -> bool:
+        """Multi-turn sessions need every turn on one server: only with one server (several
+        would round-robin a session's turns; the episodes then re-prefill)."""
+        return self.engines.size == 1
+
+    def open_session(self) -> str:
+        return self.post(self.engines.urls[0] + "/open_session", {"capacity_of_str_len": 0})
+
+    def close_session(self, session_id: str) -> None:
+        self.post(self.engines.urls[0] + "/close_session", {"session_id": session_id})
+
     def post(self, url: str, payload: dict, retries: int = 1) -> dict:
         """One control request to one server, retried there (no failover: it is about that one)."""
         for attempt in range(retries + 1):

@@ -32,6 +32,7 @@ class Request:
     input_ids: list[int]
     max_new_tokens: int
     stop: tuple[str, ...] = ()  # stop strings (kept in the text: no_stop_trim)
+    session: dict | None = None  # {"id", "rid"}: input_ids continue that session's KV
 
 
 class GenerateContext:
@@ -68,6 +69,7 @@ class GenerateContext:
             rank[key] += 1
             out.append(SampleRequest.of(r.input_ids, self.cfg, seed, max_new_tokens=r.max_new_tokens,
                                         **({"stop": list(r.stop)} if r.stop else {})))
+            out[-1].session_params = r.session
         return out
 
     def _seed(self, group: int, rank: int) -> int | None:

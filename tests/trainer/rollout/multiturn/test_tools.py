@@ -1,0 +1,98 @@
+"""The tool-call parser (well-formed, malformed, several calls) and the calculator (an AST
+whitelist: names, attributes and calls refused; a time limit on every tool)."""
+
+import threading
+
+import pytest
+
+from trainer.rollout.multiturn.environment import Conversation, ToolEnvironment
+from trainer.rollout.multiturn.parser import load_parser, qwen25
+from trainer.rollout.multiturn.tools import ToolError, calculator, run_tool
+from trainer.rollout.samples.data import Prompt
+
+
+def test_parser_reads_a_well_formed_call():
+    text = 'I will compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "2*3"}}\n</tool_call>'
+    (call,) = qwen25(text)
+    assert call.ok and call.name == "calculator" and call.arguments == {"expression": "2*3"}
+
+
+def test_parser_reads_several_calls_in_order():
+    text = ('<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call> and '
+            '<tool_call>{"name": "b", "arguments": "{\\"y\\": 2}"}</tool_call>')
+    calls = qwen25(text)
+    assert [(c.name, c.arguments) for c in calls] == [("a", {"x": 1}), ("b", {"y": 2})]
+
+
+@pytest.mark.parametrize("text, why", [
+    ('<tool_call>{"name": "a", "arguments": {"x": 1}', "not closed"),
+    ("<tool_call>{name: a}</tool_call>", "not valid JSON"),
+    ('<tool_call>["a", 1]</tool_call>', '"name"'),
+    ('<tool_call>{"name": "a", "arguments": [1]}</tool_call>', "JSON object"),
+])
+def test_parser_reports_malformed_calls(text, why):
+    (call,) = qwen25(text)
+    assert not call.ok and why in call.error
+
+
+def test_no_call_is_no_call():
+    assert qwen25("The answer is \\boxed{6}.") == []
+
+
+def test_parser_flag():
+    assert load_parser("qwen25") is qwen25
+    with pytest.raises(ValueError, match="--tool-parser"):
+        load_parser("nonesuch")
+
+
+@pytest.mark.parametrize("expr, value", [("2 * 3 + 4", "10"), ("347 * 829 + 12", "287675"),
+                                         ("7 / 2", "3.5"), ("8 / 2", "4"), ("-(3 - 5) ** 3", "8"),
+                                         ("17 // 5 + 17 % 5", "5")])
+def test_calculator_evaluates_arithmetic(expr, value):
+    assert calculator(expr) == value
+
+
+@pytest.mark.parametrize("expr", ["__import__('os').system('true')", "x + 1", "(1).real",
+                                  "abs(-1)", "[1, 2]", "'a' * 3", "lambda: 1", "1 if 1 else 2"])
+def test_calculator_refuses_anything_but_arithmetic(expr):
+    with pytest.raises(ToolError):
+        calculator(expr)
+
+
+def test_calculator_bounds_its_work():
+    with pytest.raises(ToolError, match="exponent"):
+        calculator("9 ** 9 ** 9")
+    with pytest.raises(ToolError, match="zero"):
+        calculator("1 / 0")
+    with pytest.raises(ToolError, match="longer"):
+        calculator("1 + " * 100 + "1")
+
+
+def test_a_tool_runs_under_a_time_limit():
+    release = threading.Event()
+    with pytest.raises(ToolError, match="longer than 0.05 s"):
+        run_tool(lambda: release.wait(30), {}, seconds=0.05)
+    release.set()
+    with pytest.raises(ToolError, match="bad arguments"):
+        run_tool(calculator, {"expr": "1"})
+
+
+class _Calc(ToolEnvironment):
+    tools = {"calculator": calculator}
+
+
+def _step(text):
+    return _Calc().step(Conversation(Prompt("q", [1], "6", {}), [text], []))
+
+
+def test_environment_answers_calls_and_errors_without_raising():
+    ok = _step('<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>')
+    assert ok.observation == "<tool_response>\n6\n</tool_response>" and not ok.finished
+    assert (ok.tool_calls, ok.tool_errors) == (1, 0)
+    bad = _step('<tool_call>{"name": "calculator", "arguments": {"expression": "os.system(1)"}}'
+                '</tool_call><tool_call>{"name": "search"}</tool_call><tool_call>oops')
+    assert (bad.tool_calls, bad.tool_errors) == (3, 3) and not bad.finished
+    assert bad.observation.count("<tool_response>\nError: ") == 3
+    assert "unknown tool 'search'" in bad.observation and "not closed" in bad.observation
+    done = _step("\\boxed{6}")
+    assert done.finished and done.reward is None

@@ -1,0 +1,92 @@
+"""The multi-turn rollout (``--env-path``): model turns and environment observations alternate
+in one context per sample, up to ``--max-turns`` model turns.
+
+Every turn is one engine call for all live samples of the shard (a batch); after it the
+environment answers each sample. A sample whose episode ends (the environment says done, no
+observation, the turn limit, or the response budget ``--rollout-max-response-len`` spent on
+model and observation tokens together) leaves the batch at once and its engine session is
+closed, freeing its KV. The finished sample is one trace: the prompt, then everything after it
+as the response, with a loss mask that keeps observations out of the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from ..samples.data import Prompt
+from ..samples.generate import GenerateContext
+from ..samples.traces import Trace
+from .chat import ObservationFormat, observation_format
+from .environment import Step
+from .episode import Episode
+from .turns import Reprefill
+
+
+@dataclasses.dataclass
+class MultiTurn:
+    """A generate plug-in (``samples/generate.py``) built from the multi-turn flags."""
+
+    step: Callable  # the environment: step(Conversation) -> Step
+    max_turns: int = 4
+    turn_tokens: int | None = None  # --max-tokens-per-turn (None: what the budget leaves)
+    observation_role: str = "user"  # the chat role observations are rendered as
+    use_sessions: bool = True  # continue each episode's KV when the engine has sessions
+
+    def __call__(self, ctx: GenerateContext, prompts: list[Prompt], n: int) -> list[Trace]:
+        fmt = observation_format(ctx.tokenizer, self.observation_role)
+        turns = self._turns(ctx)
+        episodes = [Episode(p, i, k) for i, p in enumerate(prompts) for k in range(n)]
+        try:
+            self._run(ctx, fmt, turns, episodes)
+        finally:
+            turns.close(episodes)  # whatever is still open (an error mid-rollout)
+        return [e.trace(ctx.decode(e.ids)) for e in episodes]
+
+    def _run(self, ctx: GenerateContext, fmt: ObservationFormat, turns, episodes: list[Episode]):
+        live = episodes
+        for turn in range(self.max_turns):
+            gens = turns.generate(live, [self._budget(ctx, e) for e in live])
+            for e, g in zip(live, gens):
+                e.add_turn(g)
+                self._answer(ctx, fmt, e, last=turn == self.max_turns - 1)
+            turns.close([e for e in live if e.done])  # their KV is free before the next turn
+            live = [e for e in live if not e.done]
+            if not live:
+                return
+
+    def _turns(self, ctx: GenerateContext):
+        if self.use_sessions:
+            from .sessions import sessions_for
+
+            found = sessions_for(ctx)
+            if found is not None:
+                return found
+        return Reprefill(ctx)
+
+    def _answer(self, ctx: GenerateContext, fmt: ObservationFormat, e: Episode, last: bool) -> None:
+        """The environment's answer to ``e``'s latest turn: its observation appended, or the
+        episode finished (also when the turn limit is reached: the environment's reward if it
+        ended the episode, else the run's reward on the last turn)."""
+        step = self.step(e.conversation())
+        if not isinstance(step, Step):
+            raise TypeError(f"--env-path: step() must return a Step, got {type(step).__name__}")
+        e.count(step)
+        if step.finished or last:
+            e.finish(step.reward if step.finished else None)
+            return
+        ids = ctx.encode(fmt.render(e.turns[-1], step.observation))
+        if len(ids) >= self._room(ctx, e):  # no room for the observation and a next turn
+            e.finish(None, "length")
+            return
+        e.add_observation(step.observation, ids)
+
+    def _room(self, ctx: GenerateContext, e: Episode) -> int:
+        left = ctx.cfg.max_response_len - len(e.ids)
+        if ctx.context_length:  # never truncate a context: the episode ends instead
+            left = min(left, ctx.context_length - len(e.context_ids) - 1)
+        return left
+
+    def _budget(self, ctx: GenerateContext, e: Episode) -> int:
+        room = self._room(ctx, e)
+        return room if self.turn_tokens is None else min(room, self.turn_tokens)

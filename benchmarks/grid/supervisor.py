@@ -106,8 +106,9 @@ def supervise(args, jobs: list[waves.Job]) -> int:
         write_state(args, jobs, status, attempts, False, {s.job: s.proc.pid for s in slots})
         time.sleep(args.tick if not seeds else min(args.tick, 1.0))
     pool.shutdown()
-    write_state(args, jobs, status, attempts, True)
+    # reports first: a poll or a second wave that reads "finished" then finds them whole
     write_reports(args, {j.task for j in jobs})
+    write_state(args, jobs, status, attempts, True)
     return 1 if "failed" in status.values() else 0
 
 
@@ -221,17 +222,58 @@ def write_reports(args, tasks: set[str]) -> None:
 
 # --------------------------------------------------------------------------- detach and poll
 
-def detach(argv: list[str], out: Path) -> int:
-    """The same command without --detach, in a session of its own (it outlives this shell)."""
+DETACH_WAIT_S = 60.0  # bound on the supervisor's start-up (imports, already-done checks) on a busy machine
+
+
+def supervisor_command(argv: list[str]) -> list[str]:
+    """The same command without --detach."""
+    return [sys.executable, "-m", "benchmarks.grid.correction_grid", *[a for a in argv if a != "--detach"]]
+
+
+def detach(argv: list[str], out: Path, wait_s: float = DETACH_WAIT_S) -> int:
+    """The supervisor in a session of its own (it outlives this shell); returns once it has
+    written this start's ``state.json``, so that a ``poll`` right after finds it."""
     out.mkdir(parents=True, exist_ok=True)
-    log = open(out / "supervisor.log", "a")
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.grid.correction_grid",
-                             *[a for a in argv if a != "--detach"]], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=waves.ROOT)
+    started = time.time()
+    with open(out / "supervisor.log", "a") as log:
+        proc = subprocess.Popen(supervisor_command(argv), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=waves.ROOT)
     (out / "supervisor.pid").write_text(str(proc.pid))
+    if not wait_for_state(proc, out, started, wait_s):
+        return 1
     print(f"[wave] supervisor {proc.pid} started; log {out / 'supervisor.log'}; "
           f"python -m benchmarks.grid.correction_grid poll {out} [--wait S] [--bundle DIR]")
     return 0
+
+
+def wait_for_state(proc: subprocess.Popen, out: Path, since: float, wait_s: float) -> bool:
+    """Whether ``proc`` wrote a ``state.json`` newer than ``since`` (one left by an earlier
+    wave does not count) within ``wait_s``; the error and the log's tail when not."""
+    why = _why_no_state(proc, out, since, wait_s)
+    if why is not None:
+        log = out / "supervisor.log"
+        tail = _tail(log, 4096) if log.is_file() else ""
+        print(f"correction_grid: error: {why}; the end of {log}:\n{tail}", file=sys.stderr)
+    return why is None
+
+
+def _why_no_state(proc: subprocess.Popen, out: Path, since: float, wait_s: float) -> str | None:
+    deadline = time.time() + wait_s
+    while not _fresh_state(out, since):
+        if proc.poll() is not None:  # it may have written the state just before it exited
+            return None if _fresh_state(out, since) else \
+                f"the supervisor exited (code {proc.returncode}) before writing {STATE}"
+        if time.time() > deadline:
+            return f"the supervisor (pid {proc.pid}, still running) wrote no {STATE} in {wait_s:.0f} s"
+        time.sleep(0.1)
+    return None
+
+
+def _fresh_state(out: Path, since: float) -> bool:
+    try:
+        return json.loads((out / STATE).read_text())["updated"] >= since
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return False
 
 
 def supervisor_alive(out: Path) -> bool:

@@ -163,6 +163,53 @@ def test_wave_cli_errors_are_one_line(tmp_path):
     assert none.returncode == 2 and "no state.json" in none.stderr
 
 
+# A stand-in supervisor: writes a fresh state.json (atomically, as write_state does) after a
+# delay, or prints its error and exits first.
+_LATE_STATE = """import json, os, sys, time
+time.sleep(0.5)
+out = sys.argv[1]
+open(os.path.join(out, "state.json.tmp"), "w").write(json.dumps({"wave": "fresh", "updated": time.time()}))
+os.replace(os.path.join(out, "state.json.tmp"), os.path.join(out, "state.json"))
+"""
+_DIES = "import sys; print('boom: no model here'); sys.exit(3)"
+
+
+def test_detach_returns_once_the_supervisor_wrote_its_state(tmp_path, monkeypatch):
+    """A poll right after --detach finds this start's state (one left by an earlier wave does
+    not count); a supervisor that dies first is an error with its log's tail."""
+    (tmp_path / "state.json").write_text(json.dumps({"wave": "old", "updated": 0.0}))
+    monkeypatch.setattr(supervisor, "supervisor_command", lambda argv: [sys.executable, "-c", _LATE_STATE, *argv])
+    assert supervisor.detach([str(tmp_path), "--detach"], tmp_path) == 0
+    assert json.loads((tmp_path / "state.json").read_text())["wave"] == "fresh"
+
+
+def test_detach_reports_a_supervisor_that_exits_before_its_state(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(supervisor, "supervisor_command", lambda argv: [sys.executable, "-c", _DIES])
+    assert supervisor.detach(["--detach"], tmp_path) == 1
+    err = capsys.readouterr().err
+    assert "exited (code 3) before writing state.json" in err and "boom: no model here" in err
+
+
+def test_the_state_is_finished_only_after_the_reports_are_written(tmp_path, monkeypatch):
+    """A poll or a second wave that reads "finished" must find the reports whole: when the
+    reports are written, the state still says not finished; after, it says finished."""
+    job = waves.Job(grid.parse_config("dense", 1), "arith")
+    job.exported(tmp_path).parent.mkdir(parents=True)
+    job.exported(tmp_path).write_text(json.dumps({"step": 1, "eval/arith/score": 0.5}) + "\n")
+    args = argparse.Namespace(out=tmp_path, wave_name="w", num_rollout=1, mps=False, done_dir=None, gpus=[],
+                              per_gpu=1, tick=0.01, retries=0, all_jobs=[job])
+    seen = []
+
+    def reports(args, tasks):
+        seen.append(json.loads((tmp_path / "state.json").read_text())["finished"])
+        (tmp_path / "report-arith.md").write_text("report\n")
+
+    monkeypatch.setattr(supervisor, "prepare_common", lambda args, jobs: (None, {}))
+    monkeypatch.setattr(supervisor, "write_reports", reports)
+    assert supervisor.supervise(args, [job]) == 0
+    assert seen == [False] and json.loads((tmp_path / "state.json").read_text())["finished"] is True
+
+
 @pytest.mark.slow
 def test_cpu_smoke_detached_then_polled(tmp_path):
     """``wave 61 --smoke``: the tiny model, 2 seeds x dense and R-KV 20, 2 rollouts, 4 held-out

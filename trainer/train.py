@@ -182,7 +182,10 @@ def train(cfg: RunConfig, restart_hook: RestartHookFactory | None = None) -> lis
         bar = progress_bar(range(run.start_rollout, cfg.loop.num_rollout), desc="rollouts",
                            disable=rank() != 0, initial=run.start_rollout, total=cfg.loop.num_rollout)
         for rollout_id in bar:
-            metrics = _one_rollout(run, rollout_id)
+            # named for the whole step, its logging included: a signal between the rollout and
+            # the next one still says which rollout it struck (not "startup")
+            with interrupt.doing(f"rollout {rollout_id + 1} of {cfg.loop.num_rollout}"):
+                metrics = _one_rollout(run, rollout_id)
             bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}",
                             len=f"{metrics['response_len_mean']:.0f}")
             if _saves_after(cfg.loop, rollout_id + 1):
@@ -198,8 +201,7 @@ def _one_rollout(run: Run, rollout_id: int) -> dict:
     """A rollout step (the first one a startup phase), its eval when due, its metrics logged."""
     first = rollout_id == run.start_rollout
     with phase("first rollout (generate, reward, recompute, update, sync)") if first \
-            else contextlib.nullcontext(), \
-            interrupt.doing(f"rollout {rollout_id + 1} of {run.cfg.loop.num_rollout}"):
+            else contextlib.nullcontext():
         metrics = run.rollout_step(rollout_id)
     interval = run.cfg.loop.eval_interval
     if interval and (rollout_id + 1) % interval == 0:

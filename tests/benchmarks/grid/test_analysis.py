@@ -181,6 +181,7 @@ def test_bundle_has_a_progress_line_per_run_and_stays_under_the_limit(tmp_path, 
 
 
 @pytest.mark.launch
+@pytest.mark.slow  # ~2 min: CI's launch stage keeps its margin; the grid's own CPU smoke is slow too
 def test_grid_lane_smoke_start_then_poll(tmp_path):
     """``benchmarks/grid/lane.sh`` as the lead runs it, on the CPU smoke (SMOKE=1: the tiny model,
     2 seeds x dense and R-KV 20, 2 rollouts; 7-8 min here on 2 cores at load 10-16): ``start`` returns with the

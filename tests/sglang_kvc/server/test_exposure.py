@@ -105,16 +105,29 @@ def test_open_host_warns_and_ctrl_c_is_one_line(tiny_models, wait_healthy):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, timeout=120)
+        # Paused: the request stays in flight until the signal by construction (the tiny model's
+        # context caps a 100,000-token answer at ~510 tokens, under 2 s on a fast machine).
+        requests.post(url + "/pause_generation", json={}, timeout=30)
         body = {"text": "hi", "sampling_params": {"max_new_tokens": 100000, "ignore_eos": True}}
         subprocess.Popen([sys.executable, "-c", f"import requests; requests.post({url + '/generate'!r}, "
                           f"json={body!r}, timeout=60)"], stderr=subprocess.DEVNULL)
-        time.sleep(2)
+        wait_until(lambda: _held(url) == 1, what="the request queued behind the pause")
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 128 + signal.SIGINT, out
     assert "without --api-key" in out and "Traceback" not in out
-    after = out[out.index("GET /health"):].splitlines()[1:]
+    # the test's own control requests are access-log lines; what the signal prints is one line
+    after = [line for line in out[out.index("GET /health"):].splitlines()[1:]
+             if not any(f'"{verb} /{path}' in line for verb, path in _CONTROL)]
     assert len(after) == 1 and after[0].startswith("python -m sglang_kvc.launch_server: stopped by "
                                                    "SIGINT"), out
+
+
+_CONTROL = (("POST", "pause_generation"), ("GET", "get_server_info"))
+
+
+def _held(url: str) -> int:
+    info = requests.get(url + "/get_server_info", timeout=10).json()
+    return info["num_running_reqs"] + info["num_waiting_reqs"]

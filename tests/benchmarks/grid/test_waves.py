@@ -37,6 +37,17 @@ def test_wave_61_runs_by_priority_tier_seed_by_seed():
     assert (waves.WAVES[61].num_rollout, waves.WAVES[61].eval_interval) == (60, 20)
 
 
+def test_wave_69_gives_the_deciding_tier_its_own_seeds():
+    """Issue 69: R-KV 64 uncorrected on the given seeds, then dense, R-KV 128 sparse_rl and replay on
+    seeds 6-10 only (wave 61 ran 1-5), then SnapKV and FP8 on the given seeds: 5 + 15 + 5 + 5."""
+    jobs = waves.wave_jobs(waves.WAVES[69], [1, 2, 3, 4, 5], "rkv:128", prefix=False)
+    names = [j.run.name for j in jobs]
+    assert len(names) == 30 and names[:5] == [f"rkv-64-disabled-s{s}" for s in range(1, 6)]
+    assert names[5:8] == ["dense-s6", "rkv-128-sparse_rl-s6", "rkv-128-disabled-train-sparse-policy-s6"]
+    assert {j.run.seed for j in jobs[5:20]} == {6, 7, 8, 9, 10}
+    assert names[20] == "snapkv-128-sparse_rl-s1" and names[-1] == "rkv-128-sparse_rl+fp8-s5"
+
+
 def test_older_waves_keep_config_by_config_order():
     jobs = waves.wave_jobs(waves.WAVES[4], [1, 2], "rkv:128", prefix=True)
     assert [j.run.name for j in jobs[:4]] == ["dense-s1", "dense+prefix-s1", "dense-s2", "dense+prefix-s2"]

@@ -341,8 +341,8 @@ def main(argv=None) -> int:
                      "accuracy (dense eval and deployed compressed), one point per config")
     rep.add_argument("--curves", type=Path, default=None, help="learning curves: greedy accuracy by "
                      "rollout, mean over seeds with 95%% bands, evaluated dense and deployed compressed")
-    rep.add_argument("--wave", type=int, default=None, help="the wave the grid runs (e.g. 61): "
-                     "its runs not there or unfinished are listed")
+    rep.add_argument("--wave", type=int, nargs="+", default=None, help="the waves the grid runs (e.g. 61 69): "
+                     "their runs not there or unfinished are listed")
     rep.add_argument("--task", default="chain")
     rep.add_argument("--eval-samples", type=int, default=4)
     add_wave_parsers(sub)

@@ -74,9 +74,10 @@ def report_lines(results: list[RunResult], args) -> list[str]:
     if args.wave:
         from benchmarks.grid import waves
 
-        wave = waves.WAVES[args.wave]
-        expected = [j.run.name for j in waves.wave_jobs(wave, [1, 2, 3, 4, 5], "rkv:128", False)]
-        lines += analysis.missing_lines(results, expected, wave.num_rollout) + [""]
+        chosen = [waves.WAVES[n] for n in (args.wave if isinstance(args.wave, list) else [args.wave])]
+        expected = list(dict.fromkeys(j.run.name for wave in chosen
+                                      for j in waves.wave_jobs(wave, [1, 2, 3, 4, 5], "rkv:128", False)))
+        lines += analysis.missing_lines(results, expected, chosen[0].num_rollout) + [""]
     sections = (("Paired against dense", paired.paired_table(results, args.task, gain_line=False)),
                 ("The correction's worth: corrected minus uncorrected, same budget",
                  analysis.worth_lines(results, args.task)),

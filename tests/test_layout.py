@@ -437,6 +437,23 @@ def test_benchmarks_import_without_a_circle():
     assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
 
 
+def test_no_two_benchmark_groups_import_each_other():
+    """Issue 65: the groups (common, engine, training, studies, grid, plots) form a one-way graph:
+    what two groups share lives in common/ (the grid once imported studies' layouts and run
+    folders while studies imported the grid's runs)."""
+    group_of = lambda module: module.split(".")[1]  # noqa: E731
+    groups: dict[str, set[str]] = {}
+    for path in BENCHMARKS.rglob("*.py"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        if module.count(".") >= 2:
+            groups.setdefault(group_of(module), set()).update(
+                group_of(m) for m in _benchmark_imports(path) if m.count(".") >= 1)
+    pairs = sorted({tuple(sorted((a, b))) for a, seen in groups.items() for b in seen
+                    if b != a and a in groups.get(b, ())})
+    assert pairs == [], f"benchmark groups importing each other: {pairs}"
+    assert _circle({g: seen - {g} for g, seen in groups.items()}) == []
+
+
 def test_one_build_checkpoint_in_the_benchmarks():
     defined = [p.relative_to(BENCHMARKS).as_posix() for p in BENCHMARKS.rglob("*.py")
                for node in ast.walk(ast.parse(p.read_text()))

@@ -195,7 +195,7 @@ def prepare_common(args, jobs: list[waves.Job]) -> tuple[Path | None, dict]:
 
 def prepare_seed(args, task: str, seed: int, base: Path | None) -> waves.SeedSetup:
     """The seed's warm-up, training rows and torch_dist import (shared by its runs)."""
-    from benchmarks.studies.long_rollout import import_once
+    from benchmarks.common.runs import import_once
 
     setup = waves.prepare_seed(args, task, seed, base)
     import_once(setup.model, setup.model.parent)

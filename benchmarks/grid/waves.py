@@ -269,7 +269,7 @@ def job_argv(job: Job, args, setup: SeedSetup, evals: Path) -> list[str]:
     head = [sys.executable, "-m", "trainer.train"]
     layout = None
     if job.layout:
-        from benchmarks.studies.layouts import LAYOUTS, launcher
+        from benchmarks.common.layouts import LAYOUTS, launcher
 
         layout = LAYOUTS[job.layout]
         head = [*launcher(layout), "-m", "trainer.train"]
@@ -292,7 +292,7 @@ def job_argv(job: Job, args, setup: SeedSetup, evals: Path) -> list[str]:
 
 
 def launch(job: Job, args, setup: SeedSetup, evals: Path, gpus: list[int]) -> subprocess.Popen:
-    from benchmarks.studies.long_rollout import prepare_run_dir
+    from benchmarks.common.runs import prepare_run_dir
 
     folder = job.folder(args.out)
     prepare_run_dir(folder, setup.model, setup.model.parent)  # one torch_dist import per seed

@@ -69,7 +69,7 @@ from pathlib import Path
 
 from benchmarks.grid import correction_grid as grid
 from benchmarks.studies.layouts import LAYOUTS, launcher, with_speedups
-from benchmarks.studies.long_rollout import prepare_run_dir
+from benchmarks.common.runs import prepare_run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from benchmarks.common.checkpoint import build_checkpoint
 from benchmarks.common.report import emit
+from benchmarks.common.runs import prepare_run_dir
 from trainer.learner.speed import device_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,24 +82,6 @@ def config_argv(args, cfg: dict, cap: int, hf: Path, out: Path, work: Path,
     return argv + ["--sglang-max-total-tokens", str(pool_tokens(args, cap, cfg)),
                    "--custom-generate-function-path", "benchmarks.common.long_tail.LongTailLengths",
                    "--custom-generate-args", *plugin, *more, *args.extra]
-
-
-def import_once(hf: Path, work: Path) -> Path:
-    """The HF -> torch_dist import every configuration's trainer would do (~25 s for 0.5B),
-    done once; each run's import cache points at it."""
-    target = work / "hf_import"
-    if not target.is_dir():
-        subprocess.run([sys.executable, "-m", "checkpoint_tools.hf2megatron", "--hf-checkpoint",
-                        str(hf), "--save", str(target)], cwd=ROOT, check=True)
-    return target
-
-
-def prepare_run_dir(run_dir: Path, hf: Path, work: Path) -> None:
-    """A run's folder whose trainer finds the shared torch_dist import in its cache."""
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    cache = run_dir / "logs" / "hf_import"
-    if not cache.exists():
-        cache.symlink_to(import_once(hf, work), target_is_directory=True)
 
 
 def run_config(args, cfg: dict, cap: int, hf: Path, work: Path) -> dict:

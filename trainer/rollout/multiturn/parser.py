@@ -4,7 +4,8 @@ A parser takes the turn's text and returns its ``ToolCall``s: every call it foun
 well-formed (a name and a dict of arguments) or carrying the reason it is not (``error``), so a
 malformed call becomes an error observation for the model, never an exception in the loop.
 
-The parsers are the server's (``sglang_kvc``'s ``--tool-call-parser``: one parser for both).
+The parsers are the server's (``--tool-call-parser``, through ``engines/tool_calls.py``): one
+parser for both.
 The default, ``qwen25``, reads Qwen2.5's (and Hermes') format, as its chat template asks for:
 
     <tool_call>
@@ -16,9 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sglang_kvc import TOOL_CALL_PARSERS as PARSERS
-from sglang_kvc import ToolCall
-
+from ..engines.tool_calls import PARSERS, ToolCall
 from ..samples.plugins import load_dotted
 
 FLAG = "--tool-parser"

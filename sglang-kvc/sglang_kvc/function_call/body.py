@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 
+from .call import ToolCall
+
 SHAPE = 'a tool call is {"name": ..., "arguments": {...}}'
 
 
-def parse_body(body: str, argument_keys: tuple[str, ...] = ("arguments",)) -> "ToolCall":
+def parse_body(body: str, argument_keys: tuple[str, ...] = ("arguments",)) -> ToolCall:
     """The call a JSON body states. Arguments sent as a JSON string (some models do) are read
     as the object they encode."""
-    from .call import ToolCall
-
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as e:

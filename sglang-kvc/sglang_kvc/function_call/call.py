@@ -30,7 +30,3 @@ class Segment:
     name: str | None = None
     arguments_text: str = ""
     complete: bool = True
-
-    @property
-    def is_call(self) -> bool:
-        return self.call is not None or not self.complete

@@ -216,3 +216,18 @@ def test_unknown_parser_is_a_cli_error():
                         "--tool-call-parser", "nonesuch"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "--tool-call-parser" in r.stderr and "qwen25" in r.stderr and "llama3" in r.stderr
+
+
+def test_real_engine_answer_without_a_call_is_unchanged(serve, tiny_models, hf_reference):
+    """On the real engine, parsing on: an answer with no call is the model's text (checked
+    against Hugging Face's greedy tokens), with no tool_calls."""
+    srv = serve("qwen2.5", tool_call_parser="qwen25")
+    messages = [{"role": "user", "content": "1 2 3"}]
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
+    got = c.chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=8,
+                                    temperature=0, extra_body={"ignore_eos": True}).choices[0]
+    tok = srv.engine.tokenizer
+    ids = tok.encode(tok.apply_chat_template(messages, tools=TOOLS, tokenize=False,
+                                             add_generation_prompt=True), add_special_tokens=False)
+    expected = tok.decode(hf_reference(tiny_models["qwen2.5"], ids, 8), skip_special_tokens=True)
+    assert (got.message.content, got.message.tool_calls, got.finish_reason) == (expected, None, "length")

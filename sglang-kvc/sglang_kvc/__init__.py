@@ -41,6 +41,9 @@ _EXPORTS = {
     "weight_update_master_store": ("sglang_kvc.weights.transport", "master_store"),
     # another thread's GPU work vs the engine thread's CUDA-graph captures
     "device_work": ("sglang_kvc.engine.cuda_graph", "device_work"),
+    # tool calls in a model's text: the server's --tool-call-parser and the trainer's --tool-parser
+    "ToolCall": ("sglang_kvc.function_call", "ToolCall"),
+    "TOOL_CALL_PARSERS": ("sglang_kvc.function_call", "PARSERS"),
 }
 
 __all__ = ["__version__", *_EXPORTS]

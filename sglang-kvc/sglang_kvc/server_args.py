@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .compression import POLICY_NAMES
+from .function_call import FORMATS as TOOL_CALL_FORMATS
 
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8_e5m2", "fp8_e4m3")
 
@@ -122,6 +123,12 @@ class ServerArgs:
               "smallest one that holds it); default every size to 8, 12, 16, 24, 32, then every "
               "16, up to --cuda-graph-max-bs")
     served_model_name: str | None = _arg(None, "model id shown by /v1/models; default the path")
+    tool_call_parser: str | None = _arg(
+        None, "as SGLang's: the format the model writes tool calls in, read back into "
+              "/v1/chat/completions' tool_calls: qwen25 (Qwen2.5, Qwen3: <tool_call>{json}"
+              "</tool_call>), hermes (the same tags), llama3 (Llama 3.x: a JSON object, "
+              "optionally after <|python_tag|>); unset: calls stay text in content",
+        choices=list(TOOL_CALL_FORMATS))
     weight_version: str = _arg("default", "initial weight_version reported in meta_info")
     log_level: str = _arg("info", "uvicorn log level")
 
@@ -178,6 +185,9 @@ class ServerArgs:
             raise ValueError("--max-queued-tokens must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 2:
             raise ValueError("--max-total-tokens must be >= 2")
+        if self.tool_call_parser not in (None, *TOOL_CALL_FORMATS):
+            raise ValueError(f"--tool-call-parser must be one of {', '.join(TOOL_CALL_FORMATS)} "
+                             f"(got {self.tool_call_parser!r})")
         self._validate_kv_dtype()
         self._validate_compression()
 

@@ -33,14 +33,15 @@ _COMMON_ROUTE = {"model", "stream", "stream_options", "logprobs", "rid", "best_o
 ROUTE_FIELDS = {
     "completions": _COMMON_ROUTE | {"prompt", "echo"},
     "chat": _COMMON_ROUTE | {"messages", "top_logprobs", "chat_template_kwargs", "tools",
-                             "tool_choice", "reasoning_effort", "reasoning", "input_ids"},
+                             "tool_choice", "parallel_tool_calls", "reasoning_effort", "reasoning",
+                             "input_ids"},
 }
 
 _TEXT = (str, list)
 IGNORED: dict[str, tuple[type, ...]] = {
     # OpenAI's: who asks, caching and storage hints, output tiers of OpenAI's own models
     "user": (str,), "metadata": (dict,), "store": (bool,), "service_tier": (str,),
-    "parallel_tool_calls": (bool,), "safety_identifier": (str,), "prompt_cache_key": (str,),
+    "safety_identifier": (str,), "prompt_cache_key": (str,),
     "prompt_cache_retention": (str,), "prompt_cache_options": (dict,), "verbosity": (str,),
     # SGLang's and sglang-router's: reasoning-parser switches (no parser here), routing, labels
     "separate_reasoning": (bool,), "stream_reasoning": (bool,), "session_id": (str,),
@@ -62,7 +63,7 @@ NEUTRAL: dict[str, tuple[tuple, str]] = {
     "regex": ((), _GRAMMAR), "ebnf": ((), _GRAMMAR), "json_schema": ((), _GRAMMAR),
     "stop_regex": ((), "stop_regex is not implemented (stop takes strings)"),
     "functions": (([],), "the legacy functions API is not implemented (tools=[...] is "
-                         "accepted with tool_choice auto or none)"),
+                         "accepted)"),
     "function_call": (("none", "auto"), "the legacy functions API is not implemented"),
     "suffix": (("",), "suffix (fill-in-the-middle) is not implemented"),
     "modalities": ((["text"],), "only text output is served"),
@@ -154,15 +155,14 @@ def stream_options(body: dict) -> tuple[bool, bool]:
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
-def template_kwargs(body: dict) -> dict:
+def template_kwargs(body: dict, tools: list | None) -> dict:
     """What the chat template gets besides the messages, as SGLang builds it: the client's
-    `chat_template_kwargs`, the tools (unless tool_choice is none), and `reasoning_effort`
-    (or `reasoning.effort`) as the thinking switches templates read."""
+    `chat_template_kwargs`, the tools (openai_tools.py: none with tool_choice none), and
+    `reasoning_effort` (or `reasoning.effort`) as the thinking switches templates read."""
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise OpenAIError("chat_template_kwargs must be an object")
     kwargs = dict(kwargs)
-    tools = _tools(body)
     if tools:
         kwargs["tools"] = tools
     effort = _effort(body)
@@ -170,24 +170,6 @@ def template_kwargs(body: dict) -> dict:
         kwargs.setdefault("thinking", effort != "none")
         kwargs.setdefault("enable_thinking", effort != "none")
     return kwargs
-
-
-def _tools(body: dict) -> list | None:
-    """The tools for the template. Without a tool-call parser (SGLang's default too) a call comes
-    back as the model wrote it, in `content`; forcing one (tool_choice required or a named
-    function) would need constrained decoding."""
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if tools is not None and not (isinstance(tools, list) and all(_is_tool(t) for t in tools)):
-        raise OpenAIError('tools must be a list of {"type": "function", "function": {"name": ...}}')
-    if choice not in (None, "none", "auto"):
-        raise OpenAIError(f"tool_choice={choice!r} is not supported by this server: forcing a tool "
-                          f"call needs constrained decoding; send auto or none")
-    return None if choice == "none" else tools
-
-
-def _is_tool(t) -> bool:
-    return (isinstance(t, dict) and t.get("type", "function") == "function"
-            and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str))
 
 
 def _effort(body: dict):

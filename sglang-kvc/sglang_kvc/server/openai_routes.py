@@ -29,6 +29,7 @@ from ..engine.io_struct import parse_generate
 from .http_io import abort_soon, get_engine, read_raw, results_or_abort, sample_order, sse
 from .openai_fields import (SAMPLING, OpenAIError, check_fields, request_id, sampling,
                             stream_options, template_kwargs)
+from .openai_tools import AnswerStream, ToolPlan, answer_message, template_messages, template_tools, tool_plan
 
 router = APIRouter()
 log = logging.getLogger("sglang_kvc.server")
@@ -277,20 +278,21 @@ def _completion_logprobs(meta: dict, logprobs: int | None, echo: bool) -> dict |
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, engine: Engine = Depends(get_engine)):
     body = await _body(request, "chat")
-    native = _chat_request(engine, body)
+    tools = tool_plan(engine.args.tool_call_parser, body)
+    native = _chat_request(engine, body, tools.prefill)
     head = _head(engine, "chatcmpl")
     if body.get("stream"):
         native["stream"] = True
-        return await _stream(engine, native, body,
-                             _stream_plan(body, head, "chat.completion.chunk", _chat_chunk))
+        return await _stream(engine, native, body, _stream_plan(
+            body, head, "chat.completion.chunk", functools.partial(_chat_chunk, _ChatStreams(tools))))
     _, outs = await _results(request, engine, native, body)
     want_lp = bool(body.get("logprobs"))
-    choices = [_chat_choice(i, out, want_lp) for i, out in enumerate(outs)]
+    choices = [_chat_choice(tools, i, out, want_lp) for i, out in enumerate(outs)]
     return _envelope(head, "chat.completion", choices, usage=_usage(outs, body.get("n") or 1))
 
 
-def _chat_request(engine: Engine, body: dict) -> dict:
-    ids = _chat_prompt_ids(engine, body)
+def _chat_request(engine: Engine, body: dict, prefill: str) -> dict:
+    ids = _chat_prompt_ids(engine, body, prefill)
     # Unless the client caps it, the answer may fill the rest of the context.
     default_max = max(1, engine.max_seq_len - len(ids) - 1)
     native: dict = {"input_ids": ids, "sampling_params": sampling(body, default_max),
@@ -303,39 +305,54 @@ def _chat_request(engine: Engine, body: dict) -> dict:
     return native
 
 
-def _chat_prompt_ids(engine: Engine, body: dict) -> list[int]:
+def _chat_prompt_ids(engine: Engine, body: dict, prefill: str) -> list[int]:
+    """The prompt's token ids; ``prefill`` (a forced tool call's opening) follows the
+    generation prompt."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise OpenAIError("messages must be a non-empty list")
-    kwargs = template_kwargs(body)
+    kwargs = template_kwargs(body, template_tools(body))
     if body.get("input_ids") is not None:  # SGLang's: the client tokenized the prompt itself
         if not isinstance(body["input_ids"], list) or not body["input_ids"]:
             raise OpenAIError("input_ids must be a non-empty list of token ids")
         return body["input_ids"]
     if engine.tokenizer is None:
         raise OpenAIError("chat needs a tokenizer (server runs --skip-tokenizer-init)")
+    messages = template_messages(messages, engine.args.tool_call_parser,
+                                 str(engine.tokenizer.chat_template or ""))
     try:
         text = engine.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **kwargs)
+            messages, tokenize=False, add_generation_prompt=True, **kwargs) + prefill
     except Exception as e:  # noqa: BLE001 - template errors are the client's input
         raise OpenAIError(f"cannot apply chat template: {e}") from e
     # The template already wrote the special tokens (BOS included): don't add them twice.
     return engine.tokenizer.encode(text, add_special_tokens=False)
 
 
-def _chat_chunk(head: dict, idx: int, delta_text: str, out: dict, first: bool) -> dict:
+class _ChatStreams:
+    """Each streamed choice's AnswerStream (its tool-call parsing state), made on first use."""
+
+    def __init__(self, plan: ToolPlan):
+        self.plan, self.streams = plan, {}
+
+    def __call__(self, idx: int) -> AnswerStream:
+        return self.streams.setdefault(idx, AnswerStream(self.plan))
+
+
+def _chat_chunk(streams: _ChatStreams, head: dict, idx: int, _delta_text: str, out: dict,
+                first: bool) -> dict:
     reason, matched = _finish(out["meta_info"])
-    delta = {"content": delta_text}
+    delta, reason = streams(idx).delta(out["text"], reason)
     if first:  # OpenAI sends the role once, in a choice's first chunk
         delta["role"] = "assistant"
     return _envelope(head, "chat.completion.chunk", [{"index": idx, "delta": delta, "logprobs": None,
                                                       "finish_reason": reason, "matched_stop": matched}])
 
 
-def _chat_choice(i: int, out: dict, want_lp: bool) -> dict:
+def _chat_choice(tools: ToolPlan, i: int, out: dict, want_lp: bool) -> dict:
     reason, matched = _finish(out["meta_info"])
-    return {"index": i, "message": {"role": "assistant", "content": out["text"],
-                                    "reasoning_content": None, "tool_calls": None},
+    message, reason = answer_message(tools, out["text"], reason)
+    return {"index": i, "message": {**message, "reasoning_content": None},
             "logprobs": _chat_logprobs(out["meta_info"]) if want_lp else None,
             "finish_reason": reason, "matched_stop": matched}
 

@@ -127,7 +127,7 @@ REFUSED = [
     ({"repetition_penalty": 1.1}, "repetition_penalty=1.1 is not supported"),
     ({"logit_bias": {"x": 1}}, "logit_bias: 'x': 1 is not a token id and a number"),
     ({"response_format": {"type": "json_object"}}, "constrained decoding"),
-    ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice='required' is not supported"),
+    ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice='required' needs the server started with --tool-call-parser"),
     ({"tools": [{"type": "function"}]}, "tools must be a list of"),
     ({"stream_options": {"include_usage": True}}, "stream_options is only allowed when stream"),
     ({"reasoning_effort": "extreme"}, "reasoning_effort must be one of"),

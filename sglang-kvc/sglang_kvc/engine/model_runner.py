@@ -197,6 +197,8 @@ class ModelRunner:
             logits, input_lp = self._prefill(seqs)
             steps = torch.tensor([s.num_sampled for s in seqs]).to(self.device, non_blocking=True)
         else:
+            if self.graphs is not None:  # the requests' step values move without the graphs
+                self.graphs.step_ints_host.forget()
             logits, steps = self._decode(seqs, bt.rows)
             input_lp = {}
         out = self.sampler(logits, self._sampling_batch(bt, steps))
@@ -223,7 +225,10 @@ class ModelRunner:
     @torch.inference_mode()
     def _compress(self, batch: Batch) -> None:
         live = [s for s in batch.seqs if not s.finished]
+        done = self.compressor.num_compressions
         self.compressor.after_step(live, batch.is_prefill)
+        if self.graphs is not None and self.compressor.num_compressions != done:
+            self.graphs.step_ints_host.forget()  # compacted rows hold fewer slots
 
     def run(self, batch: Batch) -> StepOutput:
         """One step, synchronously (launch, compress, wait)."""
@@ -348,7 +353,8 @@ class ModelRunner:
 
     def release(self, tags: set[str]) -> None:
         """Free the tagged memory. The decode graphs survive a KV-pool release (the trainer's
-        per-rollout offload): they are re-captured only if the pool comes back elsewhere."""
+        per-rollout offload): captured again only when the pool comes back at an address it
+        never had (cuda_graph.DecodeGraphs.follow_pool)."""
         if "kv_cache" in tags and self.kv.pool.allocated:
             self.kv.pool.release()
         if "weights" in tags and self.device.type == "cuda":
@@ -366,8 +372,8 @@ class ModelRunner:
                 torch.cuda.empty_cache()  # best chance at its old address, graphs kept (issue 60)
             self.kv.pool.allocate()
             self.kv.reset()
-        if self.graphs is not None and self.kv.pool.allocated and self.graphs.pool_moved():
-            self.graphs.clear()
+        if self.graphs is not None:  # the graphs of the pool's new address, kept or none yet
+            self.graphs.follow_pool()
 
     def shutdown(self) -> None:
         """Drop device memory now rather than at garbage collection (engines may be recreated

@@ -41,7 +41,7 @@ class StepInts:
         """This step's values; `bt` is the runner's per-batch object (a new one per batch)."""
         key = (id(bt), len(seqs), gbs)
         if key == self._key:
-            self._last = self._last + self._step
+            self._last += self._step  # (the stage copies it out before the next step)
         else:
             self._last, self._key = read_step_ints(seqs, gbs), key
             self._step = self._increment(len(seqs), gbs)

@@ -91,7 +91,7 @@ class Compressor:
         [R, L, Hkv, P + B] (the pinned prompt first)."""
         first, kv = seqs[0], self.kv
         n, pinned, keep = first.kv_len, self.trigger.pinned(first), self.trigger.budget(first)
-        rows = torch.tensor([s.row for s in seqs], device=kv.pool.device)
+        rows = _to_device([s.row for s in seqs], kv.pool.device)
         slots = kv.req_to_token.table[rows, pinned:n].long()  # [R, n - P]: the evictable slots
         keys = kv.pool.keys(slots).permute(1, 0, 3, 2, 4)  # [R, L, Hkv, n - P, D], dequantized
         queries = self.ring.gather(rows) if self.policy.needs_queries else None
@@ -110,6 +110,15 @@ class Compressor:
         self.num_compressions += len(seqs)
         self.tokens_evicted += len(seqs) * evicted
         return idx
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """An int64 device tensor of `values` without a device sync: `torch.tensor(values,
+    device=cuda)` copies from pageable memory and waits for the stream, i.e. for the decode
+    step in flight (overlap scheduling then stalls at every compaction); from pinned memory the
+    copy is queued behind it."""
+    host = torch.tensor(values, dtype=torch.int64, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
 
 
 def _after_pinned(idx: torch.Tensor, pinned: int) -> torch.Tensor:

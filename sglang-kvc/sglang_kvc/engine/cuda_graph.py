@@ -239,9 +239,7 @@ class DecodeGraphs:
     def _load_step(self, seqs: list, bt, gbs: int) -> None:
         """This step's per-row integers in one host->device copy, then the new slots."""
         self.stages["step_ints"].send(self.step_ints_host.next(seqs, bt, gbs))
-        self._load_slots(seqs, gbs)
-        for s in seqs:
-            s.num_computed += 1
+        self._load_slots(seqs, gbs)  # (the runner counts the fed token: ModelRunner.launch)
 
     def _load_slots(self, seqs: list, gbs: int) -> None:
         """The new slots (allocated on the device: one device copy), and slot 0 for padding

@@ -173,8 +173,12 @@ class ModelRunner:
         step = None
         if not batch.is_prefill and self._graphable(batch.seqs, bt):
             step = self._graphed_step(batch, bt)  # None: its capture must wait (CAPTURE_GATE)
-        if step is None:
-            step = self._eager_step(batch, bt)
+        if step is not None:
+            for s in batch.seqs:  # one pass: the token the graph fed, the draw it made
+                s.num_computed += 1
+                s.num_sampled += 1
+            return step
+        step = self._eager_step(batch, bt)
         for s in batch.seqs:
             s.num_sampled += 1
         return step

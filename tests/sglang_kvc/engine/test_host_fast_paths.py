@@ -37,6 +37,39 @@ def test_lean_token_pass_equals_the_general_path(tiny_models, extra, monkeypatch
     assert_same(got, want, tol=1e-5)  # (batches form as requests arrive: fp32 rounding)
 
 
+def _plain_mix(eng) -> list:
+    """Requests that need nothing but their tokens (an RL rollout's): stop ids that fire, EOS,
+    length limits of 1 to 24, log-probs on some; the whole batch takes the column-wise pass."""
+    g = torch.Generator().manual_seed(1)
+    ids = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (5, 17, 9, 30, 12, 3)]
+    greedy = {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True}
+    stop_tok = eng.generate(input_ids=ids[0], sampling_params=greedy)["output_ids"][5]
+    seeded = {"temperature": 1.0, "max_new_tokens": 20, "sampling_seed": 3, "ignore_eos": True}
+    lp = {"return_logprob": True}
+    return [(ids[0], greedy, lp), (ids[0], dict(greedy, stop_token_ids=[stop_tok]), lp),
+            (ids[1], dict(seeded, n=3), lp), (ids[2], dict(greedy, max_new_tokens=1), lp),
+            (ids[3], {"temperature": 0.7, "max_new_tokens": 30, "sampling_seed": 11}, lp),
+            (ids[4], dict(greedy, stop_token_ids=[stop_tok], min_new_tokens=7), lp),
+            (ids[5], dict(seeded, max_new_tokens=13), lp)]
+
+
+def test_column_pass_equals_the_general_path(tiny_models, monkeypatch):
+    from sglang_kvc.engine import token_intake
+
+    calls = []
+    column = token_intake._append_columns
+    monkeypatch.setattr(token_intake, "_append_columns", lambda *a: calls.append(1) or column(*a))
+    with make(tiny_models, overlap=True) as eng:
+        mix = _plain_mix(eng)
+        got = run_mix(eng, mix)
+    assert calls  # the column-wise pass really ran
+    monkeypatch.setattr(StepLoop, "_process", StepLoop._process_each)
+    with make(tiny_models, overlap=True) as eng:
+        want = run_mix(eng, mix)
+    assert_same(got, want, tol=1e-5)
+    assert {w["meta_info"]["finish_reason"]["type"] for w in want} == {"stop", "length"}
+
+
 def _seqs(n: int) -> list[Sequence]:
     out = []
     for i in range(n):

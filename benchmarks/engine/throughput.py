@@ -389,15 +389,19 @@ def main() -> None:
         if not args.skip_hf:
             results["hf"] = bench_hf(d, prompts, O, args)
             print("HF generate:", json.dumps(results["hf"]), flush=True)
+        results["roofline"] = roofline(results["params"], args.shape, B, P, O, gpu)
         configs = [c.strip() for c in args.configs.split(",") if c.strip()] or [""]
         results["configs"] = {}
         for config in configs:
             results["configs"][config or args.compress] = bench_modes(d, prompts, O, modes, args, config)
-        results["engine"] = next(iter(results["configs"].values()))  # (the lane summary's key)
-    results["roofline"] = roofline(results["params"], args.shape, B, P, O, gpu)
+            results["engine"] = next(iter(results["configs"].values()))  # (the lane summary's key)
+            write_json(results, args.json)  # after each config: a run cut at its limit keeps those done
     report(results)
-    if args.json:
-        with open(args.json, "w") as f:
+
+
+def write_json(results: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
             json.dump(results, f, indent=1)
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common.checkpoint import build_checkpoint, param_count
+from benchmarks.engine.step_probes import GraphTimer, count_syncs
 
 # HBM bandwidth by GPU name (datasheet, bytes/s): engine.md §6 uses 3.35 TB/s for the H100 SXM.
 HBM_BW = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}
@@ -100,14 +101,28 @@ def bench_hf(path: str, prompts: torch.Tensor, out_len: int, args) -> dict:
     return res
 
 
-def make_engine(path: str, B: int, P: int, O: int, overlap: bool, args):
+def make_engine(path: str, B: int, P: int, O: int, overlap: bool, args, config: str = ""):
     from sglang_kvc import Engine
 
     return Engine(model_path=path, skip_tokenizer_init=True, dtype="bfloat16",
                   max_total_tokens=args.pool_tokens or B * (P + O) + 1024,
                   max_running_requests=B, cuda_graph_max_bs=B, context_length=P + O + 16,
                   cuda_graph=not args.no_cuda_graph, mem_fraction_static=0.85,
-                  disable_overlap_schedule=not overlap, **compress_kwargs(args))
+                  disable_overlap_schedule=not overlap, **config_kwargs(args, config))
+
+
+def config_kwargs(args, config: str) -> dict:
+    """An entry of --configs (``dense``, ``rkv``, ``rkv@fp8_e4m3``, ...) as engine arguments;
+    "" = the --compress / --kv-cache-dtype flags."""
+    if not config:
+        return dict(compress_kwargs(args), kv_cache_dtype=args.kv_cache_dtype)
+    algo, _, kv_dtype = config.partition("@")
+    return dict(compress_kwargs(argparse.Namespace(**{**vars(args), "compress": _ALGOS[algo]})),
+                kv_cache_dtype=kv_dtype or "auto")
+
+
+_ALGOS = {"dense": "none", "none": "none", "rkv": "rkv", "snapkv": "snapkv",
+          "streamingllm": "streamingllm"}
 
 
 def compress_kwargs(args) -> dict:
@@ -123,36 +138,78 @@ def compress_kwargs(args) -> dict:
 def timed_generate(engine, ids: list, params: dict, logprobs: bool) -> dict:
     engine.loop.step_stats = type(engine.step_stats)()  # fresh counters
     torch.cuda.synchronize()
+    captures = _captures(engine)
+    timer = GraphTimer(engine)
     t0 = time.perf_counter()
-    outs = engine.generate(input_ids=ids, sampling_params=params, return_logprob=logprobs)
+    with timer.active():
+        outs = engine.generate(input_ids=ids, sampling_params=params, return_logprob=logprobs)
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     n = sum(len(o["output_ids"]) for o in outs)
     stats = engine.step_stats.to_dict()
     # The decode steps alone (each request's first token comes from its prefill step).
     decode_tok_s = (n - len(outs)) / max(stats["decode_s"], 1e-9)
+    wall_ms = 1e3 * stats["decode_s"] / max(stats["decode_steps"], 1)
     return {"tok_s": n / dt, "decode_tok_s": decode_tok_s, "seconds": dt, "tokens": n, **stats,
-            "first_ids": outs[0]["output_ids"][:16]}
+            "step_ms": wall_ms, "gpu_graph_ms_per_step": timer.ms_per_step(),
+            "graph_captures": _captures(engine) - captures, "first_ids": outs[0]["output_ids"][:16]}
 
 
-def bench_engine(path: str, prompts: torch.Tensor, out_len: int, overlap: bool, args) -> dict:
+def _captures(engine) -> int:
+    return engine.runner.graphs.num_captures if engine.runner.graphs is not None else 0
+
+
+def syncs_per_step(engine, ids: list, params: dict, logprobs: bool) -> float:
+    """Synchronizing torch calls per decode step beyond each step's one output read, over one
+    more run of the same requests (counted apart: the warnings cost host time)."""
+    engine.loop.step_stats = type(engine.step_stats)()
+    with count_syncs() as seen:
+        engine.generate(input_ids=ids, sampling_params=params, return_logprob=logprobs)
+    return seen[0] / max(engine.step_stats.decode_steps, 1)
+
+
+_KEYS = ("tok_s", "decode_tok_s", "host_ms_per_step", "gpu_wait_ms_per_step", "step_ms",
+         "gpu_graph_ms_per_step")
+
+
+def bench_modes(path: str, prompts: torch.Tensor, out_len: int, modes: list[str], args,
+                config: str = "") -> dict:
+    """Every mode of `modes` on one engine (overlap is a switch of its step loop): the same
+    graphs, pool and warm caches, so the modes' ratios hold nothing else."""
     B, P = prompts.shape
     torch.cuda.reset_peak_memory_stats()
-    engine = make_engine(path, B, P, out_len, overlap, args)
+    engine = make_engine(path, B, P, out_len, True, args, config)
     ids = prompts.tolist()
     params = sampling(args, out_len)
     engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=32))  # warm up/capture
-    runs = [timed_generate(engine, ids, params, args.logprobs) for _ in range(args.repeats)]
-    res = {"runs": runs, "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
-           "kv_pool_gb": engine.kv.pool.bytes / 1e9, "preemptions": engine.scheduler.num_preemptions}
-    for key in ("tok_s", "decode_tok_s", "host_ms_per_step", "gpu_wait_ms_per_step"):
-        vals = [r[key] for r in runs]
-        res[key] = {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
+    res = {}
+    for mode in modes:
+        engine.loop.overlap = engine.overlap = mode == "overlap"
+        res[mode] = summarize([timed_generate(engine, ids, params, args.logprobs)
+                               for _ in range(args.repeats)])
+        if args.count_syncs:
+            res[mode]["syncs_per_step"] = syncs_per_step(engine, ids, params, args.logprobs)
+        print(f"engine ({config or 'flags'}, {mode}):", json.dumps(res[mode]), flush=True)
+    common = {"peak_gb": torch.cuda.max_memory_allocated() / 1e9, "kv_pool_gb": engine.kv.pool.bytes / 1e9,
+              "preemptions": engine.scheduler.num_preemptions,
+              "graph_captures_engine_life": _captures(engine)}
+    for mode in modes:
+        res[mode].update(common)
     if args.profile:
-        res["profile"] = profile_steps(engine, ids, params, args)
+        res[modes[0]]["profile"] = profile_steps(engine, ids, params, args)
     if args.host_breakdown:
-        res["host_us_per_step"] = host_breakdown(engine, ids, params, args)
+        res[modes[0]]["host_us_per_step"] = host_breakdown(engine, ids, params, args)
     engine.shutdown()
+    return res
+
+
+def summarize(runs: list[dict]) -> dict:
+    res = {"runs": runs}
+    for key in _KEYS:
+        vals = [r[key] for r in runs if r[key] is not None]
+        if vals:
+            res[key] = {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
+    res["graph_captures_in_runs"] = sum(r["graph_captures"] for r in runs)
     return res
 
 
@@ -241,16 +298,43 @@ def report(results: dict) -> None:
     roof = results["roofline"]["tok_s"]
     print(f"\n{gpu}, {results['shape']}, B={results['batch']} P={results['prompt_len']} "
           f"O={results['output_len']}, T={results['temperature']}, logprobs={results['logprobs']}; "
-          f"roofline {roof:,.0f} tok/s; HF generate {hf.get('tok_s', float('nan')):,.0f} tok/s")
-    print("| mode | tok/s min / median / max | of roofline (median) | vs HF | decode steps only: tok/s "
-          "(median), of roofline | host ms/step (median) | GPU wait ms/step |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for mode, e in results["engine"].items():
-        t, d = e["tok_s"], e["decode_tok_s"]["median"]
-        print(f"| {mode} | {t['min']:,.0f} / {t['median']:,.0f} / {t['max']:,.0f} "
-              f"| {100 * t['median'] / roof:.1f}% | x{t['median'] / hf.get('tok_s', float('nan')):.2f} "
-              f"| {d:,.0f}, {100 * d / roof:.1f}% "
-              f"| {e['host_ms_per_step']['median']:.3f} | {e['gpu_wait_ms_per_step']['median']:.3f} |")
+          f"dense roofline {roof:,.0f} tok/s; HF generate {hf.get('tok_s', float('nan')):,.0f} tok/s")
+    print("| config | mode | tok/s min / median / max | of roofline (median) | vs HF | decode steps only: "
+          "tok/s (median), of roofline | step ms | host ms/step | GPU ms/step (graph) | GPU wait ms/step "
+          "| syncs/step | graph captures (runs / engine life) |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for config, modes in results["configs"].items():
+        for mode, e in modes.items():
+            print(_row(config, mode, e, roof, hf))
+    _ratios(results["configs"])
+
+
+def _med(e: dict, key: str) -> float:
+    return e.get(key, {}).get("median", float("nan"))
+
+
+def _row(config: str, mode: str, e: dict, roof: float, hf: dict) -> str:
+    t, d = e["tok_s"], _med(e, "decode_tok_s")
+    syncs = e.get("syncs_per_step")
+    return (f"| {config} | {mode} | {t['min']:,.0f} / {t['median']:,.0f} / {t['max']:,.0f} "
+            f"| {100 * t['median'] / roof:.1f}% | x{t['median'] / hf.get('tok_s', float('nan')):.2f} "
+            f"| {d:,.0f}, {100 * d / roof:.1f}% | {_med(e, 'step_ms'):.3f} "
+            f"| {_med(e, 'host_ms_per_step'):.3f} | {_med(e, 'gpu_graph_ms_per_step'):.3f} "
+            f"| {_med(e, 'gpu_wait_ms_per_step'):.3f} | {'-' if syncs is None else f'{syncs:.2f}'} "
+            f"| {e['graph_captures_in_runs']} / {e['graph_captures_engine_life']} |")
+
+
+def _ratios(configs: dict) -> None:
+    """Each config's decode step time over the first config's, mode by mode."""
+    names = list(configs)
+    if len(names) < 2:
+        return
+    base = configs[names[0]]
+    print(f"\ndecode step time / {names[0]}'s (median ms per step):")
+    for name in names[1:]:
+        parts = [f"{mode} {_med(e, 'step_ms') / _med(base[mode], 'step_ms'):.2f}x"
+                 for mode, e in configs[name].items() if mode in base]
+        print(f"  {name}: " + ", ".join(parts))
 
 
 def main() -> None:
@@ -270,6 +354,13 @@ def main() -> None:
                     help="KV compression (as training/rl_step.py --compress)")
     ap.add_argument("--kv-budget", type=int, default=128, help="--compress-max-prompt")
     ap.add_argument("--compress-divide-length", type=int, default=64)
+    ap.add_argument("--kv-cache-dtype", default="auto", help="engine KV dtype (auto, fp8_e4m3, ...)")
+    ap.add_argument("--configs", default="",
+                    help="comma list run in this one process, e.g. dense,rkv,dense@fp8_e4m3,"
+                         "rkv@fp8_e4m3 (algorithm[@kv dtype]; the budget and divide length from "
+                         "the flags); default: the one config --compress / --kv-cache-dtype give")
+    ap.add_argument("--count-syncs", action="store_true",
+                    help="one more run per mode counting synchronizing torch calls per step")
     ap.add_argument("--no-cuda-graph", action="store_true", help="eager decode steps")
     ap.add_argument("--profile", default=None, help="directory for a profiler trace of decode steps")
     ap.add_argument("--host-breakdown", action="store_true", help="host time per stage of a step")
@@ -278,6 +369,9 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.engine.throughput needs a GPU")
+    for config in filter(None, (c.strip() for c in args.configs.split(","))):
+        if config.partition("@")[0] not in _ALGOS:
+            raise SystemExit(f"--configs: unknown algorithm in {config!r} (one of {', '.join(_ALGOS)})")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - {"overlap", "sequential"}:
         raise SystemExit(f"--modes: expected overlap and/or sequential, got {args.modes!r}")
@@ -295,13 +389,19 @@ def main() -> None:
         if not args.skip_hf:
             results["hf"] = bench_hf(d, prompts, O, args)
             print("HF generate:", json.dumps(results["hf"]), flush=True)
-        for mode in modes:
-            results["engine"][mode] = bench_engine(d, prompts, O, mode == "overlap", args)
-            print(f"engine ({mode}):", json.dumps(results["engine"][mode]), flush=True)
-    results["roofline"] = roofline(results["params"], args.shape, B, P, O, gpu)
+        results["roofline"] = roofline(results["params"], args.shape, B, P, O, gpu)
+        configs = [c.strip() for c in args.configs.split(",") if c.strip()] or [""]
+        results["configs"] = {}
+        for config in configs:
+            results["configs"][config or args.compress] = bench_modes(d, prompts, O, modes, args, config)
+            results["engine"] = next(iter(results["configs"].values()))  # (the lane summary's key)
+            write_json(results, args.json)  # after each config: a run cut at its limit keeps those done
     report(results)
-    if args.json:
-        with open(args.json, "w") as f:
+
+
+def write_json(results: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
             json.dump(results, f, indent=1)
 
 

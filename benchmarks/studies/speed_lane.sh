@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Issue 60's measurements on one GPU (docs/benchmarks.md, "The RL step at full speed by
 # default"), most important first, each piece under `timeout` and the lane's TOTAL_S:
+#   engine_decode        engine/throughput.py --configs dense,rkv,dense@fp8_e4m3,rkv@fp8_e4m3 on
+#                        the ril_* shape, overlap and sequential on one engine per config (issue
+#                        68): step ms, host ms, graph GPU ms and syncs per decode step, graph
+#                        captures per engine life, each config's step over dense's (~2-3 min)
 #   ril_dense, ril_rkv   training/rollout_in_loop.py: the rollout phase inside the run (0.5B, 32 x 8
 #                        samples, ~128-token prompts, 512-token answers) against the same engine
 #                        alone on the same requests, broken down; the KV pool and the trainer's
@@ -32,7 +36,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="${PYTHON:-python3}"
 TOTAL_S="${TOTAL_S:-510}"
 SMOKE="${SMOKE:-0}"
-PARTS="${PARTS:-ril_dense ril_rkv oom_3b replay engine_dense engine_rkv oom_1.5b long4k long8k}"
+PARTS="${PARTS:-engine_decode ril_dense ril_rkv oom_3b replay engine_dense engine_rkv oom_1.5b long4k long8k}"
 START=$SECONDS
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
@@ -100,6 +104,9 @@ piece() {
             "${SCRIPT_RKV[@]}" --workdir "$OUT/work/oom_1.5b" ;;
         oom_3b) step oom_3b 200 -m benchmarks.training.rl_step --shape "$BIG3" "${OOM[@]}" \
             "${SCRIPT_RKV[@]}" --workdir "$OUT/work/oom_3b" ;;
+        engine_decode) step engine_decode 240 -m benchmarks.engine.throughput --shape "$ENGINE_SHAPE" \
+            "${ENG[@]}" --temperature 1 --logprobs --skip-hf --modes overlap,sequential --count-syncs \
+            --configs dense,rkv,dense@fp8_e4m3,rkv@fp8_e4m3 --kv-budget 128 --compress-divide-length 64 ;;
         engine_dense) step engine_dense 75 -m benchmarks.engine.throughput --shape "$ENGINE_SHAPE" \
             "${ENG[@]}" --temperature 1 --logprobs --skip-hf --modes overlap ;;
         engine_rkv) step engine_rkv 75 -m benchmarks.engine.throughput --shape "$ENGINE_SHAPE" \
@@ -110,13 +117,14 @@ piece() {
             --response-len "${CAPS[0]}" --configs "${LONG_CONFIGS[@]}" --workdir "$OUT/work/long" ;;
         long8k) step long8k 450 -m benchmarks.studies.long_rollout "${LONG[@]}" \
             --response-len "${CAPS[1]}" --configs "${LONG_CONFIGS[@]}" --workdir "$OUT/work/long" ;;
-        *) echo "=== $1: no such piece (PARTS: ril_dense ril_rkv oom_3b replay engine_dense" \
+        *) echo "=== $1: no such piece (PARTS: engine_decode ril_dense ril_rkv oom_3b replay engine_dense" \
                 "engine_rkv oom_1.5b long4k long8k)" ;;
     esac
 }
 
 if [[ "$SMOKE" == 1 ]] && ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-    PARTS="${PARTS//engine_dense/}"  # engine/throughput.py needs a GPU
+    PARTS="${PARTS//engine_decode/}"  # engine/throughput.py needs a GPU
+    PARTS="${PARTS//engine_dense/}"
     PARTS="${PARTS//engine_rkv/}"
 fi
 echo "speed lane: $(date -u +%Y-%m-%dT%H:%M:%SZ), parts: $PARTS, TOTAL_S=$TOTAL_S, OUT=$OUT"

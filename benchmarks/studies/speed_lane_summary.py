@@ -222,6 +222,36 @@ def replay_section(out: Path, runs: dict) -> list[str]:
     return lines + [""]
 
 
+def decode_section(out: Path, runs: dict) -> list[str]:
+    """engine_decode (issue 68): each config's decode step, overlap and sequential."""
+    r = load(out, "engine_decode")
+    lines = ["## 0. The decode step: dense, R-KV, FP8; overlap on and off (engine/throughput.py)", ""]
+    if r is None:
+        return lines + [failure(out, "engine_decode", runs.get("engine_decode")), ""] if "engine_decode" in runs else []
+    roof = r.get("roofline", {}).get("tok_s")
+    lines += ["| config | mode | decode tok/s (median) | of dense roofline | step ms | host ms "
+              "| GPU ms (graph) | syncs/step | captures (runs / engine life) | step / dense's |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    configs = r.get("configs", {})
+    base = next(iter(configs.values()), {})
+    for config, modes in configs.items():
+        for mode, e in modes.items():
+            med = lambda k: (e.get(k) or {}).get("median")  # noqa: E731
+            dense_step = (base.get(mode, {}).get("step_ms") or {}).get("median")
+            ratio = med("step_ms") / dense_step if med("step_ms") and dense_step else None
+            share = 100 * med("decode_tok_s") / roof if roof and med("decode_tok_s") else None
+            lines.append(f"| {config} | {mode} | {_fixed(med('decode_tok_s'), 0)} | {_fixed(share, 1)}% "
+                         f"| {_fixed(med('step_ms'), 3)} | {_fixed(med('host_ms_per_step'), 3)} "
+                         f"| {_fixed(med('gpu_graph_ms_per_step'), 3)} | {_fixed(e.get('syncs_per_step'), 2)} "
+                         f"| {e.get('graph_captures_in_runs')} / {e.get('graph_captures_engine_life')} "
+                         f"| {_fixed(ratio, 2)} |")
+    return lines + [""]
+
+
+def _fixed(v, digits: int) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
 def main(argv=None) -> Path:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
@@ -231,7 +261,7 @@ def main(argv=None) -> Path:
     out = Path(args.out)
     runs = pieces(out)
     args.parts = args.parts or list(runs)
-    text = [*header(out, args, runs), *micro_batch_section(out, runs), *rollout_section(out, runs),
+    text = [*header(out, args, runs), *decode_section(out, runs), *micro_batch_section(out, runs), *rollout_section(out, runs),
             *long_section(out, runs), *replay_section(out, runs)]
     path = out / "summary.md"
     path.write_text("\n".join(text) + "\n")

@@ -30,6 +30,7 @@ class Compressor:
         self.chunk_elems = chunk_elems
         self.num_compressions = 0  # compaction events over all requests
         self.tokens_evicted = 0
+        self._fire_at: dict = {}  # request -> the fewest held slots at which it may compress
 
     def bound(self, seq, held: int) -> int:
         return self.trigger.bound(seq, held)
@@ -45,7 +46,7 @@ class Compressor:
         groups: dict[tuple[int, int, int], list] = defaultdict(list)
         trigger = self.trigger
         watch_think = trigger.think_end_id is not None
-        for s in seqs:  # runs every step for every request: keep it lean
+        for s in self._candidates(seqs, is_prefill, watch_think):
             if watch_think:
                 trigger.observe(s)
             if s.kv_len > trigger.floor(s) and trigger.should_compress(s, is_prefill):
@@ -55,6 +56,27 @@ class Compressor:
             step = max(1, self.chunk_elems // per_req)
             for i in range(0, len(group), step):
                 self.compress(group[i:i + step])
+
+    def _candidates(self, seqs: list, is_prefill: bool, watch_think: bool) -> list:
+        """The requests the trigger must look at after this step. This runs every step for
+        every request: after a decode step, a request below its first possible firing point
+        (pinned + B + N held, or pinned + B + 1 with newline splitting) cannot compress, and
+        that point, fixed per request, is cached, so the scan is a lookup and a comparison.
+        Prefill steps and `</think>` watching (it notes every fed token) see every request."""
+        if is_prefill or watch_think:
+            return seqs
+        fire = self._fire_at
+        if len(fire) > 4 * len(seqs) + 1024:  # finished requests' entries
+            fire.clear()
+        trigger, out = self.trigger, []
+        ahead = self.cfg.divide_length if self.cfg.divide_method == "step_length" else 1
+        for s in seqs:
+            at = fire.get(s)
+            if at is None:
+                at = fire[s] = trigger.floor(s) + ahead
+            if s.kv_len >= at:
+                out.append(s)
+        return out
 
     def _elems_per_request(self, n: int) -> int:
         pool = self.kv.pool
@@ -69,7 +91,7 @@ class Compressor:
         [R, L, Hkv, P + B] (the pinned prompt first)."""
         first, kv = seqs[0], self.kv
         n, pinned, keep = first.kv_len, self.trigger.pinned(first), self.trigger.budget(first)
-        rows = torch.tensor([s.row for s in seqs], device=kv.pool.device)
+        rows = _to_device([s.row for s in seqs], kv.pool.device)
         slots = kv.req_to_token.table[rows, pinned:n].long()  # [R, n - P]: the evictable slots
         keys = kv.pool.keys(slots).permute(1, 0, 3, 2, 4)  # [R, L, Hkv, n - P, D], dequantized
         queries = self.ring.gather(rows) if self.policy.needs_queries else None
@@ -88,6 +110,15 @@ class Compressor:
         self.num_compressions += len(seqs)
         self.tokens_evicted += len(seqs) * evicted
         return idx
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """An int64 device tensor of `values` without a device sync: `torch.tensor(values,
+    device=cuda)` copies from pageable memory and waits for the stream, i.e. for the decode
+    step in flight (overlap scheduling then stalls at every compaction); from pinned memory the
+    copy is queued behind it."""
+    host = torch.tensor(values, dtype=torch.int64, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
 
 
 def _after_pinned(idx: torch.Tensor, pinned: int) -> torch.Tensor:

@@ -38,9 +38,12 @@ from ..models.causal_lm import CausalLM
 from .row_state import RowState
 from .sampler import Sampler, SamplingBatch
 from .step_io import PinnedStage, SamplingMode, pack_outputs
+from .step_ints import StepInts
 
-_PAD_STEP = (0, 1, 0, 0)  # position, kv length, draw index, row of a padding entry
 _SMALL_LADDER = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)  # see the module docstring
+# Pool addresses whose graphs are kept (DecodeGraphs.follow_pool): graphs cost little memory of
+# their own (their intermediates share one private pool), a capture tens of ms.
+KEEP_POOL_ADDRESSES = 4
 
 
 def graph_sizes(max_bs: int, sizes: list[int] | None = None) -> list[int]:
@@ -140,25 +143,50 @@ class DecodeGraphs:
         self.deferred = 0  # steps run eagerly because another thread held CAPTURE_GATE
         self.replays, self.replay_s = 0, 0.0  # host time launching replays (benchmarks.engine.decode_tail)
         self.capture_stream: torch.cuda.Stream | None = None
+        self.step_ints_host = StepInts()  # the step's per-row integers (step_ints.py)
         self.clear()
 
     def clear(self) -> None:
+        """Drop every graph (the weights or the stop-id table moved: no kept graph is valid)."""
+        self.by_pool: dict[tuple | None, dict] = {}  # pool address -> its graphs, oldest first
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
-        self.kv_ptrs: tuple[int, int] | None = None  # the KV pool the graphs were captured on
+        self.kv_ptrs: tuple[int, int] | None = None  # the KV pool address `graphs` were captured on
         self._params_for: tuple | None = None  # (BatchTensors, gbs) the parameters were loaded for
         self._slot_views: dict[int, torch.Tensor] = {}  # out_slots[:bs]
         self._out_views: dict[tuple, torch.Tensor] = {}  # a graph's packed outputs[:bs]
         self._slots_hi = self.max_bs  # out_slots[i] == 0 for every i >= _slots_hi (unknown: all)
+        self.step_ints_host.forget()
+        self.follow_pool()
+
+    def _pool_ptrs(self) -> tuple[int, int] | None:
+        pool = getattr(self.parts.kv, "pool", None)  # (host-path tests fake the cache)
+        return (pool.k.data_ptr(), pool.v.data_ptr()) if pool is not None and pool.allocated else None
+
+    def follow_pool(self) -> None:
+        """Use the graphs captured on the KV pool's current address. A released pool (the
+        trainer's per-rollout offload) may come back elsewhere, and the graphs' kernels read and
+        write it through baked-in addresses: the graphs of each address are kept (the last
+        KEEP_POOL_ADDRESSES), so a pool that comes back at an address it had before replays
+        its graphs instead of capturing again; a new address starts with none."""
+        ptrs = self._pool_ptrs()
+        if ptrs is None or (ptrs == self.kv_ptrs and self.by_pool):
+            return
+        self.graphs = self.by_pool.pop(ptrs, None) or {}
+        self.by_pool[ptrs] = self.graphs  # the most recent last
+        while len(self.by_pool) > KEEP_POOL_ADDRESSES:
+            del self.by_pool[next(iter(self.by_pool))]
+        self.kv_ptrs = ptrs
+        self._out_views = {}  # views of the previous address's graphs' outputs
 
     def pool_moved(self) -> bool:
-        """Whether the KV pool now lives elsewhere than when the graphs were captured (their
-        kernels read and write it through baked-in addresses)."""
-        pool = self.parts.kv.pool
-        return self.kv_ptrs is not None and self.kv_ptrs != (pool.k.data_ptr(), pool.v.data_ptr())
+        """Whether the KV pool now lives elsewhere than the current graphs were captured on."""
+        ptrs = self._pool_ptrs()
+        return ptrs is not None and self.kv_ptrs is not None and ptrs != self.kv_ptrs
 
     def stats(self) -> dict:
         return {"graphs": len(self.graphs), "captures": self.num_captures,
+                "pool_addresses": len(self.by_pool),
                 "capture_s": self.capture_s, "deferred": self.deferred,
                 "replays": self.replays, "replay_s": self.replay_s}
 
@@ -206,16 +234,12 @@ class DecodeGraphs:
         if self._params_for != (bt, gbs):
             self._load_params(bt, gbs)
             self._params_for = (bt, gbs)
-        self._load_step(seqs, gbs)
+        self._load_step(seqs, bt, gbs)
 
-    def _load_step(self, seqs: list, gbs: int) -> None:
+    def _load_step(self, seqs: list, bt, gbs: int) -> None:
         """This step's per-row integers in one host->device copy, then the new slots."""
-        cols = ([s.num_computed for s in seqs], [s.kv_len + 1 for s in seqs],
-                [s.num_sampled for s in seqs], [s.row for s in seqs])
-        self.stages["step_ints"].send(_padded_rows(cols, _PAD_STEP, gbs - len(seqs)))
-        self._load_slots(seqs, gbs)
-        for s in seqs:
-            s.num_computed += 1
+        self.stages["step_ints"].send(self.step_ints_host.next(seqs, bt, gbs))
+        self._load_slots(seqs, gbs)  # (the runner counts the fed token: ModelRunner.launch)
 
     def _load_slots(self, seqs: list, gbs: int) -> None:
         """The new slots (allocated on the device: one device copy), and slot 0 for padding
@@ -266,8 +290,6 @@ class DecodeGraphs:
     def _capture(self, gbs: int, mode: SamplingMode) -> None:
         t0 = time.perf_counter()
         self._capture_graph(gbs, mode)
-        pool = self.parts.kv.pool
-        self.kv_ptrs = (pool.k.data_ptr(), pool.v.data_ptr())
         self.num_captures += 1
         self.capture_s += time.perf_counter() - t0
 

@@ -173,8 +173,12 @@ class ModelRunner:
         step = None
         if not batch.is_prefill and self._graphable(batch.seqs, bt):
             step = self._graphed_step(batch, bt)  # None: its capture must wait (CAPTURE_GATE)
-        if step is None:
-            step = self._eager_step(batch, bt)
+        if step is not None:
+            for s in batch.seqs:  # one pass: the token the graph fed, the draw it made
+                s.num_computed += 1
+                s.num_sampled += 1
+            return step
+        step = self._eager_step(batch, bt)
         for s in batch.seqs:
             s.num_sampled += 1
         return step
@@ -197,6 +201,8 @@ class ModelRunner:
             logits, input_lp = self._prefill(seqs)
             steps = torch.tensor([s.num_sampled for s in seqs]).to(self.device, non_blocking=True)
         else:
+            if self.graphs is not None:  # the requests' step values move without the graphs
+                self.graphs.step_ints_host.forget()
             logits, steps = self._decode(seqs, bt.rows)
             input_lp = {}
         out = self.sampler(logits, self._sampling_batch(bt, steps))
@@ -223,7 +229,10 @@ class ModelRunner:
     @torch.inference_mode()
     def _compress(self, batch: Batch) -> None:
         live = [s for s in batch.seqs if not s.finished]
+        done = self.compressor.num_compressions
         self.compressor.after_step(live, batch.is_prefill)
+        if self.graphs is not None and self.compressor.num_compressions != done:
+            self.graphs.step_ints_host.forget()  # compacted rows hold fewer slots
 
     def run(self, batch: Batch) -> StepOutput:
         """One step, synchronously (launch, compress, wait)."""
@@ -348,7 +357,8 @@ class ModelRunner:
 
     def release(self, tags: set[str]) -> None:
         """Free the tagged memory. The decode graphs survive a KV-pool release (the trainer's
-        per-rollout offload): they are re-captured only if the pool comes back elsewhere."""
+        per-rollout offload): captured again only when the pool comes back at an address it
+        never had (cuda_graph.DecodeGraphs.follow_pool)."""
         if "kv_cache" in tags and self.kv.pool.allocated:
             self.kv.pool.release()
         if "weights" in tags and self.device.type == "cuda":
@@ -366,8 +376,8 @@ class ModelRunner:
                 torch.cuda.empty_cache()  # best chance at its old address, graphs kept (issue 60)
             self.kv.pool.allocate()
             self.kv.reset()
-        if self.graphs is not None and self.kv.pool.allocated and self.graphs.pool_moved():
-            self.graphs.clear()
+        if self.graphs is not None:  # the graphs of the pool's new address, kept or none yet
+            self.graphs.follow_pool()
 
     def shutdown(self) -> None:
         """Drop device memory now rather than at garbage collection (engines may be recreated

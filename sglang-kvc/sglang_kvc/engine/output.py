@@ -68,8 +68,11 @@ class OutputBuilder:
 
     def _logprobs(self, seq: Sequence) -> dict:
         tt = lambda t: self._token_text(seq, t)  # noqa: E731
-        meta = {"output_token_logprobs": [
-            [lp, t, tt(t)] for lp, t in zip(seq.output_logprobs, seq.output_ids)]}
+        if seq.return_text_in_logprobs and self.tokenizer is not None:
+            out = [[lp, t, tt(t)] for lp, t in zip(seq.output_logprobs, seq.output_ids)]
+        else:  # no text: no call per token (256 x 512 of them end a rollout's last step)
+            out = [[lp, t, None] for lp, t in zip(seq.output_logprobs, seq.output_ids)]
+        meta = {"output_token_logprobs": out}
         if seq.logprob_start_len >= 0 and seq.input_logprobs is not None:
             start = seq.logprob_start_len
             meta["input_token_logprobs"] = [

@@ -77,6 +77,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.paused = False
         self.version = 0
+        self._limits: list[int] = []  # each running request's draw limit (_decodable)
+        self._limits_for = -1  # the version they were computed at
         # Concurrency stats: most requests running at once; decode steps and the requests in them.
         self.max_running = 0
         self.decode_steps = 0
@@ -102,8 +104,14 @@ class Scheduler:
         return Batch(False, seqs, self.version)
 
     def _decodable(self) -> list[Sequence]:
-        limit = self.cfg.max_seq_len
-        return [s for s in self.running if s.can_decode(limit)]
+        """The running requests that may sample another token (Sequence.can_decode), through
+        each one's draw limit, computed once per running set: this runs every step over every
+        request."""
+        if self._limits_for != self.version:
+            cap = self.cfg.max_seq_len
+            self._limits = [min(s.params.max_new_tokens, cap - len(s.prompt_ids)) for s in self.running]
+            self._limits_for = self.version
+        return [s for s, limit in zip(self.running, self._limits) if s.num_sampled < limit]
 
     def _reserve(self, seqs) -> int:
         if self.bound is not None:

@@ -30,6 +30,7 @@ from .scheduler import Batch, Scheduler
 from .sequence import Sequence, Status
 from .sessions import Sessions
 from .step_io import PendingStep, StepOutput, bind_thread
+from .token_intake import RowPlan, append_plain, plan_rows
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class StepLoop:
         self.sessions = sessions
         self.max_seq_len, self.overlap = max_seq_len, overlap
         self._inflight: PendingStep | None = None
+        self._plan: RowPlan | None = None  # the decode batch's constants (token_intake.py)
         self._waited_s = 0.0  # total time blocked on step outputs
         self.step_stats = StepStats()
         self.num_steps = 0
@@ -200,6 +202,26 @@ class StepLoop:
             self.finish(seq, error_reason(f"engine error: {e}", e))
 
     def _process(self, batch: Batch, out: StepOutput) -> None:
+        if batch.is_prefill or out.stop_hits is None:
+            return self._process_each(batch, out)
+        plan = self._row_plan(batch)
+        check, general = append_plain(batch.seqs, out.token_ids, out.logprobs, out.stop_hits, plan)
+        for i in check:
+            seq = batch.seqs[i]
+            reason = check_finish(seq, out.token_ids[i], out.stop_hits[i], self.max_seq_len,
+                                  self.outputs.detok)
+            if reason is not None:
+                self.finish(seq, reason)
+        for i in general:
+            self._take_token(batch.seqs[i], out, i)
+
+    def _row_plan(self, batch: Batch) -> RowPlan:
+        key = (batch.version, len(batch.seqs))
+        if self._plan is None or self._plan.key != key or batch.version < 0:
+            self._plan = plan_rows(batch.seqs, key, self.max_seq_len)
+        return self._plan
+
+    def _process_each(self, batch: Batch, out: StepOutput) -> None:
         input_lp = out.input_logprobs  # prefill steps only: decode steps skip the lookup
         for i, seq in enumerate(batch.seqs):
             if seq.finished:  # ended at the step before (overlap) or aborted: token dropped

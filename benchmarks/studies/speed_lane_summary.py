@@ -175,7 +175,7 @@ def long_section(out: Path, runs: dict) -> list[str]:
 def salvage_long(out: Path, info: dict | None) -> dict:
     """The configs that finished before a long-rollout piece was cut (their own JSONs, copied
     to ``long_runs/``), as ``long_rollout.row`` makes them."""
-    from benchmarks.studies.long_rollout import parse_config, row
+    from benchmarks.studies.long_rollout import is_dense_reference, parse_config, row, run_name
 
     cmd = (info or {}).get("command", [])
     if "--configs" not in cmd or "--response-len" not in cmd:
@@ -186,11 +186,11 @@ def salvage_long(out: Path, info: dict | None) -> dict:
         if spec.startswith("--"):
             break
         cfg = parse_config(spec)
-        path = out / "long_runs" / f"{cfg['name'].replace(':', '_')}_{cap}.json"
+        path = out / "long_runs" / f"{run_name(cfg, cap)}.json"
         if not path.exists():
             continue
         r = row(cfg, cap, json.loads(path.read_text())["summary"], dense)
-        dense = r if spec == "dense" else dense
+        dense = r if is_dense_reference(cfg) else dense
         rows.append(r)
     return {"rows": rows}
 

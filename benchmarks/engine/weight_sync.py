@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -101,10 +102,12 @@ def bench_mode(mode: str, fleet: EngineFleet, named, ckpt: Path, args, workdir: 
                       disk_dir=workdir / f"sync-{mode}", hf_config_dir=ckpt)
     source = lambda: iter(named)  # noqa: E731 - the trainer's tensors, already in place
     first = sync.push_tensors(source, f"{mode}-warmup")["time_sync"]
+    prune_disk(sync)
     times, phases = [], []
     for i in range(args.pushes):
         times.append(sync.push_tensors(source, f"{mode}-{i}")["time_sync"])
         phases.append(dict(sync.phases.seconds))
+        prune_disk(sync)
     assert_serves(fleet.urls[0], named, [named[0][0], named[len(named) // 2][0], named[-1][0]])
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     median = statistics.median(times)
@@ -112,6 +115,16 @@ def bench_mode(mode: str, fleet: EngineFleet, named, ckpt: Path, args, workdir: 
             "max_s": max(times), "gb_per_s": nbytes / median / 1e9, "verified": True,
             "phases_s": phases[times.index(sorted(times)[(len(times) - 1) // 2])],
             "mode_used": sync.mode}
+
+
+def prune_disk(sync: WeightSync) -> None:
+    """Disk mode keeps every push's directory (a restarted server is re-synced from the last):
+    drop the older ones, gigabytes each at 3B."""
+    last = getattr(sync.transport, "last_dir", None)
+    if last is not None:
+        for old in last.parent.glob("weights-*"):
+            if old != last:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def run(args) -> dict:

@@ -222,6 +222,28 @@ def replay_section(out: Path, runs: dict) -> list[str]:
     return lines + [""]
 
 
+def weights_section(out: Path, runs: dict) -> list[str]:
+    """engine/weight_sync.py's pieces: seconds a push to one server process, by mode."""
+    lines = ["## 5. Weights to a server (issue 68)", "",
+             "Targets: <= 0.2 s at the SmolLM2-135M shape, <= 2 s at 3B (median of the timed "
+             "pushes; phases of that push).", "",
+             "| shape | mode | transport | push s (min / median / max) | GB/s | phases s |",
+             "|---|---|---|---|---:|---|"]
+    notes = []
+    for name in ("weights_smollm2", "weights_3b"):
+        r = load(out, name)
+        if r is None:
+            if name in runs:
+                notes.append(failure(out, name, runs.get(name)))
+            continue
+        for mode, row in r.get("modes", {}).items():
+            phases = ", ".join(f"{k} {v:.3f}" for k, v in (row.get("phases_s") or {}).items())
+            lines.append(f"| {r.get('shape')} | {mode} | {row.get('transport')} | "
+                         f"{fmt(row.get('min_s'), 3)} / {fmt(row.get('median_s'), 3)} / "
+                         f"{fmt(row.get('max_s'), 3)} | {fmt(row.get('gb_per_s'), 3)} | {phases} |")
+    return lines + [""] + notes + [""]
+
+
 def main(argv=None) -> Path:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
@@ -232,7 +254,7 @@ def main(argv=None) -> Path:
     runs = pieces(out)
     args.parts = args.parts or list(runs)
     text = [*header(out, args, runs), *micro_batch_section(out, runs), *rollout_section(out, runs),
-            *long_section(out, runs), *replay_section(out, runs)]
+            *long_section(out, runs), *replay_section(out, runs), *weights_section(out, runs)]
     path = out / "summary.md"
     path.write_text("\n".join(text) + "\n")
     print(path.read_text())

@@ -189,8 +189,7 @@ def memory_safe(cfg: AsyncConfig, engines_cfg) -> AsyncConfig:
     releases its KV pool while training (``--offload-rollout``, the GPU default) would bring the
     pool back next to the update's activations, sized without it: such a run keeps the
     synchronous schedule (bound 0) and says so at startup."""
-    if not cfg.max_staleness or engines_cfg.remote or engines_cfg.engine_process \
-            or engines_cfg.num_gpus or not engines_cfg.offloads():
+    if not cfg.max_staleness or engines_cfg.generates_beside_training():
         return cfg
     if _rank0():
         print(f"--max-staleness {cfg.max_staleness}: the colocated in-process engine releases its "

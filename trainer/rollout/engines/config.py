@@ -46,6 +46,13 @@ class EngineConfig:
 
         return self.offload if self.offload is not None else torch.cuda.is_available()
 
+    def generates_beside_training(self) -> bool:
+        """Whether these engines may generate while the trainer trains (``--max-staleness``)
+        without taking memory the trainer sized itself by: servers, engine processes and
+        ``--rollout-num-gpus`` keep their own; a colocated in-process engine does only if it keeps
+        its KV pool through training (no offload)."""
+        return self.remote or self.engine_process or bool(self.num_gpus) or not self.offloads()
+
     def weights_door(self, backend):
         """Where weight updates go: this rank's engines (``backend``: in-process, servers, or
         None), or the engines behind a router (``engine_urls``), since a router forwards

@@ -80,14 +80,14 @@ def test_a_cut_long_rollout_piece_keeps_its_finished_configs(tmp_path):
     assert "| 4096 | dense@fp8_e4m3 |" not in text  # cut before it ran
 
 
-@pytest.mark.launch  # the lane through its shell script on a CPU, tiny shapes: ~3 min on 2 cores
+@pytest.mark.launch  # the lane through its shell script on a CPU, tiny shapes: ~3 min on 2 idle cores
 def test_lane_smoke(tmp_path):
     env = {**os.environ, "SMOKE": "1", "PARTS": "ril_dense long4k weights_smollm2",
            "PYTHON": sys.executable,
            "PYTHONWARNINGS": "ignore"}
     out = tmp_path / "lane"
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "studies" / "speed_lane.sh"), str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
+                          env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     pieces = [json.loads(line) for line in (out / "pieces.jsonl").read_text().splitlines()]
     assert [(p["piece"], p["exit"]) for p in pieces] == [("ril_dense", 0), ("long4k", 0),
@@ -96,7 +96,7 @@ def test_lane_smoke(tmp_path):
     assert ril["max_tokens_per_gpu"] > 0 and ril["in_loop_over_isolated"] > 0
     assert ril["in_loop"]["decode_steps"]["median"] > 0
     rows = json.loads((out / "long4k.json").read_text())["rows"]
-    assert [r["config"] for r in rows] == ["dense", "rkv:512", "rkv:512+s1", "dense+s1"]
+    assert [r["config"] for r in rows] == ["dense", "rkv:512+s1"]
     assert all("error" not in r for r in rows)
     weights = json.loads((out / "weights_smollm2.json").read_text())["modes"]
     assert set(weights) == {"distributed", "ipc", "disk", "tensor"}

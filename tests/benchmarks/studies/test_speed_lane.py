@@ -80,6 +80,22 @@ def test_a_cut_long_rollout_piece_keeps_its_finished_configs(tmp_path):
     assert "| 4096 | dense@fp8_e4m3 |" not in text  # cut before it ran
 
 
+def test_weights_table(tmp_path):
+    """engine/weight_sync.py's pieces: one row per shape and mode, the push's spread, its phases;
+    a piece that failed is named."""
+    write_pieces(tmp_path, [
+        {"piece": "weights_smollm2", "exit": 0, "seconds": 60, "limit_s": 150, "command": ["w.py"]},
+        {"piece": "weights_3b", "exit": 124, "seconds": 300, "limit_s": 300, "command": ["w.py"]}])
+    (tmp_path / "weights_smollm2.json").write_text(json.dumps({"shape": "smollm2-135m", "modes": {
+        "distributed": {"transport": "NCCL, server on GPU 1", "min_s": 0.05, "median_s": 0.06,
+                        "max_s": 0.08, "gb_per_s": 4.5,
+                        "phases_s": {"export": 0.001, "flatten": 0.002, "transfer": 0.05}}}}))
+    text = summary.main([str(tmp_path)]).read_text()
+    assert ("| smollm2-135m | distributed | NCCL, server on GPU 1 | 0.05 / 0.06 / 0.08 | 4.5 "
+            "| export 0.001, flatten 0.002, transfer 0.050 |") in text
+    assert "`weights_3b`: exit 124 (cut at its limit)" in text
+
+
 @pytest.mark.launch  # the lane through its shell script on a CPU, tiny shapes: ~3 min on 2 idle cores
 def test_lane_smoke(tmp_path):
     env = {**os.environ, "SMOKE": "1", "PARTS": "ril_dense long4k weights_smollm2",

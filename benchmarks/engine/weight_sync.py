@@ -1,11 +1,13 @@
 """Seconds per weight sync, trainer -> one sglang-kvc server process, per transport.
 
-A random checkpoint of the Qwen2.5-0.5B shape (``checkpoint_tools.tiny_models --shape
-qwen2.5-0.5b``, bf16) is held by this process as the "trainer" (on the GPU when there is one) and
+A random bf16 checkpoint of ``--shape`` (``benchmarks.common.checkpoint``: ``smollm2-135m``,
+the Qwen2.5 sizes; default Qwen2.5-0.5B) is held by this process as the "trainer" (on the GPU when there is one) and
 pushed through ``trainer.rollout.engines.weight_sync.WeightSync`` to a server started from the same
 checkpoint on the same device, ``--pushes`` times per mode after one warm-up push (the first push
 sets up the process group / CUDA IPC mappings). Each mode's last push is read back through
-``/get_weights_by_name`` and compared bit for bit.
+``/get_weights_by_name`` and compared bit for bit. Each row also splits the median push by phase
+(``WeightSync.phases``: export from the trainer's tensors, flatten / serialize, the group's
+set-up, the transfer with the server's load; disk: write, load).
 
 Modes: ``tensor`` (base64 torch.save over HTTP), ``ipc`` (CUDA IPC handles on a GPU, shared
 memory on CPU), ``distributed`` (one broadcast per bucket: NCCL with the server on a second GPU
@@ -13,7 +15,7 @@ when there is one; with a single GPU the two NCCL ranks cannot share it, so the 
 through gloo from CPU copies and the row says so), ``disk`` (safetensors + reload).
 
     PYTHONPATH=sglang-kvc:. python -m benchmarks.engine.weight_sync [--modes ipc,tensor]
-        [--shape qwen2.5-0.5b|tiny] [--pushes 3] [--bucket-mb 512] [--json out.json]
+        [--shape qwen2.5-0.5b|smollm2-135m|qwen2.5-3b|tiny] [--pushes 3] [--bucket-mb 512] [--json out.json]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -29,8 +32,9 @@ from pathlib import Path
 import requests
 import torch
 
+from benchmarks.common.checkpoint import SHAPES as BENCH_SHAPES, build_checkpoint
 from checkpoint_tools.hf_io import read_all_tensors
-from checkpoint_tools.tiny_models import SHAPES, make_tiny_model
+from checkpoint_tools.tiny_models import SHAPES
 from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
 from trainer.rollout.engines.servers import HTTPRollout
 from trainer.rollout.engines.weight_sync import WeightSync
@@ -41,7 +45,7 @@ MODES = ("tensor", "ipc", "distributed", "disk")
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated, of " + ", ".join(MODES))
-    ap.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))
+    ap.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted({*SHAPES, *BENCH_SHAPES}))
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--pushes", type=int, default=3, help="timed pushes per mode (after a warm-up)")
     ap.add_argument("--bucket-mb", type=int, default=512)
@@ -98,12 +102,29 @@ def bench_mode(mode: str, fleet: EngineFleet, named, ckpt: Path, args, workdir: 
                       disk_dir=workdir / f"sync-{mode}", hf_config_dir=ckpt)
     source = lambda: iter(named)  # noqa: E731 - the trainer's tensors, already in place
     first = sync.push_tensors(source, f"{mode}-warmup")["time_sync"]
-    times = [sync.push_tensors(source, f"{mode}-{i}")["time_sync"] for i in range(args.pushes)]
+    prune_disk(sync)
+    times, phases = [], []
+    for i in range(args.pushes):
+        times.append(sync.push_tensors(source, f"{mode}-{i}")["time_sync"])
+        phases.append(dict(sync.phases.seconds))
+        prune_disk(sync)
     assert_serves(fleet.urls[0], named, [named[0][0], named[len(named) // 2][0], named[-1][0]])
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     median = statistics.median(times)
     return {"first_s": first, "pushes_s": times, "min_s": min(times), "median_s": median,
-            "max_s": max(times), "gb_per_s": nbytes / median / 1e9, "verified": True}
+            "max_s": max(times), "gb_per_s": nbytes / median / 1e9, "verified": True,
+            "phases_s": phases[times.index(sorted(times)[(len(times) - 1) // 2])],
+            "mode_used": sync.mode}
+
+
+def prune_disk(sync: WeightSync) -> None:
+    """Disk mode keeps every push's directory (a restarted server is re-synced from the last):
+    drop the older ones, gigabytes each at 3B."""
+    last = getattr(sync.transport, "last_dir", None)
+    if last is not None:
+        for old in last.parent.glob("weights-*"):
+            if old != last:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def run(args) -> dict:
@@ -112,8 +133,7 @@ def run(args) -> dict:
         workdir = Path(args.workdir or stack.enter_context(tempfile.TemporaryDirectory()))
         ckpt = workdir / f"ckpt-{args.shape}"
         if not (ckpt / "config.json").exists():
-            make_tiny_model("qwen2.5", ckpt, dtype=getattr(torch, args.dtype),
-                            overrides=SHAPES[args.shape])
+            build_checkpoint(args.shape, ckpt, dtype=getattr(torch, args.dtype))
         cpu_named = list(read_all_tensors(ckpt).items())
         nbytes = sum(t.numel() * t.element_size() for _, t in cpu_named)
         out = {"device": torch.cuda.get_device_name() if gpu else "cpu", "shape": args.shape,
@@ -136,6 +156,8 @@ def run(args) -> dict:
             print(f"{mode:12s} {row['transport']:60s} min {row['min_s']:.3f} s  median "
                   f"{row['median_s']:.3f} s  max {row['max_s']:.3f} s  ({row['gb_per_s']:.2f} GB/s; "
                   f"first {row['first_s']:.3f} s)", flush=True)
+            print(f"{'':12s} phases of the median push: " + ", ".join(
+                f"{k} {v:.3f} s" for k, v in row["phases_s"].items()), flush=True)
             del named
     return out
 

@@ -12,7 +12,10 @@ whole batch would hold densely at the cap (0.25: dense holds a quarter of the ba
         --json runs/long.json --plot docs/plots/long_rollout_steps.png
 
 A config ending in ``@fp8_e4m3`` / ``@fp8_e5m2`` runs with an FP8 KV pool of the same bytes
-(``--sglang-kv-cache-dtype``, twice the slots); ratios stay against the bf16 dense row.
+(``--sglang-kv-cache-dtype``, twice the slots); ratios stay against the bf16 dense row. A config
+ending in ``+s1`` runs one step off-policy: ``--max-staleness 1`` with the engine in a child
+process on the same GPU (``--rollout-engine-process``: an in-process engine that releases its KV
+pool while training cannot generate meanwhile), so rollout n+1 generates while update n runs.
 
 Per configuration and length: each phase's seconds (min / median / max over ``--steps`` steps
 after a short warm-up rollout), rollout tokens/s, the pool's peak slots and capacity, preempted
@@ -37,11 +40,21 @@ from trainer.learner.speed import device_name
 ROOT = Path(__file__).resolve().parents[2]
 
 PHASES = ("rollout", "recompute", "update", "sync")
+# "+s1": rollout n+1 generates while update n runs, in an engine process that keeps its pool
+STALE_FLAGS = ("--rollout-engine-process", "--max-staleness", "1")
 
 
 def parse_config(spec: str) -> dict:
     """``dense`` or ``algorithm:budget[:divide_length]``, optionally ``@fp8_e4m3`` or
-    ``@fp8_e5m2``: an FP8 KV pool of the same bytes (twice the slots)."""
+    ``@fp8_e5m2``: an FP8 KV pool of the same bytes (twice the slots), then optionally ``+s1``:
+    one step off-policy (STALE_FLAGS)."""
+    full = spec
+    spec, stale = (spec[:-len("+s1")], True) if spec.endswith("+s1") else (spec, False)
+    cfg = _parse_kv(spec)
+    return {**cfg, "name": full, "stale": True} if stale else cfg
+
+
+def _parse_kv(spec: str) -> dict:
     spec, _, kv = spec.partition("@")
     if kv not in ("", "fp8_e4m3", "fp8_e5m2"):
         raise SystemExit(f"--configs {spec}@{kv}: the KV dtype after @ is fp8_e4m3 or fp8_e5m2")
@@ -79,13 +92,25 @@ def config_argv(args, cfg: dict, cap: int, hf: Path, out: Path, work: Path,
               f"warmup_scale={args.warmup_scale} seed={args.seed}").split()
     if cfg.get("kv_dtype"):
         argv += ["--sglang-kv-cache-dtype", cfg["kv_dtype"]]
+    if cfg.get("stale"):
+        argv += list(STALE_FLAGS)
     return argv + ["--sglang-max-total-tokens", str(pool_tokens(args, cap, cfg)),
                    "--custom-generate-function-path", "benchmarks.common.long_tail.LongTailLengths",
                    "--custom-generate-args", *plugin, *more, *args.extra]
 
 
+def run_name(cfg: dict, cap: int) -> str:
+    """A config's run folder and JSON name at one cap (``rkv:512+s1`` at 4096: rkv_512_s1_4096)."""
+    return f"{cfg['name'].replace(':', '_').replace('+', '_')}_{cap}"
+
+
+def is_dense_reference(cfg: dict) -> bool:
+    """The row the speed-ups are against: bf16 dense, on-policy."""
+    return cfg["compress"] == "none" and not cfg.get("kv_dtype") and not cfg.get("stale")
+
+
 def run_config(args, cfg: dict, cap: int, hf: Path, work: Path) -> dict:
-    name = f"{cfg['name'].replace(':', '_')}_{cap}"
+    name = run_name(cfg, cap)
     out, run_dir = work / f"{name}.json", work / name
     prepare_run_dir(run_dir, hf, work)
     argv = config_argv(args, cfg, cap, hf, out, run_dir)
@@ -186,7 +211,7 @@ def main(argv=None) -> dict:
         dense = None
         for cfg in configs:
             r = row(cfg, cap, run_config(args, cfg, cap, hf, work), dense)
-            dense = r if cfg["compress"] == "none" and not cfg.get("kv_dtype") else dense
+            dense = r if is_dense_reference(cfg) else dense
             rows.append(r)
             print_rows([r])
     print_rows(rows)

@@ -19,24 +19,31 @@
 #   engine_dense, engine_rkv  engine/throughput.py on the same shape as ril_* (B 256, P 128, O 512,
 #                        T 1 with log-probs): the engine's own figure and its HBM roofline
 #   oom_1.5b             as oom_3b on the 1.5B shape
-#   long4k, long8k       studies/long_rollout.py at 4,096 / 8,192: dense, R-KV 512, FP8 e4m3 and
-#                        R-KV + FP8, 2 timed steps each, trainer at the memory-sized micro-batch
+#   long4k, long8k       studies/long_rollout.py at 4,096 / 8,192: dense, R-KV 512, and both one
+#                        step off-policy ("+s1": --max-staleness 1, the engine in its own
+#                        process), 2 timed steps each, trainer at the memory-sized micro-batch
+#   weights_smollm2, weights_3b  engine/weight_sync.py (issue 68): the trainer's weights to one
+#                        sglang-kvc server process at the SmolLM2-135M and Qwen2.5-3B shapes, the
+#                        median push split by phase: NCCL (distributed) with two GPUs (one GPU
+#                        cannot hold both NCCL ranks: then CUDA IPC), against disk (and HTTP
+#                        tensors at SmolLM2); "weights_servers" names both
 # then studies/speed_lane_summary.py writes OUT_DIR/summary.md from the pieces' JSON.
 #
 #   bash benchmarks/studies/speed_lane.sh OUT_DIR
-# All of it is ~20 minutes on an H200, more than one call's TOTAL_S: the defaults run the pieces
-# in the order above and skip what does not fit (parts 1, 2 and 4 first); a second call with
-# PARTS="long4k long8k" runs part 3. Environment: PARTS (pieces, in order), TOTAL_S (510: a piece
-# starts only with >= 30 s left and is cut at the lane's end), PYTHON (python3), SMOKE=1 (tiny
-# shapes on a CPU: the lane end to end, measuring nothing).
+# All of it is more than one call's TOTAL_S: the defaults run the pieces in the order of PARTS
+# and skip what does not fit; a second call with PARTS="the skipped ones" runs the rest.
+# Environment: PARTS (pieces, in order), TOTAL_S (510, SMOKE 1800: a piece starts only with
+# >= 30 s left and is cut at the lane's end), PYTHON (python3), SMOKE=1 (tiny shapes on a CPU: the lane end to
+# end, measuring nothing).
 set -uo pipefail
 
 OUT="${1:?usage: benchmarks/studies/speed_lane.sh OUT_DIR}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="${PYTHON:-python3}"
-TOTAL_S="${TOTAL_S:-510}"
 SMOKE="${SMOKE:-0}"
-PARTS="${PARTS:-engine_decode ril_dense ril_rkv oom_3b replay engine_dense engine_rkv oom_1.5b long4k long8k}"
+TOTAL_S="${TOTAL_S:-$([[ "$SMOKE" == 1 ]] && echo 1800 || echo 510)}"  # a shared CPU is slow
+PARTS="${PARTS:-engine_decode replay weights_smollm2 long4k weights_3b ril_dense ril_rkv oom_3b engine_dense engine_rkv oom_1.5b long8k}"
+PARTS="${PARTS//weights_servers/weights_smollm2 weights_3b}"
 START=$SECONDS
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
@@ -49,6 +56,7 @@ step() {
     # limit and the time left; one line per piece in pieces.jsonl (exit, seconds, command)
     local name=$1 limit=$2 left=$((TOTAL_S - (SECONDS - START))) begin=$SECONDS rc
     shift 2
+    [[ "$SMOKE" == 1 ]] && limit=$((limit * 3))  # tiny shapes, but a shared CPU's start-ups are slow
     if ((left < 30)); then
         echo "=== $name: skipped (lane time spent)"
         printf '{"piece": "%s", "skipped": true}\n' "$name" >>"$OUT/pieces.jsonl"
@@ -76,6 +84,7 @@ if [[ "$SMOKE" == 1 ]]; then  # tiny shapes and lengths: the lane's plumbing on 
     LONG=(--shape tiny --prompts 2 --samples 2 --steps 2 --max-tokens-per-gpu 0)
     CAPS=(64 128)
     POOL=()  # a CPU's pool is --sglang-max-total-tokens or 16k slots
+    W_SMALL=(--shape tiny --pushes 1) W_BIG=(--shape tiny --pushes 1)
 else
     SHAPE=qwen2.5-0.5b BIG15=qwen2.5-1.5b BIG3=qwen2.5-3b ENGINE_SHAPE=qwen2.5-0.5b
     RIL=(--prompts 32 --samples 8 --prompt-len 128 --response-len 512 --steps 2 --repeats 2)
@@ -85,13 +94,23 @@ else
     LONG=(--shape qwen2.5-0.5b --steps 2 --max-tokens-per-gpu 0)
     CAPS=(4096 8192)
     POOL=(--sglang-mem-fraction-static 0.7 --sglang-max-total-tokens 1000000000)
+    W_SMALL=(--shape smollm2-135m --pushes 3) W_BIG=(--shape qwen2.5-3b --pushes 2)
+fi
+# NCCL needs the server on a second GPU; with one, CUDA IPC is the same-host path (and the
+# benchmark's "distributed" would be gloo through host copies: left out at 3B)
+GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+if ((GPUS >= 2)) || [[ "$SMOKE" == 1 ]]; then
+    W_MODES_SMALL=distributed,ipc,disk,tensor W_MODES_BIG=distributed,ipc,disk
+else
+    W_MODES_SMALL=ipc,disk,tensor,distributed W_MODES_BIG=ipc,disk
 fi
 # the R-KV run script's trainer and engine settings (scripts/lib/common.sh); the pool from the
 # fraction alone (rl_step's own --sglang-max-total-tokens lifted)
 SCRIPT_RKV=(--compress rkv --kv-budget 512 --compress-divide-length 128 --max-tokens-per-gpu 0
             --kl-loss-coef 1e-4 --kl-loss-type low_var_kl --use-mis --mis-preset sparse_rl
             --sglang-compress-keep-prompt "${POOL[@]}")
-LONG_CONFIGS=(dense rkv:512 dense@fp8_e4m3 rkv:512@fp8_e4m3)
+LONG_CONFIGS=(dense rkv:512 rkv:512+s1 dense+s1)
+[[ "$SMOKE" == 1 ]] && LONG_CONFIGS=(dense rkv:512+s1)  # the plumbing of each kind, on a CPU
 
 piece() {
     case "$1" in
@@ -112,13 +131,17 @@ piece() {
         engine_rkv) step engine_rkv 75 -m benchmarks.engine.throughput --shape "$ENGINE_SHAPE" \
             "${ENG[@]}" --temperature 1 --logprobs --skip-hf --modes overlap \
             --compress rkv --kv-budget 128 --compress-divide-length 64 ;;
-        replay) step replay 120 -m benchmarks.training.sparse_recompute "${REPLAY[@]}" ;;
+        replay) step replay 150 -m benchmarks.training.sparse_recompute "${REPLAY[@]}" ;;
         long4k) step long4k 330 -m benchmarks.studies.long_rollout "${LONG[@]}" \
             --response-len "${CAPS[0]}" --configs "${LONG_CONFIGS[@]}" --workdir "$OUT/work/long" ;;
         long8k) step long8k 450 -m benchmarks.studies.long_rollout "${LONG[@]}" \
             --response-len "${CAPS[1]}" --configs "${LONG_CONFIGS[@]}" --workdir "$OUT/work/long" ;;
-        *) echo "=== $1: no such piece (PARTS: engine_decode ril_dense ril_rkv oom_3b replay engine_dense" \
-                "engine_rkv oom_1.5b long4k long8k)" ;;
+        weights_smollm2) step weights_smollm2 150 -m benchmarks.engine.weight_sync "${W_SMALL[@]}" \
+            --modes "$W_MODES_SMALL" --workdir "$OUT/work/weights" ;;
+        weights_3b) step weights_3b 300 -m benchmarks.engine.weight_sync "${W_BIG[@]}" \
+            --modes "$W_MODES_BIG" --workdir "$OUT/work/weights" ;;
+        *) echo "=== $1: no such piece (PARTS: engine_decode replay weights_smollm2 weights_3b long4k long8k" \
+                "ril_dense ril_rkv oom_3b engine_dense engine_rkv oom_1.5b)" ;;
     esac
 }
 

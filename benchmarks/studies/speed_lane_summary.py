@@ -175,7 +175,7 @@ def long_section(out: Path, runs: dict) -> list[str]:
 def salvage_long(out: Path, info: dict | None) -> dict:
     """The configs that finished before a long-rollout piece was cut (their own JSONs, copied
     to ``long_runs/``), as ``long_rollout.row`` makes them."""
-    from benchmarks.studies.long_rollout import parse_config, row
+    from benchmarks.studies.long_rollout import is_dense_reference, parse_config, row, run_name
 
     cmd = (info or {}).get("command", [])
     if "--configs" not in cmd or "--response-len" not in cmd:
@@ -186,11 +186,11 @@ def salvage_long(out: Path, info: dict | None) -> dict:
         if spec.startswith("--"):
             break
         cfg = parse_config(spec)
-        path = out / "long_runs" / f"{cfg['name'].replace(':', '_')}_{cap}.json"
+        path = out / "long_runs" / f"{run_name(cfg, cap)}.json"
         if not path.exists():
             continue
         r = row(cfg, cap, json.loads(path.read_text())["summary"], dense)
-        dense = r if spec == "dense" else dense
+        dense = r if is_dense_reference(cfg) else dense
         rows.append(r)
     return {"rows": rows}
 
@@ -252,6 +252,28 @@ def _fixed(v, digits: int) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
+def weights_section(out: Path, runs: dict) -> list[str]:
+    """engine/weight_sync.py's pieces: seconds a push to one server process, by mode."""
+    lines = ["## 5. Weights to a server (issue 68)", "",
+             "Targets: <= 0.2 s at the SmolLM2-135M shape, <= 2 s at 3B (median of the timed "
+             "pushes; phases of that push).", "",
+             "| shape | mode | transport | push s (min / median / max) | GB/s | phases s |",
+             "|---|---|---|---|---:|---|"]
+    notes = []
+    for name in ("weights_smollm2", "weights_3b"):
+        r = load(out, name)
+        if r is None:
+            if name in runs:
+                notes.append(failure(out, name, runs.get(name)))
+            continue
+        for mode, row in r.get("modes", {}).items():
+            phases = ", ".join(f"{k} {v:.3f}" for k, v in (row.get("phases_s") or {}).items())
+            lines.append(f"| {r.get('shape')} | {mode} | {row.get('transport')} | "
+                         f"{fmt(row.get('min_s'), 3)} / {fmt(row.get('median_s'), 3)} / "
+                         f"{fmt(row.get('max_s'), 3)} | {fmt(row.get('gb_per_s'), 3)} | {phases} |")
+    return lines + [""] + notes + [""]
+
+
 def main(argv=None) -> Path:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
@@ -261,8 +283,9 @@ def main(argv=None) -> Path:
     out = Path(args.out)
     runs = pieces(out)
     args.parts = args.parts or list(runs)
-    text = [*header(out, args, runs), *decode_section(out, runs), *micro_batch_section(out, runs), *rollout_section(out, runs),
-            *long_section(out, runs), *replay_section(out, runs)]
+    text = [*header(out, args, runs), *decode_section(out, runs), *micro_batch_section(out, runs),
+            *rollout_section(out, runs), *long_section(out, runs), *replay_section(out, runs),
+            *weights_section(out, runs)]
     path = out / "summary.md"
     path.write_text("\n".join(text) + "\n")
     print(path.read_text())

@@ -20,7 +20,7 @@ import dataclasses
 from pathlib import Path
 
 from ..launch import phase
-from .async_rollout import AsyncConfig, WeightGate, weight_gate
+from .async_rollout import AsyncConfig, WeightGate, memory_safe, weight_gate
 from .config import RolloutSetup
 from .engines.capacity import pool_detail, run_capacity
 from .engines.factory import (Launched, RestartHookFactory, connect_restarts, describe,
@@ -87,7 +87,9 @@ def assemble_rollout(setup: RolloutSetup, inputs: RolloutInputs,
     engines, place = open_engines(setup, inputs.prompts.prompts, device)
     sync = weight_sync_for(setup.weight_sync, setup.engines, engines, inputs.work_dir)
     connect_restarts(engines, restart_hook, sync)
-    gate = weight_gate(setup.asynchrony, inputs.start_rollout, engines)
+    # rollout n+1 generates while update n runs, where the placement's memory allows
+    gate = weight_gate(memory_safe(setup.asynchrony, setup.engines), inputs.start_rollout,
+                       engines)
     manager = RolloutManager(generation_place(place, gate), setup.plan.reward,
                              engines=resumable(engines, gate, setup.asynchrony,
                                                inputs.start_rollout),

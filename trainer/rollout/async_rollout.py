@@ -182,6 +182,30 @@ class AsyncRollouts:
             self._results.put((rollout_id, out))
 
 
+def memory_safe(cfg: AsyncConfig, engines_cfg) -> AsyncConfig:
+    """The overlap this placement can afford. Rollout n+1 generates while update n runs on
+    engines that keep their memory apart from the trainer's: servers, engine processes
+    (``--rollout-engine-process``), ``--rollout-num-gpus``. A colocated in-process engine that
+    releases its KV pool while training (``--offload-rollout``, the GPU default) would bring the
+    pool back next to the update's activations, sized without it: such a run keeps the
+    synchronous schedule (bound 0) and says so at startup."""
+    if not cfg.max_staleness or engines_cfg.generates_beside_training():
+        return cfg
+    if _rank0():
+        print(f"--max-staleness {cfg.max_staleness}: the colocated in-process engine releases its "
+              "KV pool while training (--offload-rollout), so generating during the update could "
+              "run out of memory: rollouts stay synchronous (staleness 0). To overlap them, add "
+              "--rollout-engine-process (the engine keeps its pool in a process of its own) or "
+              "--no-offload-rollout", flush=True)
+    return dataclasses.replace(cfg, max_staleness=0)
+
+
+def _rank0() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
 def weight_gate(cfg: AsyncConfig, version: int, engines) -> WeightGate | None:
     """The gate of a run whose engines serve ``version`` now (None: synchronous). With partial
     rollouts a push interrupts generation: ``abort_request`` (all requests) on this rank's

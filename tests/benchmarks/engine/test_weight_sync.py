@@ -26,6 +26,11 @@ def test_bench_weight_sync_tiny_on_cpu(tmp_path):
     for mode, row in result["modes"].items():
         assert row["verified"] and len(row["pushes_s"]) == 2, mode
         assert 0 < row["min_s"] <= row["median_s"] <= row["max_s"], mode
+        assert row["mode_used"] == mode and row["phases_s"], mode
+        # the phases are parts of the push: they sum to no more than it
+        assert sum(row["phases_s"].values()) <= max(row["pushes_s"]), mode
+    assert {"export", "flatten", "group", "transfer"} <= set(result["modes"]["distributed"]["phases_s"])
+    assert {"export_and_write", "load"} <= set(result["modes"]["disk"]["phases_s"])
     assert result["modes"]["ipc"]["transport"] == "shared memory"
 
 

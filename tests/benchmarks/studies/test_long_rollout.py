@@ -95,3 +95,26 @@ def test_plot_rows_pair_each_run_with_dense_in_its_pool(tmp_path):
     assert rows[("rkv:512", 12)]["step_speedup"] == 2.0 and rows[("rkv:512", 12)]["rollout_speedup"] == 3.0
     assert rows[("snapkv:512", 3)]["step_speedup"] == 2.0 and rows[("snapkv:512", 3)]["rollout_speedup"] == 4.0
     assert rows[("dense", 3)]["pool_gib"] == 256 * 12 * 2**20 / gib
+
+
+def test_a_stale_config_runs_one_step_off_policy_in_an_engine_process():
+    """``+s1``: the trainer flags of one step off-policy, its own run name, and not the dense
+    reference the speed-ups are against."""
+    from argparse import Namespace
+
+    from benchmarks.studies.long_rollout import (config_argv, is_dense_reference, parse_config,
+                                                 run_name)
+
+    args = Namespace(prompts=2, samples=4, steps=1, seed=0, max_tokens_per_gpu=2048,
+                     dense_fraction=0.5, median_frac=0.5, sigma=0.6, warmup_scale=0.125, extra=[])
+    cfg = parse_config("rkv:512+s1")
+    assert cfg == {"name": "rkv:512+s1", "compress": "rkv", "budget": 512, "divide": 128,
+                   "stale": True}
+    argv = config_argv(args, cfg, 64, Path("hf"), Path("o.json"), Path("w"))
+    assert argv[argv.index("--max-staleness") + 1] == "1" and "--rollout-engine-process" in argv
+    plain = config_argv(args, parse_config("rkv:512"), 64, Path("hf"), Path("o.json"), Path("w"))
+    assert "--max-staleness" not in plain and "--rollout-engine-process" not in plain
+    assert run_name(cfg, 4096) == "rkv_512_s1_4096"
+    assert run_name(parse_config("dense@fp8_e4m3+s1"), 8192) == "dense@fp8_e4m3_s1_8192"
+    assert [is_dense_reference(parse_config(c)) for c in ("dense", "dense+s1", "dense@fp8_e4m3")] \
+        == [True, False, False]

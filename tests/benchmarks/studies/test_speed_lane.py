@@ -80,22 +80,44 @@ def test_a_cut_long_rollout_piece_keeps_its_finished_configs(tmp_path):
     assert "| 4096 | dense@fp8_e4m3 |" not in text  # cut before it ran
 
 
-@pytest.mark.launch  # the lane through its shell script on a CPU, tiny shapes: ~3 min on 2 cores
+def test_weights_table(tmp_path):
+    """engine/weight_sync.py's pieces: one row per shape and mode, the push's spread, its phases;
+    a piece that failed is named."""
+    write_pieces(tmp_path, [
+        {"piece": "weights_smollm2", "exit": 0, "seconds": 60, "limit_s": 150, "command": ["w.py"]},
+        {"piece": "weights_3b", "exit": 124, "seconds": 300, "limit_s": 300, "command": ["w.py"]}])
+    (tmp_path / "weights_smollm2.json").write_text(json.dumps({"shape": "smollm2-135m", "modes": {
+        "distributed": {"transport": "NCCL, server on GPU 1", "min_s": 0.05, "median_s": 0.06,
+                        "max_s": 0.08, "gb_per_s": 4.5,
+                        "phases_s": {"export": 0.001, "flatten": 0.002, "transfer": 0.05}}}}))
+    text = summary.main([str(tmp_path)]).read_text()
+    assert ("| smollm2-135m | distributed | NCCL, server on GPU 1 | 0.05 / 0.06 / 0.08 | 4.5 "
+            "| export 0.001, flatten 0.002, transfer 0.050 |") in text
+    assert "`weights_3b`: exit 124 (cut at its limit)" in text
+
+
+@pytest.mark.launch  # the lane through its shell script on a CPU, tiny shapes: ~3 min on 2 idle cores
 def test_lane_smoke(tmp_path):
-    env = {**os.environ, "SMOKE": "1", "PARTS": "ril_dense long4k", "PYTHON": sys.executable,
+    env = {**os.environ, "SMOKE": "1", "PARTS": "ril_dense long4k weights_smollm2",
+           "PYTHON": sys.executable,
            "PYTHONWARNINGS": "ignore"}
     out = tmp_path / "lane"
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "studies" / "speed_lane.sh"), str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
+                          env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     pieces = [json.loads(line) for line in (out / "pieces.jsonl").read_text().splitlines()]
-    assert [(p["piece"], p["exit"]) for p in pieces] == [("ril_dense", 0), ("long4k", 0)]
+    assert [(p["piece"], p["exit"]) for p in pieces] == [("ril_dense", 0), ("long4k", 0),
+                                                         ("weights_smollm2", 0)]
     ril = json.loads((out / "ril_dense.json").read_text())
     assert ril["max_tokens_per_gpu"] > 0 and ril["in_loop_over_isolated"] > 0
     assert ril["in_loop"]["decode_steps"]["median"] > 0
     rows = json.loads((out / "long4k.json").read_text())["rows"]
-    assert [r["config"] for r in rows] == ["dense", "rkv:512", "dense@fp8_e4m3", "rkv:512@fp8_e4m3"]
+    assert [r["config"] for r in rows] == ["dense", "rkv:512+s1"]
     assert all("error" not in r for r in rows)
+    weights = json.loads((out / "weights_smollm2.json").read_text())["modes"]
+    assert set(weights) == {"distributed", "ipc", "disk", "tensor"}
+    assert all(row["verified"] for row in weights.values())
     text = (out / "summary.md").read_text()
-    assert "| ril_dense | tiny |" in text and "| 64 | rkv:512@fp8_e4m3 |" in text
+    assert "| ril_dense | tiny |" in text and "| 64 | rkv:512+s1 |" in text
+    assert "| tiny | distributed | gloo |" in text
     assert not (out / "work").exists()  # checkpoints removed, results kept

@@ -46,6 +46,13 @@ class EngineConfig:
 
         return self.offload if self.offload is not None else torch.cuda.is_available()
 
+    def generates_beside_training(self) -> bool:
+        """Whether these engines may generate while the trainer trains (``--max-staleness``)
+        without taking memory the trainer sized itself by: servers, engine processes and
+        ``--rollout-num-gpus`` keep their own; a colocated in-process engine does only if it keeps
+        its KV pool through training (no offload)."""
+        return self.remote or self.engine_process or bool(self.num_gpus) or not self.offloads()
+
     def weights_door(self, backend):
         """Where weight updates go: this rank's engines (``backend``: in-process, servers, or
         None), or the engines behind a router (``engine_urls``), since a router forwards
@@ -72,6 +79,9 @@ class WeightSyncConfig:
     bucket_bytes: int = 512 << 20
     master_address: str | None = None  # distributed: None means $MASTER_ADDR when the sync starts
     timeout_s: float = GROUP_TIMEOUT_S  # distributed: how long a broadcast may wait for a member
+    # ``auto`` only: the modes tried in turn when the first push of ``mode`` fails (an explicit
+    # --weight-sync fails instead)
+    fallback: tuple[str, ...] = ()
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -87,16 +97,19 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 
 def weight_sync_config_from_args(args: argparse.Namespace) -> WeightSyncConfig:
-    return WeightSyncConfig(mode=weight_sync_mode(args),
-                            bucket_bytes=args.weight_sync_bucket_mb << 20,
+    mode = weight_sync_mode(args)
+    return WeightSyncConfig(mode=mode, bucket_bytes=args.weight_sync_bucket_mb << 20,
                             master_address=args.weight_sync_master_address,
-                            timeout_s=args.weight_sync_timeout)
+                            timeout_s=args.weight_sync_timeout,
+                            fallback=server_fallback(args) if mode == "distributed"
+                            and args.weight_sync == "auto" and args.rollout_server_urls else ())
 
 
 def weight_sync_mode(args: argparse.Namespace) -> str:
     """``--weight-sync``, with ``auto`` resolved by where the engines run: NCCL (GPU) or tensors
     for ``--rollout-num-gpus``, CUDA IPC (GPU) or tensors for ``--rollout-engine-process``,
-    tensors over HTTP for servers, else the in-process engine's own path."""
+    NCCL (GPU) for servers this trainer can reach a group with (``servers_can_join``), else
+    tensors over HTTP; else the in-process engine's own path."""
     if args.weight_sync != "auto":
         return args.weight_sync
     if args.rollout_num_gpus:
@@ -107,7 +120,43 @@ def weight_sync_mode(args: argparse.Namespace) -> str:
         from .processes import weight_transport
 
         return weight_transport()
-    return "tensor" if args.rollout_server_urls else "inprocess"
+    if not args.rollout_server_urls:
+        return "inprocess"
+    import torch
+
+    return "distributed" if torch.cuda.is_available() and servers_can_join(args) else "tensor"
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+
+
+def _host(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    return urlsplit(url if "://" in url else "http://" + url).hostname or ""
+
+
+def servers_local(args: argparse.Namespace) -> bool:
+    """Every engine the weights go to is on this host (by its URL)."""
+    import socket
+
+    here = {*_LOOPBACK, socket.gethostname(), socket.getfqdn()}
+    return all(_host(u) in here for u in args.rollout_engine_urls or args.rollout_server_urls)
+
+
+def servers_can_join(args: argparse.Namespace) -> bool:
+    """A weight-update group needs the servers to reach this rank's store: on this host, or at a
+    master address that is not a loopback one (--weight-sync-master-address, else $MASTER_ADDR)."""
+    import os
+
+    address = args.weight_sync_master_address or os.environ.get("MASTER_ADDR", "127.0.0.1")
+    return servers_local(args) or address not in _LOOPBACK
+
+
+def server_fallback(args: argparse.Namespace) -> tuple[str, ...]:
+    """``auto``'s ways after NCCL for servers, in turn: same host, CUDA IPC (a server on the
+    trainer's own GPU, where NCCL cannot pair the two) then the disk; else tensors over HTTP."""
+    return ("ipc", "disk") if servers_local(args) else ("tensor",)
 
 
 def server_args_from(args: argparse.Namespace, device: str | None = None):
@@ -174,8 +223,11 @@ def add_server_args(g) -> None:
                         "that fails is re-issued whole, to another engine when it is down")
     g.add_argument("--weight-sync", default="auto",
                    choices=["auto", *WEIGHT_SYNC_MODES],
-                   help="how weights reach the engine (auto: inprocess, or tensor over HTTP; ipc: "
-                        "handles to this host's memory, for servers on the same machine)")
+                   help="how weights reach the engine (auto: inprocess; for servers on a GPU "
+                        "distributed (NCCL, as SGLang's update_weights_from_distributed) when they "
+                        "can reach this trainer, then ipc and disk (same host) or tensor if the "
+                        "first push fails; tensor over HTTP otherwise; ipc: handles to this "
+                        "host's memory, for servers on the same machine)")
     g.add_argument("--weight-sync-bucket-mb", type=int, default=512)
     g.add_argument("--weight-sync-timeout", type=float, default=GROUP_TIMEOUT_S,
                    help="--weight-sync distributed: seconds a broadcast of the weight-update "
@@ -207,9 +259,10 @@ def _conflicts(args: argparse.Namespace) -> list[tuple[bool, str]]:
     """(whether it applies, its message), in the order they are checked."""
     gpus, process, urls = args.rollout_num_gpus, args.rollout_engine_process, args.rollout_server_urls
     explicit = args.weight_sync
-    # engine processes resolve "auto" by asking torch for GPUs: no check below depends on the
-    # answer (those that could are settled above for them), and a flag error stays fast
-    mode = explicit if gpus or process else weight_sync_mode(args)
+    # engine processes and servers resolve "auto" by asking torch for GPUs: no check below
+    # depends on the answer (those that could are settled above for them), and a flag error
+    # stays fast
+    mode = explicit if gpus or process or urls else weight_sync_mode(args)
     return [
         (gpus < 0, "--rollout-num-gpus must be >= 0"),
         (gpus and (urls or args.rollout_engine_urls or process),

@@ -107,6 +107,7 @@ def weight_sync_for(ws: WeightSyncConfig, cfg: EngineConfig, engines: Engines, w
     return WeightSync(ws.mode, engines=cfg.weights_door(hosted),
                       bucket_bytes=ws.bucket_bytes, disk_dir=work_dir / "weight_sync",
                       hf_config_dir=cfg.model_path, group_timeout_s=ws.timeout_s,
+                      fallback=ws.fallback,
                       master_address=ws.master_address
                       or os.environ.get("MASTER_ADDR", "127.0.0.1"))
 

@@ -30,20 +30,47 @@ def _nbytes(bucket) -> int:
     return sum(t.numel() * t.element_size() for _, t in bucket)
 
 
+def _timed(items, phases):
+    """``items``, the time spent producing each counted as the ``export`` phase (the trainer's
+    tensors to HF names: conversions and tensor-parallel gathers)."""
+    it = iter(items)
+    while True:
+        with phases("export"):
+            item = next(it, _END)
+        if item is _END:
+            return
+        yield item
+
+
+_END = object()
+
+
 class Transport:
     """One bucket at a time (``send``), to every engine of the push still up."""
+
+    failed: Exception | None = None  # what ended the last push's sends (fallback pending)
 
     def __init__(self, sync, master_address: str = "127.0.0.1", master_port: int | None = None,
                  timeout_s: float = GROUP_TIMEOUT_S):
         self.sync = sync
 
     def push(self, tensors, version: str, urls: list[str], skip_lost: bool = True) -> int:
-        nbytes = 0
-        for bucket in buckets(tensors, self.sync.bucket_bytes):
+        """Every bucket is exported on every rank (tensor-parallel gathers), even after a send
+        failed that a fallback will redo: the ranks' collectives stay in step."""
+        nbytes, self.failed = 0, None
+        for bucket in _timed(buckets(tensors, self.sync.bucket_bytes), self.sync.phases):
             nbytes += _nbytes(bucket)
-            if self.sync.pushes:
-                self.send(bucket, version, self.sync.live(urls) if skip_lost else urls)
+            if self.sync.pushes and self.failed is None:
+                self._send(bucket, version, self.sync.live(urls) if skip_lost else urls)
         return nbytes
+
+    def _send(self, bucket, version: str, urls: list[str]) -> None:
+        try:
+            self.send(bucket, version, urls)
+        except RuntimeError as e:
+            if not self.sync.may_fall_back:
+                raise
+            self.failed = e
 
     def send(self, bucket, version: str, urls: list[str]) -> None:
         raise NotImplementedError
@@ -67,9 +94,11 @@ class Tensor(Transport):
     def send(self, bucket, version, urls):
         from sglang_kvc import serialize_named_tensors
 
-        payload = {"serialized_named_tensors": [serialize_named_tensors(bucket)],
-                   "weight_version": version, "flush_cache": True}
-        self.sync.update("/update_weights_from_tensor", payload, urls)
+        with self.sync.phases("serialize"):
+            payload = {"serialized_named_tensors": [serialize_named_tensors(bucket)],
+                       "weight_version": version, "flush_cache": True}
+        with self.sync.phases("transfer"):
+            self.sync.update("/update_weights_from_tensor", payload, urls)
 
 
 class Ipc(Transport):
@@ -82,10 +111,12 @@ class Ipc(Transport):
     def send(self, bucket, version, urls):
         from sglang_kvc import serialize_ipc_bucket
 
-        payload, keep_alive = serialize_ipc_bucket(bucket)
-        self.sync.update("/update_weights_from_tensor",
-                         {"serialized_named_tensors": [payload], "load_format": "ipc",
-                          "weight_version": version, "flush_cache": True}, urls)
+        with self.sync.phases("flatten"):
+            payload, keep_alive = serialize_ipc_bucket(bucket)
+        with self.sync.phases("transfer"):
+            self.sync.update("/update_weights_from_tensor",
+                             {"serialized_named_tensors": [payload], "load_format": "ipc",
+                              "weight_version": version, "flush_cache": True}, urls)
         del keep_alive  # every engine answered: none maps the buffer any more
 
 
@@ -103,19 +134,22 @@ class Disk(Transport):
         out = Path(self.sync.disk_dir) / f"weights-{version}"
         writer = ShardedSafetensorsWriter(out) if is_rank0() else None
         nbytes = 0
-        for name, tensor in tensors:
-            nbytes += tensor.numel() * tensor.element_size()
+        with self.sync.phases("export_and_write"):
+            for name, tensor in tensors:
+                nbytes += tensor.numel() * tensor.element_size()
+                if writer is not None:
+                    writer.add(name, tensor.detach().cpu())
             if writer is not None:
-                writer.add(name, tensor.detach().cpu())
+                writer.close()
         if writer is not None:
-            writer.close()
             config = json.loads((Path(self.sync.hf_config_dir) / "config.json").read_text())
             (out / "config.json").write_text(json.dumps(config, indent=2))
             copy_tokenizer_files(self.sync.hf_config_dir, out)
             self.last_dir = out  # before the call: a replacement is re-synced from it
-            self.sync.update("/update_weights_from_disk",
-                             {"model_path": str(out), "weight_version": version},
-                             self.sync.live(urls))
+            with self.sync.phases("load"):
+                self.sync.update("/update_weights_from_disk",
+                                 {"model_path": str(out), "weight_version": version},
+                                 self.sync.live(urls))
         return nbytes
 
     def resync(self, url, source, version):
@@ -135,7 +169,8 @@ class Distributed(Transport):
     def send(self, bucket, version, urls):
         from sglang_kvc import bucket_specs, flatten_bucket
 
-        flat = flatten_bucket(bucket)
+        with self.sync.phases("flatten"):
+            flat = flatten_bucket(bucket)
         backend = "nccl" if flat.is_cuda else "gloo"
         names, dtypes, shapes = bucket_specs(bucket)
         meta = {"names": names, "dtypes": dtypes, "shapes": shapes, "weight_version": version,
@@ -144,14 +179,20 @@ class Distributed(Transport):
         live = urls
         while live:
             try:
-                name = self.group.ensure(live, backend)
-                self.group.send(flat, "/update_weights_from_distributed",
-                                dict(meta, group_name=name), live)
+                with self.sync.phases("group"):
+                    name = self.group.ensure(live, backend)
+                with self.sync.phases("transfer"):
+                    self.group.send(flat, "/update_weights_from_distributed",
+                                    dict(meta, group_name=name), live)
                 return
             except GroupBroken as broken:
                 self.group.abort(live)  # first: members still waiting in the broadcast leave it
                 self.sync.lose(broken)
                 live = self.sync.live(live)
+
+    def close(self, urls: list[str]) -> None:
+        """Leave the group (a fallback replaces this transport): the servers drop it too."""
+        self.group.abort(urls)
 
     def resync(self, url, source, version):
         """Through the tensor transport (a process group has a fixed membership); the group is

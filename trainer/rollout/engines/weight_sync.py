@@ -15,6 +15,13 @@ Modes (``--weight-sync``):
   and gloo on CPU, the trainer broadcasting as rank 0; one broadcast per bucket (the bucket's
   tensors flattened into one byte buffer, ``load_format="flattened_bucket"``).
 
+``--weight-sync auto`` with ``--rollout-server-urls`` on a GPU picks ``distributed`` (SGLang's
+``init_weights_update_group`` / ``update_weights_from_distributed``: 4.87 s through HTTP tensors
+at the SmolLM2 shape on 2 H200s before, docs/benchmarks.md issue 68) when the servers can reach
+the trainer, with fallbacks (``ipc`` then ``disk`` on the same host, else ``tensor``) taken in
+turn, by every rank together, if the first push fails; once a push has worked, failures are
+errors as with an explicit mode. ``phases`` holds the last push's seconds by phase.
+
 Each mode is one ``Transport`` of ``transports.TRANSPORTS`` (one bucket's way to the engines);
 ``WeightSync`` is what they share: buckets, the version, the engines lost during a push, re-sync.
 
@@ -40,6 +47,7 @@ ends at ``--weight-sync-timeout``), builds a group of the survivors and sends th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -58,13 +66,31 @@ log = logging.getLogger(__name__)
 NamedTensors = Callable[[], Iterator[tuple[str, torch.Tensor]]]
 
 
+class Phases:
+    """Seconds of one push by phase, summed over its buckets (``with phases("flatten"):``):
+    where a sync's time goes (export from the trainer, flatten, the group, the transfer)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
 class WeightSync:
     def __init__(self, mode: str, *, engines=None, bucket_bytes: int = 512 << 20,
                  disk_dir: str | Path | None = None, hf_config_dir: str | Path | None = None,
                  master_port: int | None = None, master_address: str = "127.0.0.1",
-                 group_timeout_s: float = GROUP_TIMEOUT_S):
+                 group_timeout_s: float = GROUP_TIMEOUT_S, fallback: tuple[str, ...] = ()):
         """``engines``: the ``Engines`` this rank's pushes go to (its in-process engine for
-        ``inprocess``, servers for the other modes); None where this rank talks to none."""
+        ``inprocess``, servers for the other modes); None where this rank talks to none.
+        ``fallback``: modes tried in turn, every rank together, when the first push of ``mode``
+        fails (``--weight-sync auto``); after one push has worked a failure is an error."""
         if mode not in MODES:
             raise ValueError(f"--weight-sync must be one of {MODES}, got {mode!r}")
         over_http = engines is not None and engines.over_http
@@ -76,7 +102,10 @@ class WeightSync:
             raise ValueError(f"--weight-sync-timeout must be positive, got {group_timeout_s}")
         self.mode, self.target, self.bucket_bytes = mode, engines, bucket_bytes
         self.disk_dir, self.hf_config_dir = disk_dir, hf_config_dir
-        self.transport = TRANSPORTS[mode](self, master_address, master_port, group_timeout_s)
+        self._group_args = (master_address, master_port, group_timeout_s)
+        self.transport = TRANSPORTS[mode](self, *self._group_args)
+        self.fallback, self.proven = list(fallback), False
+        self.phases = Phases()  # the last push's seconds by phase (benchmarks print them)
         # who talks to an engine: every colocated engine's host, or rank 0 for servers
         self.pushes = engines is not None if mode == "inprocess" else is_rank0()
         self.version: str | None = None  # the last version pushed: what a restarted engine needs
@@ -102,7 +131,11 @@ class WeightSync:
         # what resync() sends: set first, so the restart hook re-syncs an engine that dies during
         # this push to this push's weights (once), not to the previous ones
         self.source, self.version = source, version
+        self.phases = Phases()
         nbytes = self.transport.push(source(), version, urls)
+        while self._first_push_failed():
+            nbytes = self.transport.push(source(), version, urls)
+        self.proven = True
         lost = self._wait_for_lost()
         if dist.is_initialized():
             dist.barrier()
@@ -114,6 +147,37 @@ class WeightSync:
         if self.version is None:
             return  # nothing pushed yet: it serves the checkpoint it started from, like the rest
         self.transport.resync(url, self.source, self.version)
+
+    @property
+    def may_fall_back(self) -> bool:
+        """A send that fails now is kept for ``_first_push_failed`` instead of raising."""
+        return not self.proven and bool(self.fallback)
+
+    def _first_push_failed(self) -> bool:
+        """Whether the push just made failed on rank 0 before any push worked, agreed by every
+        rank (each re-exports the weights for the next mode: tensor-parallel gathers); then the
+        next fallback mode is the transport."""
+        if not self.may_fall_back:
+            return False
+        failed = self.transport.failed
+        if dist.is_initialized():
+            flag = torch.tensor([float(failed is not None)],
+                                device="cuda" if dist.get_backend() == "nccl" else "cpu")
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            failed = failed or (RuntimeError("another rank's push failed") if flag.item() else None)
+        if failed is None:
+            return False
+        old, self.mode = self.mode, self.fallback.pop(0)
+        close = getattr(self.transport, "close", None)
+        if close is not None:
+            close(self.live(self.target.urls if self.target is not None else []))
+        msg = (f"weight sync: --weight-sync auto's first choice, {old}, failed ({failed}); "
+               f"the weights go by {self.mode} from now on")
+        log.warning(msg)
+        if is_rank0():
+            print(msg, flush=True)
+        self.transport = TRANSPORTS[self.mode](self, *self._group_args)
+        return True
 
     def _wait_for_lost(self) -> int:
         """Engines that died during this push: wait until their replacements are up (the restart

@@ -327,7 +327,8 @@ class KVCache:
     def _targets(self, seqs: list, slots: torch.Tensor, k: int, offset: int):
         """The [R, k] slots the kept entries move to, and the slots freed. A request whose shared
         prefix reaches into the compacted part never writes a shared slot: its kept entries go
-        to its own slots (topped up from the pool) and it drops its lock (copy-on-write)."""
+        to its own slots (topped up from the pool) and it keeps its lock on the head before `offset`
+        only (copy-on-write)."""
         if all(s.prefix_len <= offset for s in seqs):
             return slots[:, :k], slots[:, k:].flatten()
         dst, freed = [], []
@@ -337,11 +338,21 @@ class KVCache:
                 if own.numel() < k:
                     own = torch.cat([own, self._alloc(k - own.numel())])
                 self.req_to_token.table[s.row, offset:offset + k] = own[:k].to(torch.int32)
-                self.prefix.unlock(s.prefix_node)
-                s.prefix_node, s.prefix_len = None, 0
+                self._keep_head(s, offset)
             dst.append(own[:k])
             freed.append(own[k:])
         return torch.stack(dst), torch.cat(freed)
+
+    def _keep_head(self, seq, n: int) -> None:
+        """`seq` now reads only the first n slots of its cached prefix (row[n:] became its own
+        copies): it keeps a lock on that head alone. Row[:n] still points at cache-owned slots
+        (a pinned prompt), so prefix_len must stay n: at 0, `release` would free slots the cache
+        owns and the cache would free them again (a double free)."""
+        if n == 0:
+            self.prefix.unlock(seq.prefix_node)
+            seq.prefix_node, seq.prefix_len = None, 0
+        else:
+            self._hold(seq, self.prefix.ancestor_at(seq.prefix_node, n), n)
 
     def _entry_index(self, slots: torch.Tensor) -> torch.Tensor:
         """Flat row of pool entry (layer l, slot, head h) for `slots` [R, L, Hkv, k]: one

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -15,6 +16,21 @@ PROMPTS = [
     "1 2 3",
     "Let's think step by step and output the final answer within \\boxed{}.",
 ]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def check_kv_ownership():
+    """Every engine these tests build checks the KV ownership invariant after each step and
+    command (kvcache/ownership.py): a double free or leak fails the test that caused it."""
+    from sglang_kvc.kvcache.ownership import ENV
+
+    before = os.environ.get(ENV)
+    os.environ[ENV] = "1"
+    yield
+    if before is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = before
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,8 @@ they are never handed out.
 
 With the prefix cache (prefix_cache.py) a request's row may start with `seq.prefix_len` slots
 owned by the cache, which it reads under a lock and never frees; `release` frees only the rest.
+Every slot has one owner (the free list, the cache, or one request's row[prefix_len:kv_len]):
+ownership.py states the invariant and checks it in debug mode (SGLANG_KVC_CHECK_KV=1).
 """
 
 from __future__ import annotations

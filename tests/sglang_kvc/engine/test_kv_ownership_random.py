@@ -62,7 +62,7 @@ class Driver:
         self.turns: list[Turn] = []
         self.open: set[str] = set()
         self.prompts = [self.tokens(self.rng.randint(8, 24)) for _ in range(3)]
-        self.adopted, self.preempted = set(), set()
+        self.adopted, self.preempted, self.drops = set(), set(), 0
         self._ids = itertools.count()
         self._watch()
 
@@ -70,7 +70,7 @@ class Driver:
         """Note which continuations adopted parked KV and which requests were preempted (the
         replay needs to know where a chain was recomputed densely)."""
         sessions, sch = self.eng.sessions, self.eng.scheduler
-        adopt, preempt = sessions.adopt, sch.preempt
+        adopt, preempt, reclaim = sessions.adopt, sch.preempt, sch.reclaim
 
         def adopting(seq):
             adopt(seq)
@@ -81,7 +81,12 @@ class Driver:
             self.preempted.add(seq.rid)
             preempt(seq)
 
-        sessions.adopt, sch.preempt = adopting, preempting
+        def reclaiming():
+            dropped = reclaim()
+            self.drops += dropped
+            return dropped
+
+        sessions.adopt, sch.preempt, sch.reclaim = adopting, preempting, reclaiming
 
     def tokens(self, n: int) -> list[int]:
         return [self.rng.randrange(3, 200) for _ in range(n)]
@@ -101,7 +106,9 @@ class Driver:
             self.eng.abort_request(victim.rid)
         for (turn, _), fut in zip(batch, futures):
             turn.out = fut.result()
-            turn.aborted = turn.out["meta_info"]["finish_reason"]["type"] == "abort"
+            reason = turn.out["meta_info"]["finish_reason"]
+            assert reason["type"] != "error", reason  # a broken invariant ends the engine
+            turn.aborted = reason["type"] == "abort"
             self.turns.append(turn)
 
     def _make(self) -> tuple[Turn, dict]:
@@ -138,6 +145,7 @@ class Driver:
 
     def check_counts(self) -> None:
         """`used` = parked requests' own slots + the cache's locked slots (nothing runs now)."""
+        assert self.eng.is_alive(), "the engine thread died (see its log)"
         info = self.eng.get_server_info()
         cache = info.get("prefix_cache")
         locked = cache["cached_tokens"] - cache["evictable_tokens"] if cache else 0
@@ -201,9 +209,14 @@ def drive(cfg: Config, tiny_models, model, rounds: int) -> Driver:
         for sid in sorted(drv.open):
             eng.close_session(sid)
         assert eng.get_server_info()["kv_pool"]["used"] == 0
+        drv.stats = {"turns": len(drv.turns), "aborted": sum(t.aborted for t in drv.turns),
+                     "recomputed": sum(t.parent is not None and t.rid not in drv.adopted
+                                       for t in drv.turns),
+                     "preempted": len(drv.preempted), "dropped": drv.drops}
     finished = [t for t in drv.turns if not t.aborted]
     checked = sum(check_turn(drv, model, t) for t in finished)
     assert checked >= len(finished) // 2, (checked, len(finished))
+    print(cfg, drv.stats, "checked", checked)
     return drv
 
 

@@ -1,6 +1,6 @@
 """Randomized sessions under memory pressure (issue 66): seeded rounds of new sessions, turns
 continued (the same turn twice: branches), plain requests sharing prompts, aborts and closes,
-on a pool small enough that parked KV is dropped and dense requests are preempted, for dense /
+on a pool small enough that parked KV is dropped, and retracts that preempt what runs, for dense /
 R-KV / SnapKV x keep-prompt x prefix cache. The engine checks the KV ownership invariant after
 every step and command (conftest.py turns it on); after each round `used` is what parked
 requests and the cache hold, and 0 once every session is closed. Every finished turn's
@@ -20,8 +20,8 @@ import torch
 from sglang_kvc.engine.engine import Engine
 from tests.sglang_kvc.compression.test_session_compression import T, masked_logprobs
 
-B, N, W, POOL = 10, 5, 3, 192
-MAX_CONTEXT = 90  # turns past it are not continued (the pool must hold any request alone)
+B, N, W, POOL = 10, 5, 3, 128
+MAX_CONTEXT = 64  # turns past it are not continued (the pool must hold any request alone)
 
 
 @dataclass
@@ -99,11 +99,14 @@ class Driver:
             self.eng.close_session(sid)
             self.open.discard(sid)
             return
-        batch = [self._make() for _ in range(self.rng.randint(1, 4))]
+        batch = [self._make() for _ in range(self.rng.randint(1, 5))]
         futures = [self.eng.submit_generate(body)[0] for _, body in batch]
         if self.rng.random() < 0.3:
             victim = self.rng.choice(batch)[0]
             self.eng.abort_request(victim.rid)
+        if self.rng.random() < 0.3:  # whatever runs then is preempted, recomputed when readmitted
+            self.eng.pause_generation("retract")
+            self.eng.continue_generation()
         for (turn, _), fut in zip(batch, futures):
             turn.out = fut.result()
             reason = turn.out["meta_info"]["finish_reason"]
@@ -114,7 +117,7 @@ class Driver:
     def _make(self) -> tuple[Turn, dict]:
         rid = f"r{next(self._ids)}"
         body = {"rid": rid, "return_logprob": True, "sampling_params": {
-            "temperature": T, "max_new_tokens": self.rng.randint(3, 10), "ignore_eos": True,
+            "temperature": T, "max_new_tokens": self.rng.randint(3, 16), "ignore_eos": True,
             "sampling_seed": self.rng.randrange(1 << 30)}}
         pick = self.rng.random()
         parents = [t for t in self.turns if t.session in self.open and not t.aborted

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .prefix_cache import Node, _descendants
+from .prefix_cache import Node
 
 ENV = "SGLANG_KVC_CHECK_KV"
 
@@ -135,7 +135,7 @@ def _cache_owners(kv, holders: list, owners: Owners, problems: list[str]) -> int
         for n in (_path(s.prefix_node) if s.prefix_node is not None else []):
             read[id(n)] = n
             readers[id(n)] = readers.get(id(n), 0) + 1
-    attached = list(_descendants(cache.root))
+    attached = list(cache.nodes())
     detached = [n for n in read.values() if n.detached]
     locked = 0
     for n in attached + detached:

@@ -175,6 +175,10 @@ class PrefixCache:
         self.evictable -= n
         return n
 
+    def nodes(self):
+        """Every node of the tree but the root (the ownership check walks them)."""
+        return _descendants(self.root)
+
     def stats(self) -> dict:
         return {"cached_tokens": self.cached_tokens, "evictable_tokens": self.evictable,
                 "hit_tokens": self.hit_tokens}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -15,6 +16,22 @@ PROMPTS = [
     "1 2 3",
     "Let's think step by step and output the final answer within \\boxed{}.",
 ]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def check_kv_ownership():
+    """Every engine these tests build checks the KV ownership invariant after each step and
+    command (kvcache/ownership.py): a double free or leak fails the test that caused it.
+    SGLANG_KVC_CHECK_KV=0 in the environment turns it off (to time the suite without it)."""
+    from sglang_kvc.kvcache.ownership import ENV
+
+    before = os.environ.get(ENV)
+    os.environ.setdefault(ENV, "1")
+    yield
+    if before is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = before
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 from typing import Iterator
 
+from ..kvcache import ownership
 from ..models.config import ModelConfig
 from ..server_args import ServerArgs, check_model_dir
 from ..weights.updates import WeightUpdater
@@ -136,6 +137,8 @@ class Engine:
         self.scheduler.reclaim = self.sessions.drop_lru
         self.loop = StepLoop(self.runner, self.scheduler, self.outputs, self.max_seq_len, self.overlap,
                              self.sessions)
+        if ownership.enabled():
+            self.loop.check_kv = self._check_kv
         self.weights = WeightUpdater(self.runner, self.loop.call, self._abort_all, self._set_version)
 
     # ================================================================ requests
@@ -335,6 +338,14 @@ class Engine:
         for seq in victims:
             self.loop.finish(seq, abort_reason(message))
         return len(victims)
+
+    def _check_kv(self) -> None:
+        """(debug mode) Every KV slot has one owner (kvcache/ownership.py)."""
+        if not self.kv.pool.allocated:
+            return
+        sch = self.scheduler
+        rows = [s for s in list(sch.running) + list(sch.waiting) if s.row is not None]
+        ownership.check(self.kv, rows + self.sessions.parked())
 
     def _flush(self) -> bool:
         if self.scheduler.running or self.scheduler.waiting:

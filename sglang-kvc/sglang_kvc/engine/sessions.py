@@ -152,6 +152,11 @@ class Sessions:
         seq.adopted_kv = True
         seq.cached_tokens = seq.num_computed
 
+    def parked(self) -> list[Sequence]:
+        """The finished requests that still hold KV (engine thread)."""
+        return [t.seq for s in self._sessions.values() for t in s.turns.values()
+                if t.seq.row is not None]
+
     def drop_lru(self) -> bool:
         """Free the KV of the least recently parked request; False when none holds any."""
         held = [t for s in self._sessions.values() for t in s.turns.values() if t.seq.row is not None]

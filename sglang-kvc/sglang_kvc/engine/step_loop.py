@@ -69,6 +69,8 @@ class StepLoop:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self.stopped = False
+        # Debug mode (kvcache/ownership.py): the KV ownership check after every step and command.
+        self.check_kv: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._run, name="sglang-kvc-engine", daemon=True)
         self._thread.start()
 
@@ -115,7 +117,10 @@ class StepLoop:
     def _run_command(self, fn, args, fut: concurrent.futures.Future) -> None:
         self._complete_inflight()  # commands see every launched step processed
         try:
-            fut.set_result(fn(*args))
+            result = fn(*args)
+            if self.check_kv is not None:
+                self.check_kv()
+            fut.set_result(result)
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             fut.set_exception(e)
 
@@ -124,6 +129,8 @@ class StepLoop:
             bind_thread(self.runner.device)  # before the first step: see bind_thread
             while not self.stopped:
                 self._iterate()
+                if self.check_kv is not None:
+                    self.check_kv()  # a broken invariant ends the thread: every caller hears
             self._complete_inflight()
         except BaseException as e:  # noqa: BLE001 - a dead engine thread must not hang callers
             log.critical("engine thread died", exc_info=e)

@@ -15,6 +15,8 @@ they are never handed out.
 
 With the prefix cache (prefix_cache.py) a request's row may start with `seq.prefix_len` slots
 owned by the cache, which it reads under a lock and never frees; `release` frees only the rest.
+Every slot has one owner (the free list, the cache, or one request's row[prefix_len:kv_len]):
+ownership.py states the invariant and checks it in debug mode (SGLANG_KVC_CHECK_KV=1).
 """
 
 from __future__ import annotations
@@ -334,7 +336,8 @@ class KVCache:
     def _targets(self, seqs: list, slots: torch.Tensor, k: int, offset: int):
         """The [R, k] slots the kept entries move to, and the slots freed. A request whose shared
         prefix reaches into the compacted part never writes a shared slot: its kept entries go
-        to its own slots (topped up from the pool) and it drops its lock (copy-on-write)."""
+        to its own slots (topped up from the pool) and it keeps its lock on the head before `offset`
+        only (copy-on-write)."""
         if all(s.prefix_len <= offset for s in seqs):
             return slots[:, :k], slots[:, k:].flatten()
         dst, freed = [], []
@@ -344,11 +347,21 @@ class KVCache:
                 if own.numel() < k:
                     own = torch.cat([own, self._alloc(k - own.numel())])
                 self.req_to_token.table[s.row, offset:offset + k] = own[:k].to(torch.int32)
-                self.prefix.unlock(s.prefix_node)
-                s.prefix_node, s.prefix_len = None, 0
+                self._keep_head(s, offset)
             dst.append(own[:k])
             freed.append(own[k:])
         return torch.stack(dst), torch.cat(freed)
+
+    def _keep_head(self, seq, n: int) -> None:
+        """`seq` now reads only the first n slots of its cached prefix (row[n:] became its own
+        copies): it keeps a lock on that head alone. Row[:n] still points at cache-owned slots
+        (a pinned prompt), so prefix_len must stay n: at 0, `release` would free slots the cache
+        owns and the cache would free them again (a double free)."""
+        if n == 0:
+            self.prefix.unlock(seq.prefix_node)
+            seq.prefix_node, seq.prefix_len = None, 0
+        else:
+            self._hold(seq, self.prefix.ancestor_at(seq.prefix_node, n), n)
 
     def _entry_index(self, slots: torch.Tensor) -> torch.Tensor:
         """Flat row of pool entry (layer l, slot, head h) for `slots` [R, L, Hkv, k]: one

@@ -102,11 +102,27 @@ class PrefixCache:
     def _split(self, child: Node, n: int) -> Node:
         """Cut `child`'s edge after n tokens; returns the new upper node."""
         upper = Node(child.tokens[:n], child.slots[:n], child.parent, lock_ref=child.lock_ref,
-                     last_access=child.last_access)
+                     last_access=child.last_access, detached=child.detached)
         upper.children[child.tokens[n]] = child
         child.parent.children[child.tokens[0]] = upper
         child.tokens, child.slots, child.parent = child.tokens[n:], child.slots[n:], upper
         return upper
+
+    def ancestor_at(self, node: Node, depth: int) -> Node:
+        """The node on the path root..`node` whose own path is `depth` tokens long (an edge is
+        split there when it crosses `depth`): what a request reading only the head of `node`'s
+        path locks. Walks parents, so it works on a detached path too."""
+        path = []
+        while node is not None:
+            path.append(node)
+            node = node.parent
+        start = 0
+        for n in reversed(path[:-1]):  # root first, the root itself left out
+            end = start + len(n.tokens)
+            if end >= depth:
+                return n if end == depth else self._split(n, depth - start)
+            start = end
+        raise ValueError(f"a path of {start} tokens has no node at depth {depth}")
 
     # ---------------------------------------------------------------- locks and eviction
 
@@ -158,6 +174,10 @@ class PrefixCache:
         self.cached_tokens -= n
         self.evictable -= n
         return n
+
+    def nodes(self):
+        """Every node of the tree but the root (the ownership check walks them)."""
+        return _descendants(self.root)
 
     def stats(self) -> dict:
         return {"cached_tokens": self.cached_tokens, "evictable_tokens": self.evictable,

@@ -28,6 +28,7 @@ from typing import Callable
 
 from dataset.arith_tool import arith_tool_rows
 
+from .flag_checks import COMPRESS_ALGORITHMS, check_quickstart_values
 from .startup import interrupt
 
 PROMPT = "<|im_start|>user\nadd {a} {b}<|im_end|>\n<|im_start|>assistant\n"
@@ -201,8 +202,7 @@ def tiny_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     # R-KV keeps 20 tokens (+ a 4-token buffer): responses run 10-40 tokens, and the average
     # sample is compressed ~4 times, so the sampler really is the sparse policy.
     if args.compress_algorithm != "none":
-        flags += compress_flags("tiny", args.compress_algorithm, args.kv_budget or task.kv_budget,
-                                task.keep_prompt)
+        flags += compress_flags("tiny", args.compress_algorithm, _budget(args, task), task.keep_prompt)
     return model_dir, task.rows(2000, args.seed), flags
 
 
@@ -216,6 +216,10 @@ def _tiny_model(work: Path, task, args) -> Path:
     loss = warm_up(model_dir, steps, args.seed)
     print(f"[quickstart] warm-up: {steps} supervised steps, final loss {loss:.3f}")
     return model_dir
+
+
+def _budget(args, task: SmolTask) -> int:
+    return task.kv_budget if args.kv_budget is None else args.kv_budget
 
 
 def micro_batch_flags(cpu_tokens: int) -> list[str]:
@@ -281,7 +285,7 @@ def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     # arith: R-KV keeps 40 tokens (+ a 16-token buffer) of ~140 (52 prompt + ~88 response): the
     # peak KV per sample is at most 56 slots, under half of dense's. chain: 128 (+ 16) of ~460.
     if args.compress_algorithm != "none":
-        flags += compress_flags("smollm2", args.compress_algorithm, args.kv_budget or task.kv_budget,
+        flags += compress_flags("smollm2", args.compress_algorithm, _budget(args, task),
                                 task.keep_prompt)
     return model_dir, task.rows(4000, args.seed), flags
 
@@ -344,7 +348,8 @@ def build_parser(prog: str):
                    "(default: 60 tiny, 110 tiny arith-tool, 12 smollm2 chain and arith-tool, "
                    "0 smollm2 arith)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compress-algorithm", default="rkv", help="rkv, snapkv, streamingllm or none")
+    p.add_argument("--compress-algorithm", default="rkv", help=", ".join(COMPRESS_ALGORITHMS[:-1])
+                   + " or none (a value outside these is refused before any model work)")
     p.add_argument("--kv-budget", type=int, default=None, help="--sglang-compress-max-prompt "
                    "(default: 20 tiny, 40 smollm2 arith, 128 smollm2 chain)")
     p.add_argument("--lr", type=float, default=None, help="default: 3e-4 tiny, 2e-6 smollm2")
@@ -364,6 +369,7 @@ def main(argv=None) -> int:
                 "task, or arith-tool)")
     if args.model_dir and not Path(args.model_dir).is_dir() and args.model != "smollm2":
         p.error(f"--model-dir {args.model_dir}: only --model smollm2 reads a model directory")
+    check_quickstart_values(p, args, window=COMPRESS_SHAPE[args.model][1])  # before any model work
     check_trainer_flags(extra, prog)
     work = Path(args.workdir or ("runs/quickstart" if args.model == "tiny" else "runs/quickstart-smollm2")
                 + ("" if args.task == "arith" else f"-{args.task}"))
@@ -380,9 +386,10 @@ def _run(args, extra: list[str], work: Path) -> int:
 
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    lr = args.lr or DEFAULT_LR[args.model]
-    rollouts = args.num_rollout or (40 if args.model == "tiny" else
-                                    30 if torch.cuda.is_available() else 4)
+    # `is None`, not `or`: an explicit value (--lr 0) is the user's, never the default
+    lr = DEFAULT_LR[args.model] if args.lr is None else args.lr
+    rollouts = args.num_rollout if args.num_rollout is not None else (
+        40 if args.model == "tiny" else 30 if torch.cuda.is_available() else 4)
     args.resume_from = completed_iteration(work)
     if args.resume_from is not None and args.resume_from >= rollouts:
         print(complete_message(work, args.resume_from, rollouts))

@@ -194,7 +194,7 @@ def tiny_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     """A tiny model warmed up on the counting format; GRPO with R-KV budget ``--kv-budget``."""
     task = task_of("tiny", args.task)
     warmed = work / "model" if task is TINY_TASK else work / "model-warm"
-    model_dir = warmed if _kept(warmed, args) else _tiny_model(work, task, args)
+    model_dir = warmed if _kept(warmed, args, _steps(args, task)) else _tiny_model(work, task, args)
     flags = ["--rollout-batch-size", "16", "--n-samples-per-prompt", "8", "--global-batch-size", "128",
              "--rollout-max-response-len", str(task.max_len), "--rm-type", task.rm_type,
              *micro_batch_flags(4096), "--sglang-max-total-tokens", str(128 * task.sample_tokens),
@@ -210,12 +210,17 @@ def _tiny_model(work: Path, task, args) -> Path:
     """The tiny model built and warmed up: on the counting format, or (a multi-turn task) on
     worked episodes through trainer.warmup with the observations masked."""
     model_dir = build_model(work / "model", args.seed)
-    steps = task.warmup_steps if args.warmup_steps is None else args.warmup_steps
+    steps = _steps(args, task)
     if task is not TINY_TASK:
-        return smollm2_warm_up(model_dir, work, task, steps, args.seed, batch=8, lr=3e-3)
+        warmed = smollm2_warm_up(model_dir, work, task, steps, args.seed, batch=8, lr=3e-3)
+        return _mark_warm(warmed, args, steps)
     loss = warm_up(model_dir, steps, args.seed)
     print(f"[quickstart] warm-up: {steps} supervised steps, final loss {loss:.3f}")
-    return model_dir
+    return _mark_warm(model_dir, args, steps)
+
+
+def _steps(args, task: SmolTask) -> int:
+    return task.warmup_steps if args.warmup_steps is None else args.warmup_steps
 
 
 def _budget(args, task: SmolTask) -> int:
@@ -233,13 +238,39 @@ def micro_batch_flags(cpu_tokens: int) -> list[str]:
     return ["--max-tokens-per-gpu", str(cpu_tokens)]
 
 
-def _kept(model_dir: Path, args) -> bool:
-    """Resuming (``args.resume_from``: a complete checkpoint in the workdir): the model built and
-    warmed up by the run that wrote it is still there, so neither is redone."""
-    if args.resume_from is None or not (model_dir / "config.json").is_file():
+# Written beside a warmed-up model once its warm-up is complete: the warm-up is saved, so a
+# run interrupted before its first checkpoint (every 10 rollouts) resumes after it (issue 70).
+WARM_MARK = "quickstart-warmup.json"
+
+
+def _warm_record(args, steps: int) -> dict:
+    """What a warm-up depends on: another model, task, seed or step count warms up anew."""
+    return {"model": args.model, "model_dir": args.model_dir, "task": args.task, "seed": args.seed,
+            "warmup_steps": steps}
+
+
+def _mark_warm(model_dir: Path, args, steps: int) -> Path:
+    (model_dir / WARM_MARK).write_text(json.dumps(_warm_record(args, steps)) + "\n")
+    return model_dir
+
+
+def _warm_done(model_dir: Path, args, steps: int) -> bool:
+    try:
+        return json.loads((model_dir / WARM_MARK).read_text()) == _warm_record(args, steps)
+    except (OSError, ValueError):  # none (interrupted mid warm-up, or an older run), or torn
         return False
-    print(f"[quickstart] resuming from checkpoint iteration {args.resume_from}: the warmed-up "
-          f"model in {model_dir} is kept (no warm-up)")
+
+
+def _kept(model_dir: Path, args, steps: int) -> bool:
+    """The model built and warmed up by an earlier run in the workdir is still there, so neither
+    is redone: its warm-up completed (the mark), or a complete checkpoint (``args.resume_from``)
+    was written after it."""
+    resuming = args.resume_from is not None and (model_dir / "config.json").is_file()
+    if not (resuming or _warm_done(model_dir, args, steps)):
+        return False
+    where = (f"resuming from checkpoint iteration {args.resume_from}" if resuming else
+             "resuming after the warm-up (no checkpoint yet)")
+    print(f"[quickstart] {where}: the warmed-up model in {model_dir} is kept (no warm-up)")
     return True
 
 
@@ -265,9 +296,9 @@ def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
         script = Path(__file__).resolve().parents[1] / "scripts" / "get-smollm2.sh"
         subprocess.run(["bash", str(script), str(model_dir)], check=True)
     task = SMOLLM2_TASKS[args.task]
-    steps = task.warmup_steps if args.warmup_steps is None else args.warmup_steps
-    if steps and not _kept(work / "model-warm", args):
-        model_dir = smollm2_warm_up(model_dir, work, task, steps, args.seed)
+    steps = _steps(args, task)
+    if steps and not _kept(work / "model-warm", args, steps):
+        model_dir = _mark_warm(smollm2_warm_up(model_dir, work, task, steps, args.seed), args, steps)
     elif steps:
         model_dir = work / "model-warm"
     prompts = 64 if torch.cuda.is_available() else 4

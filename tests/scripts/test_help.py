@@ -1,6 +1,8 @@
 """``--help`` prints usage and does nothing else (issue 70): every script in scripts/ answers
 ``--help`` and ``-h`` with its header comment, in an empty directory, and creates nothing,
-downloads nothing, starts no Python (so no setup, no venv), probes no GPU.
+downloads nothing, starts no Python (so no setup, no venv), probes no GPU. Every ``python -m``
+tool (each module with a ``__main__`` block) prints its usage and creates nothing either (slow:
+the benchmarks import torch to build their parsers).
 
 The scripts run from a copy of scripts/ in a temporary checkout without a .venv, with
 ``python3``, ``pip``, ``nvidia-smi``, ``curl``, ``wget`` and ``git`` on PATH replaced by stand-ins
@@ -14,12 +16,17 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("benchmarks", "checkpoint_tools", "dataset", "evaluation", "recipes", "trainer",
+            "sglang-kvc/sglang_kvc")
+# started by another process, not by hand: its usage line comes with exit 2
+INTERNAL = {"evaluation.grader.worker"}
 SCRIPTS = sorted(p.name for p in (ROOT / "scripts").glob("*.sh"))
 TOOLS = ("python", "python3", "pip", "pip3", "nvidia-smi", "curl", "wget", "git", "torchrun")
 
@@ -71,3 +78,37 @@ def test_a_flag_is_not_taken_for_get_smollm2s_output_dir(checkout):
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "OUTPUT_DIR" in out.stderr
     assert not os.listdir(cwd) and not (checkout / "marks").exists()
+
+
+def _modules() -> list[str]:
+    """Every module a user can run with ``python -m`` (a ``__main__`` block of its own)."""
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if any(line.startswith("if __name__ == ") for line in path.read_text().splitlines()):
+                rel = path.relative_to(ROOT / "sglang-kvc" if package.startswith("sglang") else ROOT)
+                found.append(".".join(rel.with_suffix("").parts))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", _modules())
+def test_every_python_tools_help_prints_usage_and_creates_nothing(tmp_path, module):
+    cwd, home = tmp_path / "cwd", tmp_path / "home"
+    cwd.mkdir()
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sglang-kvc'}"}
+    env.pop("XDG_CACHE_HOME", None)
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", module, "--help"], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=300)
+    print(f"python -m {module} --help: {time.perf_counter() - start:.1f} s")
+    assert out.returncode == (2 if module in INTERNAL else 0), out.stderr[-2000:]
+    assert "usage:" in out.stdout + out.stderr
+    assert not os.listdir(cwd) and not os.listdir(home), (os.listdir(cwd), os.listdir(home))
+
+
+def test_the_tool_walk_finds_the_entry_points():
+    assert {"trainer.quickstart", "trainer.train", "checkpoint_tools.hf2megatron",
+            "sglang_kvc.launch_server", "benchmarks.engine.decode_attention"} <= set(_modules())

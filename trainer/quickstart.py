@@ -28,7 +28,7 @@ from typing import Callable
 
 from dataset.arith_tool import arith_tool_rows
 
-from .flag_checks import COMPRESS_ALGORITHMS, check_quickstart_values
+from .startup.flag_checks import COMPRESS_ALGORITHMS, check_quickstart_values
 from .startup import interrupt
 
 PROMPT = "<|im_start|>user\nadd {a} {b}<|im_end|>\n<|im_start|>assistant\n"
@@ -161,9 +161,9 @@ TINY_TASK = SmolTask(make_rows, "math", 40, 128, 20, 60)
 # response (~40), the boxed value (~8); warmed up on 110 x 8 worked episodes (the format is
 # learnt in ~30 steps, copying the numbers into the call after ~100: 16 of 16 sampled calls right
 # after 160, which would leave GRPO little to do). R-KV's budget of 96 spans the episode's
-# context (engine sessions), the prompt kept. Measured (seed 0, 2 busy cores, 363 s in all):
-# reward 0.062 over the first 5 rollouts -> 0.189 over the last 5, tool-call error share
-# 0.22 -> 0.17, 1.8 turns a sample.
+# context (engine sessions), the prompt kept. Measured on two machines (seed 0, 2 busy cores
+# each): 347-363 s, reward 0.04-0.06 over the first 5 rollouts -> 0.13-0.19 over the last 5
+# (docs/environments.md names the machines).
 TINY_TOOL_TASK = SmolTask(functools.partial(arith_tool_rows, style="tiny"), "arithmetic", 160, 192,
                           96, 110, flags=TOOL_FLAGS, keep_prompt=True)
 # R-KV's buffer N (--sglang-compress-divide-length) and observation window per --model: short

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.flag_checks import AT_LEAST_ONE, BETA, NON_NEGATIVE, Bound, out_of_bounds
+from trainer.startup.flag_checks import AT_LEAST_ONE, BETA, NON_NEGATIVE, Bound, out_of_bounds
 
 ROOT = Path(__file__).resolve().parents[2]
 

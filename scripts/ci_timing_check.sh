@@ -3,6 +3,7 @@
 # run twice with the CPU loaded by busy loops: they must hold by construction (the engine held,
 # events), never by the machine being slow. A test that passes only on a quiet or a slow machine
 # fails here. Extra arguments go to pytest. LOAD=<n> busy loops (default 2); ~1.5 min on 2 otherwise idle cores.
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh" "$@"  # --help: the header above, nothing else
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

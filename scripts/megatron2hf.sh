@@ -3,6 +3,8 @@
 #   ./scripts/megatron2hf.sh --load /ckpt/run1 --output-dir /models/run1-hf \
 #       --origin-hf-dir /models/Qwen2.5-3B [--vocab-size 151936] [--chunk-size 5]
 # --load takes the --save root (latest_checkpointed_iteration.txt) or an iter_XXXXXXX dir.
+# Every flag: `.venv/bin/python -m checkpoint_tools.megatron2hf --help`.
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh" "$@"  # --help: the header above, nothing else
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 [[ -x "$ROOT/.venv/bin/python" ]] || "$ROOT/scripts/setup.sh"

@@ -9,6 +9,7 @@
 # BUDGET (10) CHILD_TOKENS (512) MAX_SPAWNS (4); COMPRESS=rkv for R-KV rollouts; other variables
 # as in scripts/lib/common.sh. A model must have learned the spawn syntax (APR starts from an SFT
 # model); a model that never spawns trains as plain Countdown GRPO.
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh" "$@"  # --help: the header above, nothing else
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODEL_NAME=Qwen2.5-3B
 DATA_NAME=apr

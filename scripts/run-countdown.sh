@@ -6,6 +6,7 @@
 # split by task hash; CHAT_TEMPLATE=1 for chat messages, for instruct models).
 #   MODEL_DIR=/models/Qwen2.5-3B NUM_GPUS=8 ./scripts/run-countdown.sh [extra trainer flags]
 # COMPRESS=rkv for R-KV rollouts; other variables as in scripts/lib/common.sh.
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh" "$@"  # --help: the header above, nothing else
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODEL_NAME=Qwen2.5-3B
 DATA_NAME=countdown

@@ -8,6 +8,7 @@
 #   MODEL_DIR=/models/Qwen2.5-1.5B-Instruct NUM_GPUS=8 ./scripts/run-gsm8k.sh [extra trainer flags]
 # GSM8K_FILE (default ../shared/data/eval/gsm8k/test.jsonl); COMPRESS=rkv for R-KV rollouts;
 # DECOUPLED=0 for the reference's sparse_rl correction instead; other variables as in scripts/lib/common.sh.
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh" "$@"  # --help: the header above, nothing else
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODEL_NAME=Qwen2.5-1.5B-Instruct
 DATA_NAME=gsm8k

@@ -10,6 +10,7 @@
 # RC_ROUNDS (3) RC_SUMMARIES (2) H_R (2048) H_S (512) RC_REPLAY (true); COMPRESS=rkv puts R-KV
 # compression on the rounds too (the two bound context differently and work together); other
 # variables as in scripts/lib/common.sh.
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh" "$@"  # --help: the header above, nothing else
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODEL_NAME=Qwen2.5-3B-Instruct
 DATA_NAME=simplelr_qwen_level3to5

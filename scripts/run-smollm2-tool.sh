@@ -10,6 +10,7 @@
 #   NUM_GPUS=1 COMPRESS=rkv ./scripts/run-smollm2-tool.sh    # R-KV, KV_BUDGET (64) tokens
 # Compare the two runs' metrics.jsonl: reward_mean, rollout/turns_per_sample, rollout/tool_*,
 # kv_pool_peak_used. Other variables as in scripts/lib/common.sh.
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh" "$@"  # --help: the header above, nothing else
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODEL_NAME=SmolLM2-135M-Instruct
 DATA_NAME=arith_tool

@@ -7,6 +7,7 @@
 #   - SPARSE_RL_TORCH=system: reuse $PYTHON's torch whatever it is, GPU seen or not (a CUDA
 #     PyTorch image at `docker build` time, where no GPU is visible; docker/Dockerfile sets it)
 # Re-running is cheap: it reinstalls only when a pyproject.toml changed.
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh" "$@"  # --help: the header above, nothing else
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"

@@ -4,6 +4,8 @@
 # With no arguments (the default suite) the files are shared among TEST_WORKERS processes
 # (pytest-xdist; default: the cores, at most 4), each file whole on one worker and each worker's
 # torch on cores / workers threads. TEST_WORKERS=1 runs everything in this one process.
+# pytest's own flags: `.venv/bin/python -m pytest --help`.
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh" "$@"  # --help: the header above, nothing else
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/scripts/setup.sh"

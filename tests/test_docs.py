@@ -29,7 +29,7 @@ NOT_IN_REPO_PREFIXES = (
 )
 NOT_IN_REPO_NAMES = {
     "my_reward.py", "draft_answer.py",  # plug-ins the reader writes (recipes/README.md)
-    "my_env.py", "my_tools.py",  # environments the reader writes (docs/environments.md)
+    "my_env.py", "my_tools.py", "check_my_tools.py",  # what the reader writes (docs/environments.md)
     "summary.md",  # evaluation's output
 }
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from .algorithms.argparse_flags import add_algorithm_args
+from .startup.flag_checks import check_trainer_values
 from .launch import add_launch_args
 from .learner.flags import add_learner_args
 from .rollout.config import add_rollout_args
@@ -139,12 +140,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                          f"'{{rollout_id}}' may be substituted ({type(e).__name__}: {e})")
     if args.rendezvous_timeout <= 0 or args.distributed_timeout_minutes <= 0:
         parser.error("--rendezvous-timeout and --distributed-timeout-minutes must be > 0")
-    for flag in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len",
-                 "num_rollout", "max_tokens_per_gpu", "tensor_model_parallel_size",
-                 "pipeline_model_parallel_size", "rollout_concurrency",
-                 "rollout_samples_per_request"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:  # None: automatic
-            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    check_trainer_values(parser, args)  # every numeric flag's range (trainer/startup/flag_checks.py)
     samples = args.rollout_batch_size * args.n_samples_per_prompt
     step = global_batch_size(args)
     if step < 1 or samples % step:

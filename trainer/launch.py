@@ -225,7 +225,7 @@ def init_parallel(cfg: ParallelConfig) -> None:
 
 def add_launch_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("launch (process groups come from torchrun / the launcher's env)")
-    g.add_argument("--rendezvous-timeout", type=float, default=300.0,
+    g.add_argument("--rendezvous-timeout", type=float, default=ParallelConfig.rendezvous_timeout,
                    help="seconds for all ranks to meet at MASTER_ADDR:MASTER_PORT before failing "
                         "with the missing ranks named")
     g.add_argument("--distributed-timeout-minutes", type=float, default=30.0,

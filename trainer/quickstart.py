@@ -28,6 +28,7 @@ from typing import Callable
 
 from dataset.arith_tool import arith_tool_rows
 
+from .startup.flag_checks import COMPRESS_ALGORITHMS, check_quickstart_values
 from .startup import interrupt
 
 PROMPT = "<|im_start|>user\nadd {a} {b}<|im_end|>\n<|im_start|>assistant\n"
@@ -160,9 +161,9 @@ TINY_TASK = SmolTask(make_rows, "math", 40, 128, 20, 60)
 # response (~40), the boxed value (~8); warmed up on 110 x 8 worked episodes (the format is
 # learnt in ~30 steps, copying the numbers into the call after ~100: 16 of 16 sampled calls right
 # after 160, which would leave GRPO little to do). R-KV's budget of 96 spans the episode's
-# context (engine sessions), the prompt kept. Measured (seed 0, 2 busy cores, 363 s in all):
-# reward 0.062 over the first 5 rollouts -> 0.189 over the last 5, tool-call error share
-# 0.22 -> 0.17, 1.8 turns a sample.
+# context (engine sessions), the prompt kept. Measured on two machines (seed 0, 2 busy cores
+# each): 347-363 s, reward 0.04-0.06 over the first 5 rollouts -> 0.13-0.19 over the last 5
+# (docs/environments.md names the machines).
 TINY_TOOL_TASK = SmolTask(functools.partial(arith_tool_rows, style="tiny"), "arithmetic", 160, 192,
                           96, 110, flags=TOOL_FLAGS, keep_prompt=True)
 # R-KV's buffer N (--sglang-compress-divide-length) and observation window per --model: short
@@ -193,7 +194,7 @@ def tiny_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     """A tiny model warmed up on the counting format; GRPO with R-KV budget ``--kv-budget``."""
     task = task_of("tiny", args.task)
     warmed = work / "model" if task is TINY_TASK else work / "model-warm"
-    model_dir = warmed if _kept(warmed, args) else _tiny_model(work, task, args)
+    model_dir = warmed if _kept(warmed, args, _steps(args, task)) else _tiny_model(work, task, args)
     flags = ["--rollout-batch-size", "16", "--n-samples-per-prompt", "8", "--global-batch-size", "128",
              "--rollout-max-response-len", str(task.max_len), "--rm-type", task.rm_type,
              *micro_batch_flags(4096), "--sglang-max-total-tokens", str(128 * task.sample_tokens),
@@ -201,8 +202,7 @@ def tiny_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     # R-KV keeps 20 tokens (+ a 4-token buffer): responses run 10-40 tokens, and the average
     # sample is compressed ~4 times, so the sampler really is the sparse policy.
     if args.compress_algorithm != "none":
-        flags += compress_flags("tiny", args.compress_algorithm, args.kv_budget or task.kv_budget,
-                                task.keep_prompt)
+        flags += compress_flags("tiny", args.compress_algorithm, _budget(args, task), task.keep_prompt)
     return model_dir, task.rows(2000, args.seed), flags
 
 
@@ -210,12 +210,21 @@ def _tiny_model(work: Path, task, args) -> Path:
     """The tiny model built and warmed up: on the counting format, or (a multi-turn task) on
     worked episodes through trainer.warmup with the observations masked."""
     model_dir = build_model(work / "model", args.seed)
-    steps = task.warmup_steps if args.warmup_steps is None else args.warmup_steps
+    steps = _steps(args, task)
     if task is not TINY_TASK:
-        return smollm2_warm_up(model_dir, work, task, steps, args.seed, batch=8, lr=3e-3)
+        warmed = smollm2_warm_up(model_dir, work, task, steps, args.seed, batch=8, lr=3e-3)
+        return _mark_warm(warmed, args, steps)
     loss = warm_up(model_dir, steps, args.seed)
     print(f"[quickstart] warm-up: {steps} supervised steps, final loss {loss:.3f}")
-    return model_dir
+    return _mark_warm(model_dir, args, steps)
+
+
+def _steps(args, task: SmolTask) -> int:
+    return task.warmup_steps if args.warmup_steps is None else args.warmup_steps
+
+
+def _budget(args, task: SmolTask) -> int:
+    return task.kv_budget if args.kv_budget is None else args.kv_budget
 
 
 def micro_batch_flags(cpu_tokens: int) -> list[str]:
@@ -229,13 +238,39 @@ def micro_batch_flags(cpu_tokens: int) -> list[str]:
     return ["--max-tokens-per-gpu", str(cpu_tokens)]
 
 
-def _kept(model_dir: Path, args) -> bool:
-    """Resuming (``args.resume_from``: a complete checkpoint in the workdir): the model built and
-    warmed up by the run that wrote it is still there, so neither is redone."""
-    if args.resume_from is None or not (model_dir / "config.json").is_file():
+# Written beside a warmed-up model once its warm-up is complete: the warm-up is saved, so a
+# run interrupted before its first checkpoint (every 10 rollouts) resumes after it (issue 70).
+WARM_MARK = "quickstart-warmup.json"
+
+
+def _warm_record(args, steps: int) -> dict:
+    """What a warm-up depends on: another model, task, seed or step count warms up anew."""
+    return {"model": args.model, "model_dir": args.model_dir, "task": args.task, "seed": args.seed,
+            "warmup_steps": steps}
+
+
+def _mark_warm(model_dir: Path, args, steps: int) -> Path:
+    (model_dir / WARM_MARK).write_text(json.dumps(_warm_record(args, steps)) + "\n")
+    return model_dir
+
+
+def _warm_done(model_dir: Path, args, steps: int) -> bool:
+    try:
+        return json.loads((model_dir / WARM_MARK).read_text()) == _warm_record(args, steps)
+    except (OSError, ValueError):  # none (interrupted mid warm-up, or an older run), or torn
         return False
-    print(f"[quickstart] resuming from checkpoint iteration {args.resume_from}: the warmed-up "
-          f"model in {model_dir} is kept (no warm-up)")
+
+
+def _kept(model_dir: Path, args, steps: int) -> bool:
+    """The model built and warmed up by an earlier run in the workdir is still there, so neither
+    is redone: its warm-up completed (the mark), or a complete checkpoint (``args.resume_from``)
+    was written after it."""
+    resuming = args.resume_from is not None and (model_dir / "config.json").is_file()
+    if not (resuming or _warm_done(model_dir, args, steps)):
+        return False
+    where = (f"resuming from checkpoint iteration {args.resume_from}" if resuming else
+             "resuming after the warm-up (no checkpoint yet)")
+    print(f"[quickstart] {where}: the warmed-up model in {model_dir} is kept (no warm-up)")
     return True
 
 
@@ -261,9 +296,9 @@ def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
         script = Path(__file__).resolve().parents[1] / "scripts" / "get-smollm2.sh"
         subprocess.run(["bash", str(script), str(model_dir)], check=True)
     task = SMOLLM2_TASKS[args.task]
-    steps = task.warmup_steps if args.warmup_steps is None else args.warmup_steps
-    if steps and not _kept(work / "model-warm", args):
-        model_dir = smollm2_warm_up(model_dir, work, task, steps, args.seed)
+    steps = _steps(args, task)
+    if steps and not _kept(work / "model-warm", args, steps):
+        model_dir = _mark_warm(smollm2_warm_up(model_dir, work, task, steps, args.seed), args, steps)
     elif steps:
         model_dir = work / "model-warm"
     prompts = 64 if torch.cuda.is_available() else 4
@@ -281,7 +316,7 @@ def smollm2_setup(work: Path, args) -> tuple[Path, list[dict], list[str]]:
     # arith: R-KV keeps 40 tokens (+ a 16-token buffer) of ~140 (52 prompt + ~88 response): the
     # peak KV per sample is at most 56 slots, under half of dense's. chain: 128 (+ 16) of ~460.
     if args.compress_algorithm != "none":
-        flags += compress_flags("smollm2", args.compress_algorithm, args.kv_budget or task.kv_budget,
+        flags += compress_flags("smollm2", args.compress_algorithm, _budget(args, task),
                                 task.keep_prompt)
     return model_dir, task.rows(4000, args.seed), flags
 
@@ -344,7 +379,8 @@ def build_parser(prog: str):
                    "(default: 60 tiny, 110 tiny arith-tool, 12 smollm2 chain and arith-tool, "
                    "0 smollm2 arith)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compress-algorithm", default="rkv", help="rkv, snapkv, streamingllm or none")
+    p.add_argument("--compress-algorithm", default="rkv", help=", ".join(COMPRESS_ALGORITHMS[:-1])
+                   + " or none (a value outside these is refused before any model work)")
     p.add_argument("--kv-budget", type=int, default=None, help="--sglang-compress-max-prompt "
                    "(default: 20 tiny, 40 smollm2 arith, 128 smollm2 chain)")
     p.add_argument("--lr", type=float, default=None, help="default: 3e-4 tiny, 2e-6 smollm2")
@@ -364,6 +400,7 @@ def main(argv=None) -> int:
                 "task, or arith-tool)")
     if args.model_dir and not Path(args.model_dir).is_dir() and args.model != "smollm2":
         p.error(f"--model-dir {args.model_dir}: only --model smollm2 reads a model directory")
+    check_quickstart_values(p, args, window=COMPRESS_SHAPE[args.model][1])  # before any model work
     check_trainer_flags(extra, prog)
     work = Path(args.workdir or ("runs/quickstart" if args.model == "tiny" else "runs/quickstart-smollm2")
                 + ("" if args.task == "arith" else f"-{args.task}"))
@@ -380,9 +417,10 @@ def _run(args, extra: list[str], work: Path) -> int:
 
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    lr = args.lr or DEFAULT_LR[args.model]
-    rollouts = args.num_rollout or (40 if args.model == "tiny" else
-                                    30 if torch.cuda.is_available() else 4)
+    # `is None`, not `or`: an explicit value (--lr 0) is the user's, never the default
+    lr = DEFAULT_LR[args.model] if args.lr is None else args.lr
+    rollouts = args.num_rollout if args.num_rollout is not None else (
+        40 if args.model == "tiny" else 30 if torch.cuda.is_available() else 4)
     args.resume_from = completed_iteration(work)
     if args.resume_from is not None and args.resume_from >= rollouts:
         print(complete_message(work, args.resume_from, rollouts))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,6 +80,14 @@ def save(model, tok, source: Path, out: Path, dtype: torch.dtype) -> None:
             shutil.copy(source / name, out / name)
 
 
+def _progress(step: int, steps: int, loss: float, seconds: float) -> None:
+    """One progress line, rewritten in place on a terminal; nothing otherwise (a log file got
+    one line a step: 110 for the tiny arith-tool warm-up). The caller prints the outcome."""
+    if sys.stdout.isatty():
+        end = "\n" if step == steps else ""
+        print(f"\r[warmup] step {step}/{steps}: loss {loss:.3f} ({seconds:.0f}s)", end=end, flush=True)
+
+
 def warm_up(model_dir: str | Path, rows: list[dict], out: str | Path, steps: int, batch: int = 4,
             lr: float = 5e-5, seed: int = 0, dtype: torch.dtype | None = None,
             device: str = "cpu") -> list[float]:
@@ -106,8 +115,7 @@ def warm_up(model_dir: str | Path, rows: list[dict], out: str | Path, steps: int
         loss.backward()
         opt.step()
         losses.append(loss.item())
-        print(f"[warmup] step {step + 1}/{steps}: loss {losses[-1]:.3f} "
-              f"({time.perf_counter() - begin:.0f}s)", flush=True)
+        _progress(step + 1, steps, losses[-1], time.perf_counter() - begin)
     save(model.cpu(), tok, source, out, dtype or torch.float32)
     return losses
 

@@ -23,8 +23,6 @@ import statistics
 
 import torch
 
-from sglang_kvc.layers.fused_ops import rope_store_
-from sglang_kvc.layers.triton_decode import NewTokenKV, paged_decode_attention
 
 DEFAULT = dict(num_splits=2, block_n=64, num_warps=4, num_stages=2, kv_per_program=1)
 
@@ -86,6 +84,7 @@ def settings(sweep: bool, given: str | None = None):
 
 
 def run_context(args, ctx: int, results: dict) -> None:
+    from sglang_kvc.layers.triton_decode import paged_decode_attention  # Triton: after --help
     q, k, v, table, rows, lens = make_layers(args, ctx)
     nbytes = 2 * args.batch * ctx * args.kv_heads * args.head_dim * 2
     ref = paged_decode_attention(q, k[0], v[0], table, rows, lens, 0.125, **DEFAULT).float()
@@ -103,6 +102,9 @@ def run_context(args, ctx: int, results: dict) -> None:
 def run_rope(args, ctx: int) -> None:
     """A layer's RoPE + K/V store + attention as the engine runs it: the separate rope_store_
     kernel then the kernel, vs the kernel doing all three (NewTokenKV); picked settings."""
+    from sglang_kvc.layers.fused_ops import rope_store_
+    from sglang_kvc.layers.triton_decode import NewTokenKV, paged_decode_attention
+
     q, k, v, table, rows, lens = make_layers(args, ctx)
     B, hq, hkv, d = args.batch, args.heads, args.kv_heads, args.head_dim
     qkv = torch.randn(B, (hq + 2 * hkv) * d, device="cuda").bfloat16()

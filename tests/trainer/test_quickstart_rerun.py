@@ -65,12 +65,53 @@ def test_a_resume_keeps_the_warmed_up_model(tmp_path, recorded, capsys):
     assert argv[argv.index("--save") + 1] == str(work / "ckpt")  # the trainer resumes from it
 
 
-def test_no_checkpoint_builds_and_warms_up(tmp_path, monkeypatch, capsys):
+def _build_and_warm_recorded(monkeypatch, done: list):
     import trainer.train
 
-    work, done = _workdir(tmp_path, None), []
     monkeypatch.setattr(trainer.train, "main", lambda argv: 0)
-    monkeypatch.setattr(quickstart, "build_model", lambda out, seed: done.append("build"))
+    monkeypatch.setattr(quickstart, "build_model", lambda out, seed: done.append("build") or out)
     monkeypatch.setattr(quickstart, "warm_up", lambda *a: done.append("warm") or 0.5)
+
+
+def test_no_checkpoint_builds_and_warms_up(tmp_path, monkeypatch, capsys):
+    work, done = _workdir(tmp_path, None), []
+    _build_and_warm_recorded(monkeypatch, done)
     assert _run(work) == 0
     assert done == ["build", "warm"] and "warm-up: 60 supervised steps" in capsys.readouterr().out
+
+
+def test_an_interrupted_run_resumes_after_its_warm_up(tmp_path, monkeypatch, capsys):
+    """Ctrl-C before the first checkpoint (every 10 rollouts) used to lose the warm-up too: the
+    first run marks its warm-up complete, the rerun (no checkpoint yet) keeps the model."""
+    work, done = _workdir(tmp_path, None), []
+    _build_and_warm_recorded(monkeypatch, done)
+    assert _run(work) == 0 and done == ["build", "warm"]
+    assert json.loads((work / "model" / quickstart.WARM_MARK).read_text())["warmup_steps"] == 60
+    capsys.readouterr()
+    assert _run(work) == 0
+    assert done == ["build", "warm"]  # not redone
+    assert (f"resuming after the warm-up (no checkpoint yet): the warmed-up model in "
+            f"{work / 'model'} is kept (no warm-up)") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("other", [["--seed", "1"], ["--warmup-steps", "5"]])
+def test_a_warm_up_of_other_settings_is_redone(tmp_path, monkeypatch, other):
+    work, done = _workdir(tmp_path, None), []
+    _build_and_warm_recorded(monkeypatch, done)
+    assert _run(work) == 0
+    assert _run(work, *other) == 0
+    assert done == ["build", "warm"] * 2
+
+
+def test_a_warm_up_cut_short_leaves_no_mark(tmp_path, monkeypatch):
+    """Interrupted mid warm-up: no mark, the rerun warms up again."""
+    work, done = _workdir(tmp_path, None), []
+    _build_and_warm_recorded(monkeypatch, done)
+
+    def interrupted(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(quickstart, "warm_up", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _run(work)
+    assert not (work / "model" / quickstart.WARM_MARK).exists()

@@ -14,13 +14,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-README_FIGURE = re.compile(r"from (\d\.\d+) over the first 5 rollouts to (\d\.\d+) over the last 5")
+# the README's range over machines: "from 0.327-0.352 over the first 5 rollouts to 0.431-0.480 ..."
+README_FIGURE = re.compile(r"from (\d\.\d+)-(\d\.\d+) over the first 5 rollouts to "
+                           r"(\d\.\d+)-(\d\.\d+) over the last 5")
 PRINTED = re.compile(r"reward mean, first 5 rollouts (\d\.\d+) -> last 5 (\d\.\d+)")
-# The seeded run repeats itself exactly on one machine (two fresh runs: 0.341 -> 0.466 both);
-# another CPU's float rounding can flip a sample and start another, equally likely trajectory.
-# Rollout rewards on this task spread with a std of ~0.08 (docs/benchmarks.md, "RL loop: the
-# quickstart end to end"), so a 5-rollout mean's ~0.036: two of those is the tolerance.
-TOLERANCE = 0.07
+# The seeded run repeats itself exactly on one machine (machine A: 0.341 -> 0.466 twice; B:
+# 0.352 -> 0.431 three times; C: 0.327 -> 0.480); another CPU's float rounding can flip a sample and start another,
+# equally likely trajectory. Rollout rewards on this task spread with a std of ~0.08
+# (docs/benchmarks.md, "RL loop: the quickstart end to end"), so a 5-rollout mean's ~0.036: a
+# third machine is held to the README's range widened by that much.
+MARGIN = 0.036
 
 
 def _start(work: Path, *extra: str) -> subprocess.Popen:
@@ -68,12 +71,14 @@ def test_ctrl_c_during_rollouts_is_one_line(tmp_path):
 @pytest.mark.timeout(1800)
 def test_quickstart_figures_match_the_readme(tmp_path):
     """~1 min on 2 idle cores: the default seeded quickstart, end to end; its printed first-5 and
-    last-5 mean rewards are the README's within TOLERANCE, and it learns (last > first). Then
+    last-5 mean rewards fall within the README's ranges (measured on two machines; widened by
+    MARGIN), and it learns (last > first). Then
     the same command again says the run is complete and trains nothing. The time it took is
     printed, not asserted (it is the machine's)."""
     readme = README_FIGURE.search((ROOT / "README.md").read_text())
     assert readme, "the README's quickstart figure is gone or reworded"
-    want = [float(x) for x in readme.groups()]
+    lo_first, hi_first, lo_last, hi_last = (float(x) for x in readme.groups())
+    assert lo_first <= hi_first < lo_last <= hi_last, readme.group(0)
     work = tmp_path / "qs"
     proc = _start(work)
     out, _ = proc.communicate(timeout=1700)
@@ -81,10 +86,11 @@ def test_quickstart_figures_match_the_readme(tmp_path):
     printed = PRINTED.search(out)
     assert printed, out[-3000:]
     got = [float(x) for x in printed.groups()]
-    print(f"quickstart: {got[0]:.3f} -> {got[1]:.3f}; README: {want[0]:.3f} -> {want[1]:.3f}; "
+    print(f"quickstart: {got[0]:.3f} -> {got[1]:.3f}; README: {readme.group(0)}; "
           f"{out.strip().splitlines()[-1]}")
     assert got[1] > got[0]
-    assert all(abs(g - w) <= TOLERANCE for g, w in zip(got, want)), (got, want)
+    assert lo_first - MARGIN <= got[0] <= hi_first + MARGIN, (got, readme.group(0))
+    assert lo_last - MARGIN <= got[1] <= hi_last + MARGIN, (got, readme.group(0))
     again = _start(work)
     out, _ = again.communicate(timeout=300)
     assert again.returncode == 0 and f"the run in {work} is complete (40 of 40 rollouts)" in out, out

@@ -167,6 +167,25 @@ def test_logging_flags(tmp_path):
     assert _lines(tmp_path / "l" / "metrics.jsonl") == [{"step": 3, "x": 1.0}]
 
 
+def test_summary_shows_a_multi_turn_runs_turns_and_tool_calls():
+    """The arith-tool run's table (issue 70): turns and tool calls per sample, first vs last,
+    in the order the episode's stats are read (after the response length)."""
+    history = [{"step": 0, "reward_mean": 0.1, "response_length_mean": 80.0,
+                "rollout/turns_per_sample": 1.5, "rollout/tool_calls_per_sample": 0.5,
+                "rollout/tool_errors_per_sample": 0.25, "rollout/observation_tokens_per_sample": 9.0},
+               {"step": 1, "reward_mean": 0.3, "response_length_mean": 90.0,
+                "rollout/turns_per_sample": 2.0, "rollout/tool_calls_per_sample": 1.0,
+                "rollout/tool_errors_per_sample": 0.0, "rollout/observation_tokens_per_sample": 12.0}]
+    lines = format_summary(history).splitlines()
+    row = {ln.split()[0]: ln.split()[1:] for ln in lines[3:]}
+    assert row["rollout/turns_per_sample"] == ["1.5", "2", "+0.5"]
+    assert row["rollout/tool_calls_per_sample"] == ["0.5", "1", "+0.5"]
+    assert row["rollout/tool_errors_per_sample"] == ["0.25", "0", "-0.25"]
+    order = [ln.split()[0] for ln in lines[3:]]
+    assert order.index("response_length_mean") < order.index("rollout/turns_per_sample")
+    assert "rollout/observation_tokens_per_sample" not in row
+
+
 def test_summary_prints_no_negative_zero():
     from trainer.tracking import format_summary
 

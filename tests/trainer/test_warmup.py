@@ -32,3 +32,40 @@ def test_cli_refuses_rows_without_solution(tmp_path):
     data.write_text(json.dumps({"prompt": "hi", "label": "1"}) + "\n")
     with pytest.raises(SystemExit):
         main(["--model-dir", "unused", "--data", str(data), "--out", str(tmp_path / "o")])
+
+
+class _Out:
+    """A stdout that says whether it is a terminal and keeps what is written."""
+
+    def __init__(self, tty: bool):
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_warm_up_progress_is_one_line(monkeypatch):
+    """Issue 70: the tiny arith-tool warm-up printed 110 lines, one a step. On a terminal the
+    steps rewrite one line (a newline only after the last); in a log, nothing (the caller's
+    one summary line says how it went)."""
+    from trainer import warmup
+
+    for tty in (True, False):
+        out = _Out(tty)
+        monkeypatch.setattr("sys.stdout", out)
+        for step in range(1, 111):
+            warmup._progress(step, 110, 1.0 / step, float(step))
+        monkeypatch.undo()
+        if tty:
+            assert out.text.count("\n") == 1 and out.text.endswith("\n")
+            assert out.text.count("\r") == 110
+            assert out.text.rsplit("\r", 1)[-1] == "[warmup] step 110/110: loss 0.009 (110s)\n"
+        else:
+            assert out.text == ""

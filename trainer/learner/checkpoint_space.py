@@ -39,16 +39,22 @@ def _tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def model_bytes(sharded_state: dict) -> int:
-    """This rank's part of the torch_dist model files: the main replica of each shard it holds
-    (the other data-parallel replicas write nothing), in the parameters' own dtype."""
+def main_tensors(sharded_state: dict) -> list[torch.Tensor]:
+    """The tensors this rank writes into the torch_dist model files: the main replica of each
+    shard it holds (the other data-parallel replicas write nothing). Factories (the fused QKV
+    and gate/up projections) included: they are most of a layer's weights."""
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import (ShardedTensor, ShardedTensorFactory,
                                                           is_main_replica)
 
     kinds = (ShardedTensor, ShardedTensorFactory)
-    return _tensor_bytes(v.data for v in nested_values(sharded_state)
-                         if isinstance(v, kinds) and is_main_replica(v.replica_id))
+    return [v.data for v in nested_values(sharded_state)
+            if isinstance(v, kinds) and is_main_replica(v.replica_id)]
+
+
+def model_bytes(sharded_state: dict) -> int:
+    """This rank's part of the torch_dist model files, in the parameters' own dtype."""
+    return _tensor_bytes(main_tensors(sharded_state))
 
 
 def optimizer_bytes(optimizer) -> int:
@@ -128,25 +134,31 @@ def report_space(save_dir: str | Path, trainer, policy) -> None:
     """Collective, at startup: rank 0 prints what one checkpoint will take (per parameter too)
     and the free space under ``--save``; then :func:`warn_if_short`."""
     need, free = room(save_dir, trainer, policy.save_optim)
-    params = _all_reduce(_model_parameters(trainer), dist.ReduceOp.SUM)
+    params = model_parameters(trainer)
     if _is_rank0():
-        what = "weights and optimizer" if policy.save_optim else "weights only (--no-save-optim)"
-        kept = f"the last {policy.keep_last} kept" if policy.keep_last else "all kept"
-        if policy.retain_interval:
-            kept += f" and every multiple of {policy.retain_interval}"
-        print(f"[startup] checkpoints in {save_dir}: {size(need)} each ({what}, "
-              f"{need / max(params, 1):.1f} bytes a parameter; {kept}); {size(free)} free there",
-              flush=True)
+        print(space_line(save_dir, need, free, params, policy), flush=True)
     warn_if_short(save_dir, trainer, policy.save_optim, (need, free))
 
 
-def _model_parameters(trainer) -> int:
-    """This rank's share of the model's parameters (the main replica of each shard)."""
-    from megatron.core.dist_checkpointing.dict_utils import nested_values
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor, is_main_replica
+def model_parameters(trainer) -> int:
+    """Collective: the model's parameters over all ranks, counted as the checkpoint's bytes
+    are (the same tensors: factories included; they were left out, and the line said 20.0
+    bytes a parameter for a save of 12.4)."""
+    mine = sum(t.numel() for t in main_tensors(trainer.model.module.sharded_state_dict()))
+    return _all_reduce(mine, dist.ReduceOp.SUM)
 
-    return sum(v.data.numel() for v in nested_values(trainer.model.module.sharded_state_dict())
-               if isinstance(v, ShardedTensor) and is_main_replica(v.replica_id))
+
+def space_line(save_dir, need: int, free: int, params: int, policy) -> str:
+    """The startup line: one checkpoint's size, estimated from the trainer's state (the
+    weights in their dtype, Adam's two moments, and the optimizer's own fp32 copy under mixed
+    precision: what ``save_checkpoint`` writes, within a few percent), per parameter too."""
+    what = "weights and optimizer" if policy.save_optim else "weights only (--no-save-optim)"
+    kept = f"the last {policy.keep_last} kept" if policy.keep_last else "all kept"
+    if policy.retain_interval:
+        kept += f" and every multiple of {policy.retain_interval}"
+    return (f"[startup] checkpoints in {save_dir}: {size(need)} each, estimated ({what}, "
+            f"{params:,} parameters at {need / max(params, 1):.1f} bytes each; {kept}); "
+            f"{size(free)} free there")
 
 
 def _is_rank0() -> bool:

@@ -48,7 +48,9 @@ class OptimConfig:
 
 @dataclasses.dataclass
 class TrainConfig:
-    max_tokens_per_gpu: int | None = 8192  # None: sized from free memory (token_budget.py)
+    # --max-tokens-per-gpu; None (its default, declared there only): sized from free memory at the
+    # first pass, in one place (token_budget.resolve_max_tokens, called by _max_tokens)
+    max_tokens_per_gpu: int | None = None
     log_probs_chunk_size: int = 1024
     temperature: float = 1.0  # --rollout-temperature: logits are divided by it everywhere
     seed: int = 1234

@@ -203,8 +203,8 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("rollout: data")
     g.add_argument("--prompt-data", required=True,
                    help="JSONL/parquet of prompts; 'file.jsonl@[0:1000]' takes a slice")
-    g.add_argument("--input-key", default="prompt")
-    g.add_argument("--label-key", default="label")
+    g.add_argument("--input-key", default=DataConfig.input_key)  # the config declares it
+    g.add_argument("--label-key", default=DataConfig.label_key)
     g.add_argument("--apply-chat-template", action="store_true",
                    help="wrap string prompts in the tokenizer's chat template (message lists "
                         "always are)")

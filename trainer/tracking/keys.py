@@ -35,6 +35,14 @@ def is_fraction(key: str) -> bool:
     return "fraction" in key
 
 
+# a multi-turn rollout's shape (trainer/rollout/multiturn/stats.py): what the tool task learns
+EPISODE_KEYS = ("turns_per_sample", "tool_calls_per_sample", "tool_errors_per_sample")
+
+
+def is_episode(key: str) -> bool:
+    return base_name(key) in EPISODE_KEYS and not is_eval(key)
+
+
 def is_kv(key: str) -> bool:
     return base_name(key).startswith("kv_")
 

@@ -145,7 +145,7 @@ def add_logging_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    help="also log to TensorBoard under <log-dir>/tensorboard (needs the tensorboard package)")
     g.add_argument("--use-wandb", action="store_true", help="also log to wandb (needs the wandb package)")
     g.add_argument("--wandb-project", default=None, help="wandb project (default: sparse-rl)")
-    g.add_argument("--wandb-mode", choices=WANDB_MODES, default="offline",
+    g.add_argument("--wandb-mode", choices=WANDB_MODES, default=TrackingConfig.wandb_mode,
                    help="wandb mode; offline writes under <log-dir>/wandb and uploads nothing "
                         "until `wandb sync` (default: offline)")
     return parser

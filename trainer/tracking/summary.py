@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .keys import (TIME_PHASES, is_eval, is_fraction, is_kv, is_mismatch, is_response_length,
-                   is_reward, key_series, time_phase)
+from .keys import (TIME_PHASES, is_episode, is_eval, is_fraction, is_kv, is_mismatch,
+                   is_response_length, is_reward, key_series, time_phase)
 from .plots import plot_metrics
 
 
@@ -30,8 +30,8 @@ def _window_mean(rows: list[dict], key: str, window: int, last: bool) -> float |
 
 
 def format_summary(history: list[dict], window: int = 1) -> str:
-    """A first-vs-last table of the run (reward, response length, KV, correction fractions,
-    mismatch, eval) and the share of wall time per phase. Rows are per-rollout metric dicts with
+    """A first-vs-last table of the run (reward, response length, turns and tool calls, KV,
+    correction fractions, mismatch, eval) and the share of wall time per phase. Rows are per-rollout metric dicts with
     the rollout id under ``step`` or ``rollout``. ``window`` > 1 averages the first/last ``window`` rollouts
     that have each key."""
     if not history:
@@ -44,6 +44,7 @@ def format_summary(history: list[dict], window: int = 1) -> str:
     groups = [
         [k for k in keys if is_reward(k)],
         [k for k in keys if is_response_length(k)],
+        [k for k in keys if is_episode(k)],  # turns and tool calls, on a multi-turn run
         [k for k in keys if is_kv(k)],
         [k for k in keys if is_fraction(k)],
         [k for k in keys if is_mismatch(k) and not is_fraction(k)],

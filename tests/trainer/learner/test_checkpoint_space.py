@@ -101,12 +101,14 @@ def space_task(rank, world, port, hf_dir, cache, save_dir):
 
     from checkpoint_tools.torch_dist import read_tracker
     from trainer.learner.checkpoint import load_checkpoint, save_checkpoint
-    from trainer.learner.checkpoint_space import room
+    from trainer.learner.checkpoint_space import model_parameters, room
 
     cpu_megatron.init_distributed(rank, world, master_port=port)
     cpu_megatron.init_model_parallel(tp=1, seed=1234)
     trainer = _trained(hf_dir, cache)
     estimate = room(save_dir, trainer)[0]
+    params = model_parameters(trainer)
+    own = sum(p.numel() for p in trainer.model.parameters())  # DP=2, TP=1: the whole model
     with pytest.MonkeyPatch().context() as m:
         warning = _startup_warning(trainer, save_dir, m, rank)
     out = save_checkpoint(trainer, save_dir, 1, extra={"it": 1})
@@ -119,7 +121,7 @@ def space_task(rank, world, port, hf_dir, cache, save_dir):
         failed = _optimizer_write_fails(trainer, save_dir, m, rank)
     dist.barrier()
     extra = load_checkpoint(trainer, save_dir)
-    return dict(warning=warning, estimate=estimate, written=written, no_room=no_room, after_no_room=after_no_room,
+    return dict(warning=warning, estimate=estimate, params=params, own=own, written=written, no_room=no_room, after_no_room=after_no_room,
                 failed=failed, tracker=read_tracker(save_dir), loaded=extra)
 
 
@@ -137,6 +139,39 @@ def test_estimate_is_within_20_percent_of_a_real_save(ranks):
     r = results[0]
     assert r["estimate"] == results[1]["estimate"]  # every rank decides on the same number
     assert abs(r["estimate"] - r["written"]) <= 0.2 * r["written"], r
+
+
+def test_the_parameters_are_the_hf_checkpoints_and_bytes_each_match_the_disk(ranks, tiny_model_factory):
+    """The startup line's parameter count is the model's (Megatron's own parameters; the HF
+    checkpoint's, from the safetensors' shapes, plus the vocabulary rows Megatron pads the
+    embedding and the output layer with), and its bytes a parameter are a real save's (issue 70:
+    the quickstart's line said 20.0 for a save of 12.4, the fused projections left out)."""
+    from safetensors import safe_open
+
+    from trainer.learner.checkpoint_space import space_line
+
+    results, save_dir = ranks
+    with safe_open(str(tiny_model_factory("qwen2-untied") / "model.safetensors"), "pt") as f:
+        hf_params = sum(_numel(f.get_slice(k).get_shape()) for k in f.keys())
+    r = results[0]
+    assert r["params"] == results[1]["params"] == r["own"]
+    padding = r["params"] - hf_params  # two matrices of hidden 64, padded to 128 rows at most
+    assert 0 <= padding < 2 * 64 * 128 and padding % (2 * 64) == 0, (r["params"], hf_params)
+    # two data-parallel ranks: the weights once, each rank's optimizer file (~4 + 2 x 8 bytes)
+    on_disk = r["written"] / r["params"]
+    print(f"{r['params']:,} parameters; estimate {r['estimate'] / r['params']:.2f} bytes each, "
+          f"disk {on_disk:.2f}")
+    assert abs(r["estimate"] / r["params"] - on_disk) <= 0.2 * on_disk
+    policy = SimpleNamespace(save_optim=True, keep_last=1, retain_interval=None)
+    line = space_line(save_dir, r["estimate"], 1 << 40, r["params"], policy)
+    assert f"{r['params']:,} parameters at {r['estimate'] / r['params']:.1f} bytes each" in line, line
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def test_no_room_is_one_line_on_every_rank_and_writes_nothing(ranks):

@@ -111,4 +111,16 @@ def load_environment(path: str, options: dict, parser=None):
         raise ValueError(f"{FLAG} {path!r}: bad --env-args: {e}") from None
     if not callable(getattr(env, "step", None)):
         raise ValueError(f"{FLAG} {path!r}: the class has no step(conversation) method")
+    _check_reward(obj, path)
     return env.step
+
+
+def _check_reward(cls: type, path: str) -> None:
+    """A tool environment without its own ``reward`` used to run to the end (exit 0), every
+    final answer scored by the run's reward, by default ``--rm-type math``, which knows nothing
+    of the task: refused at load time, naming the class. ``return None`` in a ``reward`` of its
+    own still hands scoring to the run's reward, on purpose."""
+    if issubclass(cls, ToolEnvironment) and cls.reward is ToolEnvironment.reward:
+        raise ValueError(f"{FLAG} {path!r}: {cls.__name__} defines no reward(conversation): a "
+                         f"turn without a tool call is the final answer and must be scored; "
+                         f"define reward (return None to score with --rm-type / --custom-rm-path)")

@@ -274,7 +274,7 @@ def _task_scorer(rm_type: str) -> Callable:
 def add_reward_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Register ``--rm-type``, ``--custom-rm-path``, ``--reward-timeout``, ``--reward-workers``."""
     g = parser.add_argument_group("rollout: rewards")
-    g.add_argument("--rm-type", choices=RM_TYPES, default="math",
+    g.add_argument("--rm-type", choices=RM_TYPES, default=RewardConfig.rm_type,
                    help="built-in reward: math (last \\boxed{} graded by evaluation.grader), gsm8k "
                         "(number after ####), countdown (label {target, numbers}), arithmetic (exact "
                         "number), chain (running sums, fraction of steps right); a sample's metadata rm_type "

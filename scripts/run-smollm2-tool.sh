@@ -13,7 +13,8 @@
 # (recipes.lookup_tool:LookupToolEnv, up to 5 turns, 320 response tokens), warmed up on one-item
 # orders at other prices (dataset.lookup_tool --demos): the calls' format, not the answers.
 # Compare the two runs' metrics.jsonl: reward_mean, rollout/turns_per_sample, rollout/tool_*,
-# kv_pool_peak_used. Other variables as in scripts/lib/common.sh.
+# kv_pool_peak_used. TRAIN_ROWS (20000): the training rows written when the data is missing.
+# Other variables as in scripts/lib/common.sh.
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODEL_NAME=SmolLM2-135M-Instruct
 TASK="${TASK:-arith_tool}"
@@ -45,7 +46,7 @@ write_data() {
         echo "note (dry run): $out is missing; a real run writes it first" >&2
         return 0
     fi
-    python_module "dataset.$TASK" --n 20000 --seed "$SEED" --out "$out" \
+    python_module "dataset.$TASK" --n "${TRAIN_ROWS:-20000}" --seed "$SEED" --out "$out" \
         || die "could not write the $TASK data to $out"
 }
 

@@ -22,6 +22,7 @@ SMALL = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-b
 
 
 @pytest.mark.launch
+@pytest.mark.timeout(1800)  # ~1-2 min a task on an idle 2-core machine; a busy one takes many times that
 @pytest.mark.parametrize("task", ["arith_tool", "lookup_tool"])
 def test_run_smollm2_tool_runs_end_to_end(task, tiny_model_factory, tmp_path):
     drop = ("NUM_GPUS", "TP", "PP", "SAVE_DIR", "LOG_DIR", "REF_LOAD", "DRY_RUN", "COMPRESS", "EVAL_SETS")
@@ -29,10 +30,10 @@ def test_run_smollm2_tool_runs_end_to_end(task, tiny_model_factory, tmp_path):
     path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "sglang-kvc"), os.environ.get("PYTHONPATH")) if p)
     env.update(TASK=task, MODEL_DIR=str(tiny_model_factory("qwen2.5")), DATA_DIR=str(tmp_path / "data"),
                SAVE_DIR=str(tmp_path / "save"), NUM_GPUS="1", NUM_ROLLOUT="1", WARMUP_STEPS="2",
-               SAVE_INTERVAL="1", PYTHON=sys.executable, PYTHONPATH=path, PYTHONWARNINGS="ignore",
+               SAVE_INTERVAL="1", TRAIN_ROWS="64", PYTHON=sys.executable, PYTHONPATH=path, PYTHONWARNINGS="ignore",
                PATH=f"{fake_gpus(tmp_path, 0)}:{os.environ['PATH']}")
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "run-smollm2-tool.sh"), *SMALL], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "[warmup] 2 steps" in proc.stderr  # the warm-up took the script's own multi-turn rows
     assert (tmp_path / "save" / "model-warm" / "config.json").is_file()

@@ -10,7 +10,7 @@
 # tool errors, KV pool peak and its ratio to dense's, tokens/s), curves.png, metrics.jsonl (every
 # run's rows with its config), lane.json, lane.log, logs.txt (each run's log tail), gpu.txt, exit.txt.
 # Environment (all optional):
-#   TOTAL_S=480     the lane's time from start (model, warm-up and runs); the runs still going are
+#   TOTAL_S=450     the lane's time from start (model, warm-up and runs); the runs still going are
 #                   stopped at it and reported as far as they got
 #   CONFIGS="dense rkv:64:sparse_rl rkv:128:sparse_rl"  SEED=1  EVAL_INTERVAL=10  EVAL_PROMPTS=128
 #   WORK=runs/tool_lane  run folders, the model (from .gpu/*smollm2*.whl or its .aa/.ab pieces)
@@ -25,7 +25,7 @@ read -ra PY <<<"${PYTHON:-python3}"
 export PYTHONPATH="$ROOT:$ROOT/sglang-kvc${PYTHONPATH:+:$PYTHONPATH}" PYTHONWARNINGS=ignore
 export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"  # as the run scripts set it
 export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True}"  # runs share the GPU
-TOTAL_S="${TOTAL_S:-480}"
+TOTAL_S="${TOTAL_S:-450}"
 WORK="${WORK:-runs/tool_lane}"
 USAGE="usage: benchmarks/studies/tool_lane.sh OUT_DIR | start OUT_DIR | poll SECONDS OUT_DIR"
 
@@ -66,7 +66,7 @@ run_lane() {
     if command -v nvidia-cuda-mps-control >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
         nvidia-cuda-mps-control -d 2>/dev/null && echo "[tool-lane] MPS daemon started"
     fi
-    timeout -k 30 $((TOTAL_S + 120)) "${PY[@]}" -m benchmarks.studies.tool_lane "${LANE[@]}"
+    timeout -k 30 $((TOTAL_S + 90)) "${PY[@]}" -m benchmarks.studies.tool_lane "${LANE[@]}"
     rc=$?
     for log in "$WORK"/lookup-tool/*/run.log; do  # each run's last lines (the whole logs stay in WORK)
         [[ -f "$log" ]] && { echo "=== $log"; grep -v -i warn "$log" | cut -c1-300 | tail -n 30; }

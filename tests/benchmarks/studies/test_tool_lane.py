@@ -55,7 +55,8 @@ def test_summary_table(tmp_path):
 
 def test_bad_flags_are_one_line_errors(tmp_path):
     for argv, message in ((["--configs", "rkv:x"], "--configs"), (["--total-s", "0", "--smoke"], "must be positive"),
-                          ([], "give --model-dir or --smollm2-wheel")):
+                          ([], "give --model-dir or --smollm2-wheel"),
+                          (["--model-dir", str(tmp_path)], "no config.json")):
         proc = subprocess.run([sys.executable, "-m", "benchmarks.studies.tool_lane", "--out", str(tmp_path / "o"),
                                "--work", str(tmp_path / "w"), *argv], capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr

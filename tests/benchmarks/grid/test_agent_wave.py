@@ -59,11 +59,11 @@ def test_the_cli_knows_it_by_name():
 @pytest.mark.timeout(2400)
 def test_cpu_smoke_of_the_agent_wave(tmp_path):
     """``wave agent --smoke``: the tiny model on lookup-tool, 2 seeds x dense and R-KV 96 across
-    turns, 2 rollouts of 4 prompts x 8 samples, 4 held-out prompts: every run exported with its
+    turns, 4 warm-up steps, 2 rollouts of 4 prompts x 8 samples, 4 held-out prompts: every run exported with its
     per-prompt greedy scores, the report with the pool ratio. Pairing: a seed's runs start from
     one warm-up, so their step-0 greedy scores agree prompt by prompt."""
     out = tmp_path / "w"
-    proc = subprocess.run([*GRID, "wave", "agent", "--smoke", "--out", str(out), "--",
+    proc = subprocess.run([*GRID, "wave", "agent", "--smoke", "--out", str(out), "--warmup-steps", "4", "--",
                            "--rollout-batch-size", "4", "--global-batch-size", "32"],
                           capture_output=True, text=True, cwd=ROOT, timeout=2300)
     log = out / "supervisor.log"

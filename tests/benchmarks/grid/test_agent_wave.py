@@ -63,7 +63,8 @@ def test_cpu_smoke_of_the_agent_wave(tmp_path):
     per-prompt greedy scores, the report with the pool ratio. Pairing: a seed's runs start from
     one warm-up, so their step-0 greedy scores agree prompt by prompt."""
     out = tmp_path / "w"
-    proc = subprocess.run([*GRID, "wave", "agent", "--smoke", "--out", str(out), "--warmup-steps", "4", "--",
+    # the wave's name right before `--`: argparse takes the trainer flags after it as `extra`
+    proc = subprocess.run([*GRID, "wave", "--smoke", "--out", str(out), "--warmup-steps", "4", "agent", "--",
                            "--rollout-batch-size", "4", "--global-batch-size", "32"],
                           capture_output=True, text=True, cwd=ROOT, timeout=2300)
     log = out / "supervisor.log"

@@ -112,7 +112,7 @@ def wait_until(procs: dict, folders: dict, deadline: float, every: float = 30.0)
         print(f"[tool-lane] {time.strftime('%H:%M:%S')}: " + ", ".join(
             f"{name} {progress(folders[name])}" + ("" if p.poll() is None else f" (exit {p.returncode})")
             for name, p in procs.items()), flush=True)
-    return {name: stop(p) for name, p in procs.items()}
+    return stop_all(procs)
 
 
 def progress(folder: Path) -> str:
@@ -121,21 +121,25 @@ def progress(folder: Path) -> str:
     return f"rollout {rows[-1]['step']} reward {rows[-1]['reward_mean']:.3f}" if rows else "starting"
 
 
-
-def stop(proc: subprocess.Popen, grace: float = 20.0) -> int | None:
-    if proc.poll() is not None:
-        return proc.returncode
+def stop_all(procs: dict, grace: float = 20.0) -> dict:
+    """Each run's exit code, or None for those still going: SIGINT to every one at once (the
+    trainer's interrupt report), SIGKILL to what is left after ``grace`` seconds."""
+    going = {name: p for name, p in procs.items() if p.poll() is None}
     for sig, wait in ((signal.SIGINT, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    return None
+        for p in going.values():
+            if p.poll() is None:
+                _signal(p, sig)
+        end = time.monotonic() + wait
+        while time.monotonic() < end and any(p.poll() is None for p in going.values()):
+            time.sleep(0.5)
+    return {name: None if name in going else p.returncode for name, p in procs.items()}
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # the run's own session: its engine processes too
+    except ProcessLookupError:
+        pass
 
 
 def main(argv=None) -> int:

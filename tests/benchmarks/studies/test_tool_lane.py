@@ -62,6 +62,33 @@ def test_bad_flags_are_one_line_errors(tmp_path):
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_runs_past_the_lane_time_are_stopped_with_their_children():
+    """A run that ignores SIGINT (and the process it started) is killed after the grace; a run
+    that ended keeps its exit code; a run that stops on SIGINT is reported as stopped."""
+    from benchmarks.studies.tool_lane import stop_all
+
+    stubborn = "import signal, subprocess, time; signal.signal(signal.SIGINT, signal.SIG_IGN); " \
+               "subprocess.Popen(['sleep', '60']); time.sleep(60)"
+    procs = {"done": subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True),
+             "polite": subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True),
+             "stubborn": subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True)}
+    procs["done"].wait()
+    import time
+
+    time.sleep(1.0)  # the stubborn run's handler and child in place
+    assert stop_all(procs, grace=2.0) == {"done": 0, "polite": None, "stubborn": None}
+    assert all(p.poll() is not None for p in procs.values())
+    left = subprocess.run(["pgrep", "-s", str(procs["stubborn"].pid)], capture_output=True, text=True).stdout.split()
+    assert all(_state(pid) in ("Z", None) for pid in left)  # its child went with it (a zombie at most)
+
+
+def _state(pid: str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
 @pytest.mark.launch
 @pytest.mark.timeout(1800)
 def test_smoke_lane_end_to_end(tmp_path):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from dataset.arith_tool import arith_tool_rows
+from dataset.lookup_tool import lookup_tool_rows
 
 from .startup.flag_checks import COMPRESS_ALGORITHMS, check_quickstart_values
 from .startup import interrupt
@@ -95,6 +96,9 @@ def warm_up(model_dir: Path, steps: int, seed: int, lr: float = 3e-3) -> float:
 # GRPO has signal from the start and R-KV (budget 40) really evicts.
 # the multi-turn tool task's trainer flags: its environment and three model turns at most
 TOOL_FLAGS = ("--env-path", "recipes.tool_use:ArithToolEnv", "--max-turns", "3")
+# lookup-tool: a turn of lookups, a calculator call, the answer; five turns leave room for
+# lookups one a turn
+LOOKUP_FLAGS = ("--env-path", "recipes.lookup_tool:LookupToolEnv", "--max-turns", "5")
 SMOLLM2_QUESTION = "What is {a} {op} {b}? Think step by step, then give the final answer as a number."
 
 
@@ -152,6 +156,11 @@ class SmolTask:
 SMOLLM2_TASKS = {"arith": SmolTask(smollm2_rows, "gsm8k", 160, 220, 40, 0),
                  "arith-tool": SmolTask(functools.partial(arith_tool_rows, style="chat"), "arithmetic",
                                         256, 480, 128, 12, flags=TOOL_FLAGS, keep_prompt=True),
+                 # the prices hidden (a lookup tool), orders of 1-3 items; warmed up on one-item
+                 # orders at other prices (the calls' format, not the answers): dataset.lookup_tool
+                 "lookup-tool": SmolTask(functools.partial(lookup_tool_rows, style="chat"), "arithmetic",
+                                         320, 512, 128, 12, functools.partial(lookup_tool_rows, demos=True),
+                                         flags=LOOKUP_FLAGS, keep_prompt=True),
                  "chain": SmolTask(chain_rows, "chain", 400, 600, 128, 12),
                  "chain100": SmolTask(long_chain_rows, "chain", 1280, 1600, 128, 12, long_chain_demos)}
 # The tiny model's own task (``make_rows``: count up, box the sum): 40 response tokens, a pool of
@@ -166,6 +175,12 @@ TINY_TASK = SmolTask(make_rows, "math", 40, 128, 20, 60)
 # (docs/environments.md names the machines).
 TINY_TOOL_TASK = SmolTask(functools.partial(arith_tool_rows, style="tiny"), "arithmetic", 160, 192,
                           96, 110, flags=TOOL_FLAGS, keep_prompt=True)
+# ``lookup-tool`` on the tiny model: one or two items, one-digit prices; warmed up on one-item
+# orders (the CPU check that the task runs end to end, not a measure of learning)
+TINY_LOOKUP_TASK = SmolTask(functools.partial(lookup_tool_rows, style="tiny"), "arithmetic", 192, 256, 96, 110,
+                            functools.partial(lookup_tool_rows, style="tiny", demos=True),
+                            flags=LOOKUP_FLAGS, keep_prompt=True)
+TINY_TASKS = {"arith-tool": TINY_TOOL_TASK, "lookup-tool": TINY_LOOKUP_TASK}
 # R-KV's buffer N (--sglang-compress-divide-length) and observation window per --model: short
 # against each model's answers, so that a sample is compressed several times.
 COMPRESS_SHAPE = {"tiny": (4, 4), "smollm2": (16, 8)}
@@ -174,18 +189,23 @@ COMPRESS_SHAPE = {"tiny": (4, 4), "smollm2": (16, 8)}
 def task_of(model: str, task: str) -> SmolTask:
     """The task a ``--model`` / ``--task`` pair trains on (the tiny model has only its own)."""
     if model == "tiny":
-        return TINY_TOOL_TASK if task == "arith-tool" else TINY_TASK
+        return TINY_TASKS.get(task, TINY_TASK)
     return SMOLLM2_TASKS[task]
 
 
 def smollm2_warm_up(model_dir: Path, work: Path, task: SmolTask, steps: int, seed: int,
                     batch: int = 4, lr: float = 5e-5) -> Path:
     """``steps`` supervised steps on the task's worked answers (rows of another seed than the
-    training data's), saved to ``work/model-warm`` in fp32."""
+    training data's), on the GPU when there is one, saved to ``work/model-warm`` in fp32."""
     from .warmup import warm_up as sft
 
+    import torch
+
     demos = (task.demos or task.rows)(batch * steps, seed + 10_000)
-    losses = sft(model_dir, demos, work / "model-warm", steps, batch=batch, lr=lr, seed=seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # on an H200's CPU: 37 s a SmolLM2 step
+    losses = sft(model_dir, demos, work / "model-warm", steps, batch=batch, lr=lr, seed=seed, device=device)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the engine and the trainer start next, in this process
     print(f"[quickstart] warm-up: {steps} supervised steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     return work / "model-warm"
 
@@ -374,10 +394,11 @@ def build_parser(prog: str):
     p.add_argument("--task", choices=sorted(SMOLLM2_TASKS), default="arith",
                    help="smollm2: arith (one-digit arithmetic, default) or chain (25-step running "
                         "sums, every step checked: answers stay long); arith-tool (either model): "
-                        "a * b + c with a calculator tool, multi-turn (docs/environments.md)")
+                        "a * b + c with a calculator tool, multi-turn; lookup-tool (either model): "
+                        "an order's total from prices only a lookup tool shows (docs/environments.md)")
     p.add_argument("--warmup-steps", type=int, default=None, help="supervised steps before GRPO "
-                   "(default: 60 tiny, 110 tiny arith-tool, 12 smollm2 chain and arith-tool, "
-                   "0 smollm2 arith)")
+                   "(default: 60 tiny, 110 tiny arith-tool and lookup-tool, 12 smollm2 chain, arith-tool and "
+                   "lookup-tool, 0 smollm2 arith)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compress-algorithm", default="rkv", help=", ".join(COMPRESS_ALGORITHMS[:-1])
                    + " or none (a value outside these is refused before any model work)")
@@ -395,9 +416,9 @@ def main(argv=None) -> int:
     prog = interrupt.prog("python -m trainer.quickstart")
     p = build_parser(prog)
     args, extra = p.parse_known_args(argv)  # anything else goes to trainer.train
-    if args.model == "tiny" and args.task not in ("arith", "arith-tool"):
+    if args.model == "tiny" and args.task not in ("arith", *TINY_TASKS):
         p.error(f"--task {args.task} is for --model smollm2 (the tiny model learns its own counting "
-                "task, or arith-tool)")
+                "task, arith-tool or lookup-tool)")
     if args.model_dir and not Path(args.model_dir).is_dir() and args.model != "smollm2":
         p.error(f"--model-dir {args.model_dir}: only --model smollm2 reads a model directory")
     check_quickstart_values(p, args, window=COMPRESS_SHAPE[args.model][1])  # before any model work

@@ -8,9 +8,10 @@ GRPO learns only from prompts whose samples differ in reward. SmolLM2-135M-Instr
 temperature 1 never wrote the 25 lines of the ``chain`` task (reward 0.000 on 64 samples: it
 drifts into prose after 2-3 lines); 12 steps of 4 worked answers put it at 0.30 with every
 prompt carrying signal (docs/long_task.md). Rows need ``prompt`` (messages, rendered with the
-model's chat template, or a string used verbatim) and ``solution`` (the answer text); the loss
-is on the answer's tokens and the end-of-turn token. Use rows of a seed the training data does
-not use.
+model's chat template, or a string used verbatim) and ``solution`` (the answer text), or a
+multi-turn episode's ``solution_turns`` (with ``observations`` between them, as
+``dataset.arith_tool`` writes); the loss is on the answer's tokens and the end-of-turn token.
+Use rows of a seed the training data does not use. It trains on the GPU when there is one.
 """
 
 from __future__ import annotations
@@ -120,13 +121,19 @@ def warm_up(model_dir: str | Path, rows: list[dict], out: str | Path, steps: int
     return losses
 
 
+def is_worked_example(row) -> bool:
+    """A single-turn answer (``solution``) or a multi-turn episode (``solution_turns``)."""
+    return isinstance(row, dict) and "prompt" in row and ("solution" in row or "solution_turns" in row)
+
+
 def main(argv=None) -> int:
     from dataset.formats import iter_rows
 
     p = argparse.ArgumentParser(prog="python -m trainer.warmup",
                                 allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", required=True)
-    p.add_argument("--data", required=True, help="rows with prompt and solution (.jsonl / .parquet)")
+    p.add_argument("--data", required=True, help="rows with prompt and solution, or solution_turns "
+                   "(.jsonl / .parquet)")
     p.add_argument("--out", required=True, help="where the warmed-up HF checkpoint goes")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--batch", type=int, default=4)
@@ -134,14 +141,17 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="torch seed (rows are used in file order)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="of the saved checkpoint (default float32: see warm_up)")
+    p.add_argument("--device", default=None, help="where it trains (default: cuda when there is a GPU, else cpu)")
     a = p.parse_args(argv)
     rows = [row for _, row in iter_rows(Path(a.data))]
-    missing = [i for i, r in enumerate(rows) if "solution" not in r or "prompt" not in r]
+    missing = [i for i, r in enumerate(rows) if not is_worked_example(r)]
     if not rows or missing:
-        p.error(f"{a.data}: every row needs 'prompt' and 'solution' (rows {missing[:5]} do not)")
+        p.error(f"{a.data}: every row needs 'prompt' and 'solution' (or 'solution_turns') "
+                f"(rows {missing[:5]} do not)")
     import torch
 
-    losses = warm_up(a.model_dir, rows, a.out, a.steps, a.batch, a.lr, a.seed, getattr(torch, a.dtype))
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    losses = warm_up(a.model_dir, rows, a.out, a.steps, a.batch, a.lr, a.seed, getattr(torch, a.dtype), device)
     print(f"[warmup] {a.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; wrote {a.out}")
     return 0
 

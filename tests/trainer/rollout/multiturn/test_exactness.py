@@ -109,25 +109,29 @@ def early_env(conversation) -> Step:
 
 
 def test_a_finished_episode_frees_its_session_at_once(model_dir):
+    """Sample 0's session is closed when its episode ends, while the others' are still open
+    (they go on to a third turn)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompt = Prompt("q", tok("add 3 4", add_special_tokens=False)["input_ids"], "7", {})
     with Engine(model_path=str(model_dir), device="cpu") as eng:
         backend = EngineRollout(eng)
-        seen, run = [], backend.run
+        closes, close = [], backend.close_session
 
-        def counted(requests, cfg):  # the engine's sessions when each turn is sent
-            seen.append((len(requests), eng.get_server_info()["sessions"]["open"]))
-            return run(requests, cfg)
+        def counted(session_id):  # which session, and how many were open when it closed
+            closes.append((session_id, eng.get_server_info()["sessions"]["open"]))
+            close(session_id)
 
-        backend.run = counted
+        backend.close_session = counted
+        opens, open_session = [], backend.open_session
+        backend.open_session = lambda: opens.append(open_session()) or opens[-1]  # in sample order
         ctx = GenerateContext(backend, RolloutConfig(max_response_len=96, seed=3), tok, None,
                               context_length=eng.max_seq_len)
         traces = MultiTurn(early_env, max_turns=3, turn_tokens=6)(ctx, [prompt], 3)
         after = eng.get_server_info()["sessions"]
     assert [t.meta["turns"] for t in traces] == [1, 3, 3]
-    assert seen == [(3, 3), (2, 2), (2, 2)]  # sample 0's session closed before turn 2
+    assert len(closes) == 3 and closes[0] == (opens[0], 3)  # sample 0's first, all 3 open
     assert after["open"] == 0 and after["parked_slots"] == 0
 
 

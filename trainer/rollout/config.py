@@ -109,11 +109,13 @@ class RolloutPlan:
                 for i, s in enumerate(self.eval_samplings) for m in self.eval_modes]
 
     def load_plugin(self):
-        """The generate plug-in, or None when rollouts are plain samples."""
+        """The generate plug-in: the multi-turn episodes, a user's, or the single-turn default."""
         if self.multiturn is not None:
             return self.multiturn.plugin()
         if not self.generate_plugin:
-            return None
+            from .samples.single_turn import SingleTurn
+
+            return SingleTurn()
         return load_generate_plugin(self.generate_plugin, parse_options(self.generate_args))
 
 

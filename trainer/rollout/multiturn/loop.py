@@ -17,7 +17,7 @@ import dataclasses
 from typing import Callable
 
 from ..samples.data import Prompt
-from ..samples.generate import GenerateContext
+from ..samples.generate import GenerateContext, GeneratePlugin
 from ..samples.traces import Trace
 from .chat import ObservationFormat, observation_format
 from .environment import Step
@@ -28,7 +28,7 @@ from .turns import turns_for
 
 
 @dataclasses.dataclass
-class MultiTurn:
+class MultiTurn(GeneratePlugin):
     """A generate plug-in (``samples/generate.py``) built from the multi-turn flags."""
 
     step: Callable  # the environment: step(Conversation) -> Step

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import inspect
 import json
+from typing import Callable
 
 from ..engines.interface import Generation, RolloutConfig, SampleRequest
 from .data import Prompt
-from .plugins import load_dotted
+from .plugins import load_plugin
 from .rewards import RewardInput
 from .traces import Call, Trace
 
@@ -40,11 +40,24 @@ class GenerateContext:
     """What a plug-in may use on this rank: its engine(s), the tokenizer, the reward model."""
 
     def __init__(self, backend, cfg: RolloutConfig, tokenizer, rewards, *, mode: str = "train",
-                 context_length: int | None = None):
+                 context_length: "int | None | Callable[[], int | None]" = None):
         self.backend, self.cfg, self.tokenizer, self.rewards = backend, cfg, tokenizer, rewards
-        self.mode, self.context_length = mode, context_length
+        self.mode, self._context_length = mode, context_length
         self.waves = 0
+        self.sent = 0  # requests made through this context (generate, submit)
         self.truncated = 0  # requests shortened to fit the context (APR's over-length children)
+
+    @property
+    def context_length(self) -> int | None:
+        """Tokens a request may span; asked of the engine on first use when given as a
+        callable (the default plug-in never asks)."""
+        if callable(self._context_length):
+            self._context_length = self._context_length()
+        return self._context_length
+
+    def stats(self) -> dict:
+        """What the manager reports of a plug-in's requests (none made here: nothing)."""
+        return {"truncated": self.truncated} if self.sent else {}
 
     # --- the engine --------------------------------------------------------------------------
     def generate(self, requests: list[Request]) -> list[Generation]:
@@ -56,6 +69,7 @@ class GenerateContext:
             gen.meta["truncated"] = truncated
             gen.meta["input_ids"] = r.input_ids  # what was really sent
         self.waves += 1
+        self.sent += len(requests)
         return gens
 
     def submit(self, request: Request, turn: int, sample: int
@@ -64,6 +78,7 @@ class GenerateContext:
         ``turn`` and ``sample`` (not by when it was sent: the same sample in any order)."""
         r, truncated = self.fit(request)
         sent = self._sample_request(r, self._turn_seed(turn, sample))
+        self.sent += 1
         return _annotated(self.backend.submit(sent, self.cfg), r, truncated)
 
     def _turn_seed(self, turn: int, sample: int) -> int | None:
@@ -167,15 +182,25 @@ def parse_options(pairs: list[str] | None) -> dict:
 
 def load_generate_plugin(path: str, options: dict):
     """The plug-in callable: a function (options must be empty) or a class built with them."""
-    obj = load_dotted(path, FLAG)
-    if inspect.isclass(obj):
-        try:
-            return obj(**options)
-        except TypeError as e:
-            raise ValueError(f"{FLAG} {path!r}: bad --custom-generate-args: {e}") from None
-    if options:
-        raise ValueError(f"{FLAG} {path!r} is a function; --custom-generate-args need a class")
-    return obj
+    return load_plugin(path, FLAG, options, "--custom-generate-args")
+
+
+class GeneratePlugin:
+    """The base of the built-in plug-ins (``single_turn.SingleTurn``, the default, and
+    ``multiturn.loop.MultiTurn``); a user's function or class needs none of it."""
+
+    def __call__(self, ctx: GenerateContext, prompts: list[Prompt], n: int) -> list[Trace]:
+        raise NotImplementedError
+
+    def metrics(self, traces: list[Trace]) -> dict:
+        """Metrics of the whole rollout's traces (every rank's, gathered) that only this
+        plug-in knows how to read."""
+        return {}
+
+
+def rollout_metrics(plugin, traces: list[Trace]) -> dict:
+    """``plugin``'s own metrics of ``traces`` (a user's plug-in has none)."""
+    return plugin.metrics(traces) if isinstance(plugin, GeneratePlugin) else {}
 
 
 def needs_reference(plugin) -> bool:

@@ -44,9 +44,10 @@ class MultiTurn(GeneratePlugin):
         runner = EpisodeRunner(ctx, turns, self.step, lambda e: self._budget(ctx, e),
                                lambda e, step: self._answer(ctx, fmt, e, step))
         try:
+            turns.prepare(episodes)
             runner.run(episodes)
         finally:
-            turns.close(episodes)  # whatever is still open (an error mid-rollout)
+            turns.finish(episodes)  # whatever is still open (an error mid-rollout) closed
         return [e.trace(ctx.decode(e.ids)) for e in episodes]
 
     def metrics(self, traces: list[Trace]) -> dict:

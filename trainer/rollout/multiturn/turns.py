@@ -1,8 +1,9 @@
 """How an episode's turn reaches the engine. ``Reprefill``: each turn is a fresh request whose
 prompt is the whole context so far (the reference semantics: any engine, but every turn
 prefills the history again). ``Sessions`` (``sessions.py``) continues each episode's KV state
-instead. Both answer ``request(episode, budget)``, ``sent(episode)`` after a turn, and
-``close(episodes)``."""
+instead. Both answer ``prepare(episodes)`` before the first turn, ``request(episode, budget)``,
+``sent(episode)`` after a turn, ``close(episodes)`` when they end and ``finish(episodes)`` at the
+end of the rollout."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ class Reprefill:
     def __init__(self, ctx: GenerateContext):
         self.ctx = ctx
 
+    def prepare(self, episodes: list[Episode]) -> None:
+        """Nothing to open."""
+
     def request(self, e: Episode, budget: int) -> Request:
         return Request(list(e.context_ids), budget)
 
@@ -32,4 +36,7 @@ class Reprefill:
         """Nothing is held between turns."""
 
     def close(self, episodes: list[Episode]) -> None:
+        """Nothing is held between turns."""
+
+    def finish(self, episodes: list[Episode]) -> None:
         """Nothing is held between turns."""

@@ -26,6 +26,7 @@ from .multiturn.flags import MultiTurnConfig, add_multiturn_args, multiturn_conf
 from .samples.data import PromptStream, load_prompts
 from .samples.fidelity import adaptive_config_from_args
 from .samples.generate import load_generate_plugin, parse_options
+from .samples.single_turn import SingleTurn
 from .samples.rewards import RewardConfig, reward_config_from_args
 
 
@@ -113,8 +114,6 @@ class RolloutPlan:
         if self.multiturn is not None:
             return self.multiturn.plugin()
         if not self.generate_plugin:
-            from .samples.single_turn import SingleTurn
-
             return SingleTurn()
         return load_generate_plugin(self.generate_plugin, parse_options(self.generate_args))
 

@@ -25,7 +25,6 @@ from .samples.data import Prompt
 from .samples.generate import GenerateContext, rollout_metrics, run_plugin
 from .samples.kv_stats import compression_stats
 from .samples.rewards import RewardConfig, RewardInput, RewardModel
-from .samples.single_turn import SingleTurn
 from .samples.traces import Trace
 
 log = logging.getLogger(__name__)
@@ -169,8 +168,7 @@ class RolloutManager:
         self.place, self.engines = place, engines
         self.rewards = RewardModel(reward_cfg) if place.generates else None
         self.version: str | None = None  # the weight version the engine(s) must report
-        self.plugin = SingleTurn() if generate_plugin is None else generate_plugin
-        self.tokenizer = tokenizer
+        self.plugin, self.tokenizer = generate_plugin, tokenizer  # None: the single-turn default
         self._context_length: int | None = None  # asked of the engine once, on first use
         self._decode_seen: dict = {}  # decode_counters() at the end of the last rollout
 

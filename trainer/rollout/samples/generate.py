@@ -209,6 +209,11 @@ def needs_reference(plugin) -> bool:
 
 
 def run_plugin(plugin, ctx: GenerateContext, prompts: list[Prompt], n: int) -> list[Trace]:
+    """``plugin``'s traces (None: the default, ``single_turn.SingleTurn``), checked."""
+    if plugin is None:
+        from .single_turn import SingleTurn
+
+        plugin = SingleTurn()
     traces = plugin(ctx, prompts, n)
     if not isinstance(traces, list) or not all(isinstance(t, Trace) for t in traces):
         raise TypeError(f"{FLAG}: the plug-in must return a list of Trace, got {type(traces).__name__}")

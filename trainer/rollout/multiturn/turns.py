@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from ..samples.generate import GenerateContext, Request
 from .episode import Episode
+from .sessions import Sessions
 
 
 def turns_for(ctx: GenerateContext, use_sessions: bool):
     """Session turns when asked for and ``ctx``'s engines offer sessions, else re-prefill."""
     if use_sessions and ctx.backend.has_sessions:
-        from .sessions import Sessions
-
         return Sessions(ctx)
     return Reprefill(ctx)
 

@@ -19,6 +19,9 @@ from .lifecycle import healthy
 from .routing import Routes
 
 
+MAX_SUBMITTED = 1024  # single requests in flight at once (threads are started as needed)
+
+
 def _as_list(out, expected: int) -> list[dict]:
     """A batched response is a list, one result per sample (a server may answer a batch of one
     with the bare result)."""
@@ -49,6 +52,8 @@ class HTTPRollout(Engines):
         self.engines = EngineSet([u.rstrip("/") for u in urls], on_engine_failure, restart_wait)
         self.timeout, self.health_timeout = timeout, health_timeout
         self.session = requests.Session()
+        # submit() keeps many single requests in flight: a kept connection for each
+        self.session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=MAX_SUBMITTED))
         self.routes = Routes(self.engines.size)  # single requests: sticky by session id
         self._submitted: concurrent.futures.ThreadPoolExecutor | None = None  # submit()'s pool
 
@@ -90,9 +95,10 @@ class HTTPRollout(Engines):
                ) -> "concurrent.futures.Future[Generation]":
         """One request on its own ``/generate`` (the server batches it with those in flight):
         a session's on the server that holds it, others round-robin; failover as ``run``."""
-        if self._submitted is None:  # up to cfg.concurrency requests in flight per server
+        if self._submitted is None:  # as many samples in flight as run() would send at once
+            per_server = cfg.concurrency * max(1, cfg.samples_per_request)
             self._submitted = concurrent.futures.ThreadPoolExecutor(
-                max(1, cfg.concurrency * self.engines.size), thread_name_prefix="http-submit")
+                min(MAX_SUBMITTED, per_server * self.engines.size), thread_name_prefix="http-submit")
         slot = self.routes.for_request(request.session_params)
         return self._submitted.submit(self._one, slot, request, cfg)
 

@@ -17,7 +17,8 @@ import dataclasses
 from typing import Callable
 
 from ..samples.data import Prompt
-from ..samples.generate import GenerateContext, GeneratePlugin
+from ..samples.generate import GenerateContext
+from ..samples.plugin_base import GeneratePlugin
 from ..samples.traces import Trace
 from .chat import ObservationFormat, observation_format
 from .environment import Step

@@ -20,7 +20,9 @@ from typing import Callable
 
 from ..engines.interface import Generation, RolloutConfig, SampleRequest
 from .data import Prompt
+from .plugin_base import GeneratePlugin
 from .plugins import load_plugin
+from .single_turn import SingleTurn
 from .rewards import RewardInput
 from .traces import Call, Trace
 
@@ -185,19 +187,6 @@ def load_generate_plugin(path: str, options: dict):
     return load_plugin(path, FLAG, options, "--custom-generate-args")
 
 
-class GeneratePlugin:
-    """The base of the built-in plug-ins (``single_turn.SingleTurn``, the default, and
-    ``multiturn.loop.MultiTurn``); a user's function or class needs none of it."""
-
-    def __call__(self, ctx: GenerateContext, prompts: list[Prompt], n: int) -> list[Trace]:
-        raise NotImplementedError
-
-    def metrics(self, traces: list[Trace]) -> dict:
-        """Metrics of the whole rollout's traces (every rank's, gathered) that only this
-        plug-in knows how to read."""
-        return {}
-
-
 def rollout_metrics(plugin, traces: list[Trace]) -> dict:
     """``plugin``'s own metrics of ``traces`` (a user's plug-in has none)."""
     return plugin.metrics(traces) if isinstance(plugin, GeneratePlugin) else {}
@@ -210,11 +199,7 @@ def needs_reference(plugin) -> bool:
 
 def run_plugin(plugin, ctx: GenerateContext, prompts: list[Prompt], n: int) -> list[Trace]:
     """``plugin``'s traces (None: the default, ``single_turn.SingleTurn``), checked."""
-    if plugin is None:
-        from .single_turn import SingleTurn
-
-        plugin = SingleTurn()
-    traces = plugin(ctx, prompts, n)
+    traces = (SingleTurn() if plugin is None else plugin)(ctx, prompts, n)
     if not isinstance(traces, list) or not all(isinstance(t, Trace) for t in traces):
         raise TypeError(f"{FLAG}: the plug-in must return a list of Trace, got {type(traces).__name__}")
     return traces

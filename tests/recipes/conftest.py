@@ -1,9 +1,10 @@
 """A scripted engine for the generate plug-ins' hand-computed cases: the response to a request
 is a function of its prompt text (and of how many identical prompts came before it in the
-call), with the engine's stop-string and max-token rules, so every wave can be checked."""
+call, or, for requests submitted one at a time, before it at all), with the engine's stop-string and max-token rules, so every wave can be checked."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 
 import pytest
@@ -18,15 +19,23 @@ class ScriptedBackend(Backend):
     tokenizer: object
     script: object  # (prompt_text, repeat_index) -> response text
     requests: list = dataclasses.field(default_factory=list)  # (prompt_text, params) received
+    submitted: dict = dataclasses.field(default_factory=dict)  # prompt text -> submits so far
 
     def run(self, requests, cfg):
-        out, seen = [], {}
-        for r in requests:
-            text = self.tokenizer.decode(r.input_ids)
-            k = seen[text] = seen.get(text, -1) + 1
-            self.requests.append((text, dict(r.sampling_params)))
-            out.append(self._respond(self.script(text, k), r.sampling_params))
-        return out
+        seen = {}
+        return [self._one(r, seen) for r in requests]
+
+    def submit(self, request, cfg):
+        """One request (an episode's turn), answered at once."""
+        future = concurrent.futures.Future()
+        future.set_result(self._one(request, self.submitted))
+        return future
+
+    def _one(self, r, seen: dict) -> Generation:
+        text = self.tokenizer.decode(r.input_ids)
+        k = seen[text] = seen.get(text, -1) + 1
+        self.requests.append((text, dict(r.sampling_params)))
+        return self._respond(self.script(text, k), r.sampling_params)
 
     def _respond(self, response: str, params: dict) -> Generation:
         finish = "stop"

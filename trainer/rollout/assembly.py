@@ -47,7 +47,7 @@ class RolloutInputs:
     """What the run hands its rollout side: data, plug-in, budget, where it writes, its span."""
 
     tokenizer: object
-    plugin: object  # the generate plug-in, or None
+    plugin: object  # the generate plug-in (the single-turn default, a user's, multi-turn)
     prompts: object  # the PromptStream
     eval_sets: dict  # name -> prompts
     budget: object  # the BudgetController

@@ -26,6 +26,7 @@ from .multiturn.flags import MultiTurnConfig, add_multiturn_args, multiturn_conf
 from .samples.data import PromptStream, load_prompts
 from .samples.fidelity import adaptive_config_from_args
 from .samples.generate import load_generate_plugin, parse_options
+from .samples.single_turn import SingleTurn
 from .samples.rewards import RewardConfig, reward_config_from_args
 
 
@@ -109,11 +110,11 @@ class RolloutPlan:
                 for i, s in enumerate(self.eval_samplings) for m in self.eval_modes]
 
     def load_plugin(self):
-        """The generate plug-in, or None when rollouts are plain samples."""
+        """The generate plug-in: the multi-turn episodes, a user's, or the single-turn default."""
         if self.multiturn is not None:
             return self.multiturn.plugin()
         if not self.generate_plugin:
-            return None
+            return SingleTurn()
         return load_generate_plugin(self.generate_plugin, parse_options(self.generate_args))
 
 

@@ -131,7 +131,7 @@ def _merge(groups: list[_Group], rounds: list[RolloutResult]) -> tuple[list[Prom
             traces += g.traces
             prompts.append(g.prompt)
         shards.append(_engine_shard(traces, [r.shards[e] for r in rounds]))
-    return prompts, RolloutResult(shards)
+    return prompts, RolloutResult(shards, rounds[0].plugin)
 
 
 def _engine_shard(traces: list[Trace], parts: list[Shard]) -> Shard:

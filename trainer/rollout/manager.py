@@ -6,9 +6,11 @@ gathered global batch with its statistics.
     result.gens, result.rewards, result.stats()
 
 Each generating rank scores its own samples (the grader runs where the samples are), then all
-ranks receive every shard in engine order. With a generate plug-in
-(``--custom-generate-function-path``, ``rollout/samples/generate.py``) the plug-in decides the requests
-and returns traces of several calls; without one every sample is a one-call trace.
+ranks receive every shard in engine order. A generate plug-in (``rollout/samples/generate.py``)
+decides the requests and returns the traces: the default one samples each prompt ``n`` times,
+one call each (``samples/single_turn.py``); its siblings are a user's
+(``--custom-generate-function-path``) and multi-turn episodes (``--env-path``). The manager
+knows none of them: a plug-in's own metrics come from its ``metrics(traces)``.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import time
 
 from .engines.interface import Engines, Generation, RolloutConfig, RolloutError
 from .engines.sharding import Placement, gather_shards, shard_bounds
-from .multiturn.stats import episode_stats
 from .samples.data import Prompt
-from .samples.generate import GenerateContext, run_plugin
+from .samples.generate import GenerateContext, rollout_metrics, run_plugin
+from .samples.kv_stats import compression_stats
 from .samples.rewards import RewardConfig, RewardInput, RewardModel
-from .samples.traces import Trace, sample_traces
+from .samples.traces import Trace
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class Shard:
 @dataclasses.dataclass
 class RolloutResult:
     shards: list[Shard]
+    plugin: object = None  # the generate plug-in that made it (its metrics(traces))
 
     @property
     def traces(self) -> list[Trace]:
@@ -83,7 +86,7 @@ class RolloutResult:
                **engine_stats(self.shards)}
         if any(s.plugin_stats for s in self.shards):
             out.update(plugin_stats(self.shards, self.traces))
-        return {**out, **episode_stats(self.traces)}  # multi-turn rollouts (--env-path)
+        return {**out, **rollout_metrics(self.plugin, self.traces)}
 
 
 def _row(index: int, engine: int, trace_id: int, prompt: Prompt, trace: Trace, call) -> dict:
@@ -136,25 +139,6 @@ def tail_stats(gens: list[Generation]) -> dict:
     return {"rollout_tail_fraction": (lat[-1] - p90) / lat[-1]}
 
 
-def compression_stats(gens: list[Generation]) -> dict:
-    comp = [g.meta["compression"] for g in gens if g.meta.get("compression")]
-    if not comp:
-        return {}
-    mean = lambda key: sum(c.get(key, 0) for c in comp) / len(comp)  # noqa: E731
-    return {"kv_compressions_per_sample": mean("num_compressions"),
-            "kv_tokens_evicted_per_sample": mean("tokens_evicted"),
-            "kv_peak_slots_per_sample": mean("peak_kv_slots"),
-            "kv_peak_slots_max": float(max(c.get("peak_kv_slots", 0) for c in comp)),
-            **replay_stats(gens)}
-
-
-def replay_stats(gens: list[Generation]) -> dict:
-    """Eviction replay: the fraction of records the engine could not make exact (a sample
-    preempted after an eviction is recomputed densely; its replay is then approximate)."""
-    flags = [g.meta.get("eviction_record_exact") for g in gens if g.eviction_record is not None]
-    return {"eviction_records_inexact": sum(not f for f in flags) / len(flags)} if flags else {}
-
-
 def engine_stats(shards: list[Shard]) -> dict:
     """Per-engine sample counts and tokens/s, the slowest engine's reward time, pool peaks."""
     out = {"time_reward": max(s.reward_seconds for s in shards)}
@@ -184,7 +168,7 @@ class RolloutManager:
         self.place, self.engines = place, engines
         self.rewards = RewardModel(reward_cfg) if place.generates else None
         self.version: str | None = None  # the weight version the engine(s) must report
-        self.plugin, self.tokenizer = generate_plugin, tokenizer
+        self.plugin, self.tokenizer = generate_plugin, tokenizer  # None: the single-turn default
         self._context_length: int | None = None  # asked of the engine once, on first use
         self._decode_seen: dict = {}  # decode_counters() at the end of the last rollout
 
@@ -196,7 +180,7 @@ class RolloutManager:
         failed = [f"engine {i}: {s.error}" for i, s in enumerate(shards) if s.error]
         if failed:  # on every rank, so that none is left waiting in the next collective
             raise RolloutError("rollout failed on " + "; ".join(failed))
-        return RolloutResult(shards)
+        return RolloutResult(shards, self.plugin)
 
     def _guarded_shard(self, prompts: list[Prompt], n: int, cfg: RolloutConfig, mode: str
                        ) -> Shard:
@@ -235,13 +219,10 @@ class RolloutManager:
         return {k: float(v - before.get(k, 0)) for k, v in now.items()}
 
     def _generate(self, local: list[Prompt], n: int, cfg: RolloutConfig, mode: str):
-        if self.plugin is None:
-            gens = self.engines.generate([p.input_ids for p in local], n, cfg)
-            return sample_traces([p.input_ids for p in local], gens, n), {}
         ctx = GenerateContext(self.engines, cfg, self.tokenizer, self.rewards, mode=mode,
-                              context_length=self.context_length())
+                              context_length=self.context_length)
         traces = run_plugin(self.plugin, ctx, local, n)
-        return traces, {"truncated": ctx.truncated}
+        return traces, ctx.stats()
 
     def score(self, prompts: list[Prompt], traces: list[Trace]) -> None:
         """Fill in the rewards of traces the plug-in did not score itself."""

@@ -18,20 +18,42 @@ sample's later tokens see that cache, not the one it had before the interruption
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 
 from .engines.interface import Backend, Generation, RolloutConfig, SampleRequest
 from .samples.staleness import head_version, token_versions, version_number
 
 _SEED_STRIDE = 1_000_003  # a continuation's seed: away from every other sample's
+SUBMIT_THREADS = 1024  # single requests in flight at once (an episode's turn each)
 
 
 class ResumableBackend(Backend):
     def __init__(self, backend, gate, default_version: int = 0):
         self.backend, self.gate, self.default_version = backend, gate, default_version
+        self._single: concurrent.futures.ThreadPoolExecutor | None = None  # submit()'s threads
 
     def __getattr__(self, name):  # everything else (urls, fault_metrics, ...) is the backend's
         return getattr(self.backend, name)
+
+    @property
+    def has_sessions(self) -> bool:
+        return self.backend.has_sessions
+
+    def open_session(self) -> str:
+        return self.backend.open_session()
+
+    def close_session(self, session_id: str) -> None:
+        self.backend.close_session(session_id)
+
+    def submit(self, request: SampleRequest, cfg: RolloutConfig
+               ) -> "concurrent.futures.Future[Generation]":
+        """One request, resumed after a push as ``run`` resumes it, on a thread of its own (the
+        engine batches it with the others in flight)."""
+        if self._single is None:
+            self._single = concurrent.futures.ThreadPoolExecutor(
+                SUBMIT_THREADS, thread_name_prefix="resumable")
+        return self._single.submit(lambda: self.run([request], cfg)[0])
 
     def run(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
         with self.gate.engine_use():  # nothing is sent while a push is under way

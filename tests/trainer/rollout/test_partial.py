@@ -10,7 +10,7 @@ import torch
 
 from trainer.algorithms import correction_preset, compute_mis_weights
 from trainer.rollout.async_rollout import AsyncRollouts, WeightGate
-from trainer.rollout.engines.interface import Backend, Generation, RolloutConfig
+from trainer.rollout.engines.interface import Backend, Generation, RolloutConfig, sample_requests
 from trainer.rollout.partial import ResumableBackend, join
 from trainer.rollout.samples.staleness import check_bound, staleness, staleness_metrics, token_versions
 
@@ -132,3 +132,25 @@ def test_two_version_sample_ratios_by_hand():
     cfg = correction_preset("decoupled_token_is", upper_bound=10.0)
     mis = compute_mis_weights(old, behaviour, torch.ones(1, 4, dtype=torch.bool), cfg)
     assert torch.allclose(mis.weights, torch.tensor([[1.2, 1.0, 0.75, 1.25]]), atol=1e-6)
+
+
+def test_a_submitted_request_resumes_as_a_batched_one():
+    """``submit`` (an episode's turn) goes through the same resume: interrupted at the push, it
+    comes back whole, its later tokens from the new weights; sessions are the engine's."""
+    holder = {"pushing": threading.Event()}
+    inner = InterruptibleBackend(holder)
+    gate = WeightGate(0, 1, interrupt=holder["pushing"].set)
+    backend = ResumableBackend(inner, gate)
+    assert backend.has_sessions is inner.has_sessions is False
+    cfg = RolloutConfig(max_response_len=4, seed=5)
+    (request,) = sample_requests([[1, 2]], 1, cfg)
+    producer = AsyncRollouts(lambda r: [backend.submit(request, cfg).result()], gate,
+                             range(1)).start()
+    assert inner.in_flight.wait(30)
+    with gate.update(1):
+        inner.version = 1
+    (gen,) = producer.get(0)
+    producer.close()
+    # sample 0 of the first call is cut before its first token, then resumed whole
+    assert len(gen.response_ids) == 4 and token_versions(gen, 0) == [1, 1, 1, 1]
+    assert len(inner.calls) == 2 and inner.calls[1][0].input_ids == [1, 2]

@@ -55,6 +55,17 @@ class EngineRollout(Engines):
         self.engine.update_weights_from_tensor(**payload)
         return []
 
+    def submit(self, request: SampleRequest, cfg: RolloutConfig
+               ) -> "concurrent.futures.Future[Generation]":
+        """One request into the engine's queue: its scheduler adds it to the running batch."""
+        try:
+            (inner,) = self.engine.submit_generate(batch_body([request], cfg))
+        except RuntimeError as e:  # its thread died: nothing here can run it
+            raise RolloutError(f"{self.name}: {e}") from e
+        return _parsed(inner, cfg.eviction_record)
+
+    has_sessions = True
+
     def open_session(self) -> str:
         """A session whose requests continue each other's KV (multi-turn rollouts)."""
         return self.engine.open_session()
@@ -98,6 +109,20 @@ class EngineRollout(Engines):
 
     def close(self) -> None:
         self.engine.shutdown()
+
+
+def _parsed(inner: concurrent.futures.Future, want_record: bool) -> concurrent.futures.Future:
+    """A future of the engine's output dict, as a future of its ``Generation``."""
+    outer: concurrent.futures.Future = concurrent.futures.Future()
+
+    def done(f: concurrent.futures.Future) -> None:
+        try:
+            outer.set_result(parse_output(f.result(), want_record))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on it
+            outer.set_exception(e)
+
+    inner.add_done_callback(done)
+    return outer
 
 
 def _pool(info: dict | None) -> dict | None:

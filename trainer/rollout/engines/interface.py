@@ -11,6 +11,7 @@ version that produced it and the engine's compression statistics.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -125,7 +126,12 @@ def _per_sample_compress(requests: list[SampleRequest], cfg: RolloutConfig) -> d
 
 
 class Backend:
-    """What generation needs of an engine: ``run`` a list of sample requests, in order."""
+    """What generation needs of an engine: ``run`` a list of sample requests, in order;
+    ``submit`` one request that joins whatever the engine is running (episodes advance on their
+    own); sessions that keep a request's KV for the next one (``open_session``, a request whose
+    ``session_params`` name it continues it, ``close_session``)."""
+
+    has_sessions = False  # True: open_session / close_session work on every request's engine
 
     def run(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
         raise NotImplementedError
@@ -134,12 +140,34 @@ class Backend:
                  ) -> list[Generation]:
         return self.run(sample_requests(prompts, n, cfg, **overrides), cfg)
 
+    def submit(self, request: SampleRequest, cfg: RolloutConfig
+               ) -> "concurrent.futures.Future[Generation]":
+        """One request, answered through a future. An engine that batches requests in flight
+        overrides it (they then share its decode steps); here it runs at once, alone."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            future.set_result(self.run([request], cfg)[0])
+        except Exception as e:  # noqa: BLE001 - handed to whoever waits on it
+            future.set_exception(e)
+        return future
+
+    def open_session(self) -> str:
+        """A session id: requests naming it continue each other's KV on one engine."""
+        raise RolloutError(f"{type(self).__name__} has no sessions")
+
+    def close_session(self, session_id: str) -> None:
+        """Free what the session holds (an id the engine no longer knows holds nothing)."""
+        raise RolloutError(f"{type(self).__name__} has no sessions")
+
 
 class Engines(Backend):
     """This rank's rollout engines, whatever the topology. The defaults are what an engine that
     lacks the feature does (a server has no decode counters in this process, nothing to offload).
 
-    generate      ``run`` / ``generate`` (``Backend``)
+    generate      ``run`` / ``generate`` (a batch), ``submit`` (one request joins the running
+                  batch) (``Backend``)
+    sessions      ``has_sessions``, ``open_session()``, ``close_session(id)``: a request with
+                  ``session_params`` continues its session's KV on the engine that holds it
     weights       ``update_weights(path, payload, urls)``: SGLang's ``/update_weights_from_*``
                   request (in-process: ``/update_weights_from_tensor`` with the tensors
                   themselves); returns the URLs lost. ``weight_sync.WeightSync`` buckets and

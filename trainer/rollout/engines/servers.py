@@ -16,6 +16,10 @@ from .failover import AllEnginesDown, EngineSet, RestartHook
 from .interface import Engines, Generation, RolloutConfig, SampleRequest, batch_body, parse_output
 from .interface import reissue_failed
 from .lifecycle import healthy
+from .routing import Routes
+
+
+MAX_SUBMITTED = 1024  # single requests in flight at once (threads are started as needed)
 
 
 def _as_list(out, expected: int) -> list[dict]:
@@ -48,6 +52,10 @@ class HTTPRollout(Engines):
         self.engines = EngineSet([u.rstrip("/") for u in urls], on_engine_failure, restart_wait)
         self.timeout, self.health_timeout = timeout, health_timeout
         self.session = requests.Session()
+        # submit() keeps many single requests in flight: a kept connection for each
+        self.session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=MAX_SUBMITTED))
+        self.routes = Routes(self.engines.size)  # single requests: sticky by session id
+        self._submitted: concurrent.futures.ThreadPoolExecutor | None = None  # submit()'s pool
 
     @property
     def urls(self) -> list[str]:
@@ -75,8 +83,28 @@ class HTTPRollout(Engines):
         ``cfg.concurrency`` requests in flight per engine; a failed request is re-issued whole,
         and samples that an engine's step failure ended (HTTP 200, finish reason ``abort``
         with status 500) once more."""
-        return reissue_failed(lambda reqs: self._run_once(reqs, cfg), requests,
+        once = self._run_routed if any(r.session_params for r in requests) else self._run_once
+        return reissue_failed(lambda reqs: once(reqs, cfg), requests,
                               f"rollout server(s) {', '.join(self.engines.urls)}")
+
+    def _run_routed(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
+        """Session requests, each on its session's server (``submit``)."""
+        return [f.result() for f in [self.submit(r, cfg) for r in requests]]
+
+    def submit(self, request: SampleRequest, cfg: RolloutConfig
+               ) -> "concurrent.futures.Future[Generation]":
+        """One request on its own ``/generate`` (the server batches it with those in flight):
+        a session's on the server that holds it, others round-robin; failover as ``run``."""
+        if self._submitted is None:  # as many samples in flight as run() would send at once
+            per_server = cfg.concurrency * max(1, cfg.samples_per_request)
+            self._submitted = concurrent.futures.ThreadPoolExecutor(
+                min(MAX_SUBMITTED, per_server * self.engines.size), thread_name_prefix="http-submit")
+        slot = self.routes.for_request(request.session_params)
+        return self._submitted.submit(self._one, slot, request, cfg)
+
+    def _one(self, slot: int, request: SampleRequest, cfg: RolloutConfig) -> Generation:
+        out = self._request(slot, batch_body([request], cfg), cfg.retries, threading.Event())
+        return parse_output(_as_list(out, 1)[0], cfg.eviction_record)
 
     def _run_once(self, requests: list[SampleRequest], cfg: RolloutConfig) -> list[Generation]:
         chunks = self._chunks(len(requests), max(1, cfg.samples_per_request))
@@ -142,17 +170,20 @@ class HTTPRollout(Engines):
             raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text[:500]}")
         return r.json() if r.content else {}  # /abort_request answers an empty 200, as SGLang
 
-    @property
-    def has_sessions(self) -> bool:
-        """Multi-turn sessions need every turn on one server: only with one server (several
-        would round-robin a session's turns; the episodes then re-prefill)."""
-        return self.engines.size == 1
+    has_sessions = True  # on any number of servers: a session's requests go where it was opened
 
     def open_session(self) -> str:
-        return self.post(self.engines.urls[0] + "/open_session", {"capacity_of_str_len": 0})
+        """A session on the next server in turn; its requests all go there (``routes``)."""
+        slot = self.routes.next_slot()
+        session_id = self.post(self.engines.urls[slot] + "/open_session", {"capacity_of_str_len": 0})
+        self.routes.open(session_id, slot)
+        return session_id
 
     def close_session(self, session_id: str) -> None:
-        self.post(self.engines.urls[0] + "/close_session", {"session_id": session_id})
+        slot = self.routes.close(session_id)
+        if slot is None:
+            raise ValueError(f"session {session_id!r} is not open on any rollout server")
+        self.post(self.engines.urls[slot] + "/close_session", {"session_id": session_id})
 
     def post(self, url: str, payload: dict, retries: int = 1) -> dict:
         """One control request to one server, retried there (no failover: it is about that one)."""
@@ -217,6 +248,10 @@ class HTTPRollout(Engines):
 
     def abort_all(self) -> None:
         self.call("/abort_request", {"abort_all": True})
+
+    def close(self) -> None:
+        if self._submitted is not None:
+            self._submitted.shutdown(wait=False, cancel_futures=True)
 
     def call(self, path: str, payload: dict | None = None, urls: list[str] | None = None
              ) -> list[dict]:

@@ -20,7 +20,7 @@ import inspect
 from typing import Callable
 
 from ..samples.data import Prompt
-from ..samples.plugins import load_dotted
+from ..samples.plugins import build_plugin, load_dotted
 from .parser import ToolCall, qwen25
 from .tools import ToolError, run_tool
 
@@ -99,16 +99,9 @@ def load_environment(path: str, options: dict, parser=None):
     """The environment's ``step`` callable: a function, or a class built with ``options`` (and
     the ``--tool-parser`` when its constructor takes ``parser``)."""
     obj = load_dotted(path, FLAG)
+    env = build_plugin(obj, f"{FLAG} {path!r}", options, "--env-args", parser=parser)
     if not inspect.isclass(obj):
-        if options:
-            raise ValueError(f"{FLAG} {path!r} is a function; --env-args need a class")
-        return obj
-    if parser is not None and "parser" in inspect.signature(obj).parameters:
-        options = {**options, "parser": parser}
-    try:
-        env = obj(**options)
-    except TypeError as e:
-        raise ValueError(f"{FLAG} {path!r}: bad --env-args: {e}") from None
+        return env
     if not callable(getattr(env, "step", None)):
         raise ValueError(f"{FLAG} {path!r}: the class has no step(conversation) method")
     _check_reward(obj, path)

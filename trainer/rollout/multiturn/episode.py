@@ -8,6 +8,7 @@ import dataclasses
 
 from ..engines.interface import Generation
 from ..samples.data import Prompt
+from ..samples.kv_stats import combined
 from ..samples.traces import Call, Trace
 from .environment import Conversation, Step
 
@@ -29,6 +30,9 @@ class Episode:
     done: bool = False
     finish_reason: str = "stop"
     session: object = None  # the engine session holding this episode's KV (sessions only)
+    # perf_counter() when each turn was submitted and came back; the environment's seconds
+    spans: list[list[float]] = dataclasses.field(default_factory=list)
+    env_seconds: float = 0.0
 
     @property
     def context_ids(self) -> list[int]:
@@ -75,7 +79,8 @@ class Episode:
         return {"turns": len(self.turns), "tool_calls": self.tool_calls,
                 "tool_errors": self.tool_errors, "model_tokens": model,
                 "observation_tokens": len(self.ids) - model,
-                "prompt_tokens": len(self.prompt.input_ids)}
+                "prompt_tokens": len(self.prompt.input_ids), "env_seconds": self.env_seconds,
+                "turn_spans": [list(s) for s in self.spans]}
 
     def _meta(self) -> dict:
         last = self.gens[-1].meta
@@ -86,10 +91,7 @@ class Episode:
         meta["cached_tokens_per_turn"] = [g.meta.get("cached_tokens", 0) for g in self.gens]
         comps = [g.meta["compression"] for g in self.gens if g.meta.get("compression")]
         if comps:
-            meta["compression"] = {
-                "num_compressions": sum(c.get("num_compressions", 0) for c in comps),
-                "tokens_evicted": sum(c.get("tokens_evicted", 0) for c in comps),
-                "peak_kv_slots": max(c.get("peak_kv_slots", 0) for c in comps)}
+            meta["compression"] = combined(comps)  # the episode is one sample
         return meta
 
     def _eviction_record(self):

@@ -1,26 +1,29 @@
-"""The multi-turn flags (``--env-path`` and its companions), read into ``MultiTurnConfig``."""
+"""The multi-turn flags (``--env-path`` and its companions), read into ``MultiTurnConfig``.
+Each default is declared once: the plug-in's (``loop.MultiTurn``) or the config's, and the
+flags read them from there."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 
+from .loop import MultiTurn
+
 
 @dataclasses.dataclass
 class MultiTurnConfig:
     env_path: str  # 'pkg.module:ClassOrFunction'
     env_args: list[str] | None = None  # key=value options of an environment class
-    max_turns: int = 4
+    max_turns: int = MultiTurn.max_turns
     tool_parser: str = "qwen25"
-    max_tokens_per_turn: int | None = None
-    observation_role: str = "user"
-    sessions: bool = True
+    max_tokens_per_turn: int | None = MultiTurn.turn_tokens
+    observation_role: str = MultiTurn.observation_role
+    sessions: bool = MultiTurn.use_sessions
 
     def plugin(self):
         """The generate plug-in that runs the episodes (``loop.MultiTurn``)."""
         from ..samples.generate import parse_options
         from .environment import load_environment
-        from .loop import MultiTurn
         from .parser import load_parser
 
         options = parse_options(self.env_args)
@@ -37,6 +40,7 @@ def multiturn_config_from_args(args: argparse.Namespace) -> MultiTurnConfig | No
 
 
 def add_multiturn_args(p: argparse.ArgumentParser) -> None:
+    d = MultiTurnConfig  # the defaults
     g = p.add_argument_group("rollout: multi-turn (tool use)")
     g.add_argument("--env-path", default=None,
                    help="multi-turn rollouts: the environment 'pkg.module:ClassOrFunction' that "
@@ -44,17 +48,18 @@ def add_multiturn_args(p: argparse.ArgumentParser) -> None:
                         "reward (docs/environments.md; example: recipes.tool_use:ArithToolEnv)")
     g.add_argument("--env-args", nargs="*", default=None, metavar="KEY=VALUE",
                    help="options of an environment class (values parsed as JSON when they parse)")
-    g.add_argument("--max-turns", type=int, default=4, help="model turns per sample (default: 4)")
-    g.add_argument("--tool-parser", default="qwen25",
+    g.add_argument("--max-turns", type=int, default=d.max_turns,
+                   help=f"model turns per sample (default: {d.max_turns})")
+    g.add_argument("--tool-parser", default=d.tool_parser,
                    help="how tool calls are read from a turn: qwen25 (<tool_call>{json}</tool_call>, "
                         "default) or 'pkg.module:func' (text -> list of ToolCall)")
-    g.add_argument("--max-tokens-per-turn", type=int, default=None,
+    g.add_argument("--max-tokens-per-turn", type=int, default=d.max_tokens_per_turn,
                    help="new tokens per model turn (default: what --rollout-max-response-len, "
                         "which counts model and observation tokens together, has left)")
-    g.add_argument("--observation-role", default="user",
+    g.add_argument("--observation-role", default=d.observation_role,
                    help="chat role of observations in the template (default: user, with the "
                         "environment's <tool_response> tags: Qwen2.5's rendering of tool output)")
-    g.add_argument("--engine-sessions", action=argparse.BooleanOptionalAction, default=True,
+    g.add_argument("--engine-sessions", action=argparse.BooleanOptionalAction, default=d.sessions,
                    help="continue each sample's KV across turns when the engines offer sessions "
                         "(default); --no-engine-sessions re-prefills the whole context every turn")
 

@@ -1,12 +1,14 @@
 """The multi-turn rollout (``--env-path``): model turns and environment observations alternate
-in one context per sample, up to ``--max-turns`` model turns.
+in one context per sample, up to ``--max-turns`` model turns. ``MultiTurn`` is a generate
+plug-in, the sibling of the default single-turn one (``samples/single_turn.py``).
 
-Every turn is one engine call for all live samples of the shard (a batch); after it the
-environment answers each sample. A sample whose episode ends (the environment says done, no
-observation, the turn limit, or the response budget ``--rollout-max-response-len`` spent on
-model and observation tokens together) leaves the batch at once and its engine session is
-closed, freeing its KV. The finished sample is one trace: the prompt, then everything after it
-as the response, with a loss mask that keeps observations out of the loss.
+Every episode advances on its own (``runner.py``): when its turn comes back the environment
+answers it at once, concurrently with the others, and its next turn joins the engine's running
+batch. An episode ends when the environment says done (no observation), at the turn limit, or
+when the response budget ``--rollout-max-response-len`` (model and observation tokens together)
+is spent; its engine session is closed then, freeing its KV. The finished sample is one trace:
+the prompt, then everything after it as the response, with a loss mask that keeps observations
+out of the loss.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ from typing import Callable
 
 from ..samples.data import Prompt
 from ..samples.generate import GenerateContext
+from ..samples.plugin_base import GeneratePlugin
 from ..samples.traces import Trace
 from .chat import ObservationFormat, observation_format
 from .environment import Step
 from .episode import Episode
-from .turns import Reprefill
+from .runner import EpisodeRunner
+from .stats import episode_stats
+from .turns import turns_for
 
 
 @dataclasses.dataclass
-class MultiTurn:
+class MultiTurn(GeneratePlugin):
     """A generate plug-in (``samples/generate.py``) built from the multi-turn flags."""
 
     step: Callable  # the environment: step(Conversation) -> Step
@@ -35,40 +40,26 @@ class MultiTurn:
 
     def __call__(self, ctx: GenerateContext, prompts: list[Prompt], n: int) -> list[Trace]:
         fmt = observation_format(ctx.tokenizer, self.observation_role)
-        turns = self._turns(ctx)
+        turns = turns_for(ctx, self.use_sessions)
         episodes = [Episode(p, i, k) for i, p in enumerate(prompts) for k in range(n)]
+        runner = EpisodeRunner(ctx, turns, self.step, lambda e: self._budget(ctx, e),
+                               lambda e, step: self._answer(ctx, fmt, e, step))
         try:
-            self._run(ctx, fmt, turns, episodes)
+            turns.prepare(episodes)
+            runner.run(episodes)
         finally:
-            turns.close(episodes)  # whatever is still open (an error mid-rollout)
+            turns.finish(episodes)  # whatever is still open (an error mid-rollout) closed
         return [e.trace(ctx.decode(e.ids)) for e in episodes]
 
-    def _run(self, ctx: GenerateContext, fmt: ObservationFormat, turns, episodes: list[Episode]):
-        live = episodes
-        for turn in range(self.max_turns):
-            gens = turns.generate(live, [self._budget(ctx, e) for e in live])
-            for e, g in zip(live, gens):
-                e.add_turn(g)
-                self._answer(ctx, fmt, e, last=turn == self.max_turns - 1)
-            turns.close([e for e in live if e.done])  # their KV is free before the next turn
-            live = [e for e in live if not e.done]
-            if not live:
-                return
+    def metrics(self, traces: list[Trace]) -> dict:
+        """The rollout's episode metrics (turns, tool calls and errors, observation share)."""
+        return episode_stats(traces)
 
-    def _turns(self, ctx: GenerateContext):
-        if self.use_sessions:
-            from .sessions import sessions_for
-
-            found = sessions_for(ctx)
-            if found is not None:
-                return found
-        return Reprefill(ctx)
-
-    def _answer(self, ctx: GenerateContext, fmt: ObservationFormat, e: Episode, last: bool) -> None:
+    def _answer(self, ctx: GenerateContext, fmt: ObservationFormat, e: Episode, step: Step) -> None:
         """The environment's answer to ``e``'s latest turn: its observation appended, or the
         episode finished (also when the turn limit is reached: the environment's reward if it
         ended the episode, else the run's reward on the last turn)."""
-        step = self.step(e.conversation())
+        last = len(e.turns) >= self.max_turns
         if not isinstance(step, Step):
             raise TypeError(f"--env-path: step() must return a Step, got {type(step).__name__}")
         e.count(step)

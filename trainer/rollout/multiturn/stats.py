@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def episode_stats(traces) -> dict:
     """``rollout/turns_per_sample``, tool calls and errors per sample, the share of calls that
-    failed, observation tokens per sample, and the share of the context (prompt, turns and
+    failed, the environment's seconds (tools included) per sample, observation tokens per sample, and the share of the context (prompt, turns and
     observations) that the model wrote. Empty when no trace is an episode."""
     eps = [t.meta for t in traces if "turns" in t.meta]
     if not eps:
@@ -16,5 +16,6 @@ def episode_stats(traces) -> dict:
             "rollout/tool_calls_per_sample": total("tool_calls") / len(eps),
             "rollout/tool_errors_per_sample": total("tool_errors") / len(eps),
             "rollout/tool_error_fraction": total("tool_errors") / max(total("tool_calls"), 1.0),
+            "rollout/env_s_per_sample": total("env_seconds") / len(eps),
             "rollout/observation_tokens_per_sample": total("observation_tokens") / len(eps),
             "rollout/model_token_share": total("model_tokens") / max(context, 1.0)}

@@ -13,13 +13,16 @@ between rollouts (a replay buffer). ``ctx.mode`` is ``"train"`` or ``"eval"``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
-import inspect
 import json
+from typing import Callable
 
 from ..engines.interface import Generation, RolloutConfig, SampleRequest
 from .data import Prompt
-from .plugins import load_dotted
+from .plugin_base import GeneratePlugin
+from .plugins import load_plugin
+from .single_turn import SingleTurn
 from .rewards import RewardInput
 from .traces import Call, Trace
 
@@ -39,11 +42,24 @@ class GenerateContext:
     """What a plug-in may use on this rank: its engine(s), the tokenizer, the reward model."""
 
     def __init__(self, backend, cfg: RolloutConfig, tokenizer, rewards, *, mode: str = "train",
-                 context_length: int | None = None):
+                 context_length: "int | None | Callable[[], int | None]" = None):
         self.backend, self.cfg, self.tokenizer, self.rewards = backend, cfg, tokenizer, rewards
-        self.mode, self.context_length = mode, context_length
+        self.mode, self._context_length = mode, context_length
         self.waves = 0
+        self.sent = 0  # requests made through this context (generate, submit)
         self.truncated = 0  # requests shortened to fit the context (APR's over-length children)
+
+    @property
+    def context_length(self) -> int | None:
+        """Tokens a request may span; asked of the engine on first use when given as a
+        callable (the default plug-in never asks)."""
+        if callable(self._context_length):
+            self._context_length = self._context_length()
+        return self._context_length
+
+    def stats(self) -> dict:
+        """What the manager reports of a plug-in's requests (none made here: nothing)."""
+        return {"truncated": self.truncated} if self.sent else {}
 
     # --- the engine --------------------------------------------------------------------------
     def generate(self, requests: list[Request]) -> list[Generation]:
@@ -55,7 +71,28 @@ class GenerateContext:
             gen.meta["truncated"] = truncated
             gen.meta["input_ids"] = r.input_ids  # what was really sent
         self.waves += 1
+        self.sent += len(requests)
         return gens
+
+    def submit(self, request: Request, turn: int, sample: int
+               ) -> "concurrent.futures.Future[Generation]":
+        """One request that joins whatever the engine is running (an episode's turn), seeded by
+        ``turn`` and ``sample`` (not by when it was sent: the same sample in any order)."""
+        r, truncated = self.fit(request)
+        sent = self._sample_request(r, self._turn_seed(turn, sample))
+        self.sent += 1
+        return _annotated(self.backend.submit(sent, self.cfg), r, truncated)
+
+    def _turn_seed(self, turn: int, sample: int) -> int | None:
+        if self.cfg.seed is None:
+            return None
+        return (self.cfg.seed + turn * _WAVE_STRIDE) % 2**31 + sample
+
+    def _sample_request(self, r: Request, seed: int | None) -> SampleRequest:
+        out = SampleRequest.of(r.input_ids, self.cfg, seed, max_new_tokens=r.max_new_tokens,
+                               **({"stop": list(r.stop)} if r.stop else {}))
+        out.session_params = r.session
+        return out
 
     def _sample_requests(self, requests: list[Request]) -> list[SampleRequest]:
         """Each request with its own budget and stops; requests that share them form a group,
@@ -65,11 +102,8 @@ class GenerateContext:
         rank = dict.fromkeys(group, 0)
         out = []
         for r, key in zip(requests, keys):
-            seed = self._seed(group[key], rank[key])
+            out.append(self._sample_request(r, self._seed(group[key], rank[key])))
             rank[key] += 1
-            out.append(SampleRequest.of(r.input_ids, self.cfg, seed, max_new_tokens=r.max_new_tokens,
-                                        **({"stop": list(r.stop)} if r.stop else {})))
-            out[-1].session_params = r.session
         return out
 
     def _seed(self, group: int, rank: int) -> int | None:
@@ -115,6 +149,24 @@ class GenerateContext:
         return self.rewards.score(items) if items else []
 
 
+def _annotated(future: concurrent.futures.Future, r: Request, truncated: bool
+               ) -> concurrent.futures.Future:
+    """``future``'s generation, marked with what was really sent (as ``generate`` marks it)."""
+    outer: concurrent.futures.Future = concurrent.futures.Future()
+
+    def done(f: concurrent.futures.Future) -> None:
+        try:
+            gen = f.result()
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on it
+            outer.set_exception(e)
+            return
+        gen.meta["truncated"], gen.meta["input_ids"] = truncated, r.input_ids
+        outer.set_result(gen)
+
+    future.add_done_callback(done)
+    return outer
+
+
 # --- loading ---------------------------------------------------------------------------------
 def parse_options(pairs: list[str] | None) -> dict:
     """``key=value`` strings -> dict; values read as JSON when they parse (numbers, booleans)."""
@@ -132,15 +184,12 @@ def parse_options(pairs: list[str] | None) -> dict:
 
 def load_generate_plugin(path: str, options: dict):
     """The plug-in callable: a function (options must be empty) or a class built with them."""
-    obj = load_dotted(path, FLAG)
-    if inspect.isclass(obj):
-        try:
-            return obj(**options)
-        except TypeError as e:
-            raise ValueError(f"{FLAG} {path!r}: bad --custom-generate-args: {e}") from None
-    if options:
-        raise ValueError(f"{FLAG} {path!r} is a function; --custom-generate-args need a class")
-    return obj
+    return load_plugin(path, FLAG, options, "--custom-generate-args")
+
+
+def rollout_metrics(plugin, traces: list[Trace]) -> dict:
+    """``plugin``'s own metrics of ``traces`` (a user's plug-in has none)."""
+    return plugin.metrics(traces) if isinstance(plugin, GeneratePlugin) else {}
 
 
 def needs_reference(plugin) -> bool:
@@ -149,7 +198,8 @@ def needs_reference(plugin) -> bool:
 
 
 def run_plugin(plugin, ctx: GenerateContext, prompts: list[Prompt], n: int) -> list[Trace]:
-    traces = plugin(ctx, prompts, n)
+    """``plugin``'s traces (None: the default, ``single_turn.SingleTurn``), checked."""
+    traces = (SingleTurn() if plugin is None else plugin)(ctx, prompts, n)
     if not isinstance(traces, list) or not all(isinstance(t, Trace) for t in traces):
         raise TypeError(f"{FLAG}: the plug-in must return a list of Trace, got {type(traces).__name__}")
     return traces

@@ -1,11 +1,14 @@
 """Loading user functions named on the command line (``--custom-rm-path``,
-``--custom-generate-function-path``): ``pkg.module:func``, ``pkg.module.func`` or
-``path/to/file.py:func``. Errors name the flag, so a bad path fails at start-up."""
+``--custom-generate-function-path``, ``--env-path``, ``--tool-parser``, the dynamic-sampling
+filter): ``pkg.module:func``, ``pkg.module.func`` or ``path/to/file.py:func``. ``load_plugin``
+also builds a class with its ``key=value`` options. Errors name the flag, so a bad path fails
+at start-up."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -26,6 +29,26 @@ def load_dotted(path: str, flag: str) -> Callable:
     if not callable(obj):
         raise ValueError(f"{where}: {attr!r} is not callable")
     return obj
+
+
+def load_plugin(path: str, flag: str, options: dict, options_flag: str, **offered) -> Any:
+    """What ``path`` names: a function as it is (``options`` must be empty), or a class built
+    with ``options`` and each of ``offered`` (not None) that its constructor takes."""
+    return build_plugin(load_dotted(path, flag), f"{flag} {path!r}", options, options_flag,
+                        **offered)
+
+
+def build_plugin(obj: Callable, where: str, options: dict, options_flag: str, **offered) -> Any:
+    if not inspect.isclass(obj):
+        if options:
+            raise ValueError(f"{where} is a function; {options_flag} need a class")
+        return obj
+    params = inspect.signature(obj).parameters
+    taken = {k: v for k, v in offered.items() if v is not None and k in params}
+    try:
+        return obj(**options, **taken)
+    except TypeError as e:
+        raise ValueError(f"{where}: bad {options_flag}: {e}") from None
 
 
 def _split(path: str, where: str) -> tuple[str, str]:

@@ -109,32 +109,39 @@ def early_env(conversation) -> Step:
 
 
 def test_a_finished_episode_frees_its_session_at_once(model_dir):
+    """Sample 0's session is closed when its episode ends, while the others' are still open
+    (they go on to a third turn)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompt = Prompt("q", tok("add 3 4", add_special_tokens=False)["input_ids"], "7", {})
     with Engine(model_path=str(model_dir), device="cpu") as eng:
         backend = EngineRollout(eng)
-        seen, run = [], backend.run
+        closes, close = [], backend.close_session
 
-        def counted(requests, cfg):  # the engine's sessions when each turn is sent
-            seen.append((len(requests), eng.get_server_info()["sessions"]["open"]))
-            return run(requests, cfg)
+        def counted(session_id):  # which session, and how many were open when it closed
+            closes.append((session_id, eng.get_server_info()["sessions"]["open"]))
+            close(session_id)
 
-        backend.run = counted
+        backend.close_session = counted
+        opens, open_session = [], backend.open_session
+        backend.open_session = lambda: opens.append(open_session()) or opens[-1]  # in sample order
         ctx = GenerateContext(backend, RolloutConfig(max_response_len=96, seed=3), tok, None,
                               context_length=eng.max_seq_len)
         traces = MultiTurn(early_env, max_turns=3, turn_tokens=6)(ctx, [prompt], 3)
         after = eng.get_server_info()["sessions"]
     assert [t.meta["turns"] for t in traces] == [1, 3, 3]
-    assert seen == [(3, 3), (2, 2), (2, 2)]  # sample 0's session closed before turn 2
+    assert len(closes) == 3 and closes[0] == (opens[0], 3)  # sample 0's first, all 3 open
     assert after["open"] == 0 and after["parked_slots"] == 0
 
 
 @pytest.mark.launch
-def test_one_http_server_runs_the_same_sessions(model_dir, wait_healthy):
-    """Through ``/open_session`` and ``/generate`` with ``session_params``: the episodes the
-    in-process engine samples, token for token."""
+@pytest.mark.parametrize("servers", [1, 2])
+def test_http_servers_run_the_same_sessions(model_dir, wait_healthy, servers):
+    """Through ``/open_session`` and ``/generate`` with ``session_params``, on one server or
+    two: the episodes the in-process engine samples, token for token, and with two every
+    episode's turns stay on the server that holds its session, so a later turn prefills only its
+    observation (the history comes from the session)."""
     import subprocess
     import sys
 
@@ -144,26 +151,31 @@ def test_one_http_server_runs_the_same_sessions(model_dir, wait_healthy):
     from checkpoint_tools import cpu_megatron
     from trainer.rollout.engines.servers import HTTPRollout
 
-    port = cpu_megatron.free_port()
-    server = subprocess.Popen([sys.executable, "-m", "sglang_kvc.launch_server", "--model-path",
+    ports = [cpu_megatron.free_port() for _ in range(servers)]
+    procs = [subprocess.Popen([sys.executable, "-m", "sglang_kvc.launch_server", "--model-path",
                                str(model_dir), "--port", str(port), "--device", "cpu"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for port in ports]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
     try:
-        wait_healthy(url, server)
+        for url, proc in zip(urls, procs):
+            wait_healthy(url, proc)
         tok = AutoTokenizer.from_pretrained(model_dir)
         text = tok.apply_chat_template([{"role": "user", "content": "add 3 4"}], tokenize=False,
                                        add_generation_prompt=True)
         prompt = Prompt(text, tok(text, add_special_tokens=False)["input_ids"], "7", {})
-        ctx = GenerateContext(HTTPRollout([url]), RolloutConfig(max_response_len=96, seed=3), tok,
+        ctx = GenerateContext(HTTPRollout(urls), RolloutConfig(max_response_len=96, seed=3), tok,
                               None, context_length=1024)
         http = MultiTurn(echo_env, max_turns=3, turn_tokens=10)(ctx, [prompt], 3)
-        info = requests.get(url + "/get_server_info", timeout=10).json()
+        infos = [requests.get(url + "/get_server_info", timeout=10).json() for url in urls]
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=60)
     local = _episodes(model_dir)
-    assert info["sessions"]["open"] == 0
+    assert all(info["sessions"]["open"] == 0 for info in infos)
     for h, k in zip(http, local):
         assert h.calls[0].gen.response_ids == k.calls[0].gen.response_ids
-        assert h.calls[0].gen.meta["session_context_len"] == k.calls[0].gen.meta["session_context_len"]
+        meta = h.calls[0].gen.meta
+        assert meta["session_context_len"] == k.calls[0].gen.meta["session_context_len"]
+        context, observation = meta["session_context_len"], _runs(h.calls[0].loss_mask)[-2]
+        assert meta["cached_tokens_per_turn"][-1] >= context - observation - 1

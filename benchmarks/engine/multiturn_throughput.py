@@ -1,0 +1,284 @@
+"""Multi-turn episodes against single-turn sampling at the same samples and lengths, on one
+in-process engine (``trainer/rollout/multiturn``: every episode advances on its own, its tool
+runs at once and its next turn joins the running batch).
+
+Each sample has a plan of ``--turns`` turn lengths (``--turn-tokens`` on average, from half to
+one and a half of it, seeded; ``ignore_eos``), so turns end at different steps as real ones do:
+
+    multi-turn    the episodes of ``MultiTurn``: after each turn a tool (the calculator, through
+                  the tool pool, plus ``--tool-ms`` of waiting) answers with an observation,
+                  the next turn continues the episode's engine session
+    single-turn   one request per sample for the plan's total, all in one batch
+
+Printed per mode: model tokens, wall seconds, tokens/s, decode steps, decode seconds (engine
+host + GPU wait), the engine thread's host seconds in decode, the seconds outside decode
+(prefill, scheduling, the episode loop) and the tools' seconds (summed over samples); then
+multi-turn's share of single-turn's tokens/s, and whether the per-turn barrier is gone: the
+first turn 2 started before the slowest turn 1 ended (per-turn timestamps).
+
+    python -m benchmarks.engine.multiturn_throughput --model-dir models/SmolLM2-135M-Instruct
+    python -m benchmarks.engine.multiturn_throughput --tiny       # CPU, the tiny test model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from trainer.rollout.engines.interface import Backend, RolloutConfig
+from trainer.rollout.multiturn.environment import Step
+from trainer.rollout.multiturn.loop import MultiTurn
+from trainer.rollout.multiturn.tools import calculator, run_tool
+from trainer.rollout.samples.data import Prompt
+from trainer.rollout.samples.generate import GenerateContext, Request
+
+OBS_SLACK = 48  # room per turn for an observation and the next turn's header
+
+
+class FixedLength(Backend):
+    """The engine, every request decoding exactly its ``max_new_tokens`` (``ignore_eos``)."""
+
+    def __init__(self, inner):
+        self.inner, self.has_sessions = inner, inner.has_sessions
+
+    def run(self, requests, cfg):
+        return self.inner.run([_fixed(r) for r in requests], cfg)
+
+    def submit(self, request, cfg):
+        return self.inner.submit(_fixed(request), cfg)
+
+    def open_session(self) -> str:
+        return self.inner.open_session()
+
+    def close_session(self, session_id: str) -> None:
+        self.inner.close_session(session_id)
+
+
+def _fixed(r):
+    r.sampling_params["ignore_eos"] = True
+    return r
+
+
+class CalculatorTool:
+    """Answers every turn but the last with the calculator's output (the tool pool, its time
+    limit) after ``tool_ms`` of waiting, as a tool call over the network would."""
+
+    def __init__(self, turns: int, tool_ms: float):
+        self.turns, self.tool_ms = turns, tool_ms
+
+    def step(self, conversation) -> Step:
+        k = len(conversation.turns)
+        if k >= self.turns:
+            return Step(done=True, reward=0.0)
+        out = run_tool(self._tool, {"expression": f"{k + 3} * 7 + {conversation.sample_index}"})
+        return Step(f"<tool_response>\n{out}\n</tool_response>", tool_calls=1)
+
+    def _tool(self, expression: str) -> str:
+        if self.tool_ms:
+            time.sleep(self.tool_ms / 1e3)
+        return calculator(expression)
+
+
+class PlannedTurns(MultiTurn):
+    """``MultiTurn`` whose turn ``t`` of sample (i, k) decodes ``plan[i * n + k][t]`` tokens."""
+
+    plan: list[list[int]] = []
+    n: int = 1
+
+    def _budget(self, ctx, e) -> int:
+        return min(self.plan[e.prompt_index * self.n + e.sample_index][len(e.turns)],
+                   self._room(ctx, e))
+
+
+def length_plan(samples: int, turns: int, mean: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[max(1, int(mean * (0.5 + rng.random()))) for _ in range(turns)]
+            for _ in range(samples)]
+
+
+def make_prompts(tokenizer, count: int) -> list[Prompt]:
+    out = []
+    for i in range(count):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Problem {i}: what is {i + 3} * 7 + {i % 5}? "
+                                         "Use the calculator tool."}],
+            tokenize=False, add_generation_prompt=True)
+        out.append(Prompt(text, tokenizer(text, add_special_tokens=False)["input_ids"], "", {}))
+    return out
+
+
+def _counters(rollout) -> dict:
+    return rollout.decode_counters()
+
+
+def _measured(rollout, run) -> tuple[list, dict]:
+    before = _counters(rollout)
+    begin = time.perf_counter()
+    traces = run()
+    wall = time.perf_counter() - begin
+    after = _counters(rollout)
+    delta = {k.split("/")[-1]: after[k] - before[k] for k in after}
+    decode = delta["decode_host_s"] + delta["decode_gpu_wait_s"]
+    return traces, {"wall_s": wall, "decode_steps": int(delta["decode_steps"]), "decode_s": decode,
+                    "decode_host_s": delta["decode_host_s"], "outside_decode_s": wall - decode,
+                    "start": begin}
+
+
+def single_turn(ctx, prompts, n, plan) -> tuple[list, dict]:
+    requests = [Request(p.input_ids, sum(plan[i * n + k])) for i, p in enumerate(prompts)
+                for k in range(n)]
+    gens = ctx.generate(requests)
+    return gens, {"model_tokens": sum(len(g.response_ids) for g in gens), "tool_s": 0.0}
+
+
+def multi_turn(ctx, prompts, n, plan, args) -> tuple[list, dict]:
+    plugin = PlannedTurns(CalculatorTool(args.turns, args.tool_ms).step, max_turns=args.turns)
+    plugin.plan, plugin.n = plan, n
+    traces = plugin(ctx, prompts, n)
+    metas = [t.meta for t in traces]
+    return traces, {"model_tokens": sum(m["model_tokens"] for m in metas),
+                    "tool_s": sum(m["env_seconds"] for m in metas),
+                    "turns_per_sample": sum(m["turns"] for m in metas) / len(metas),
+                    **barrier(metas)}
+
+
+def barrier(metas: list[dict]) -> dict:
+    """When the first turn 2 started and the slowest turn 1 ended (perf_counter seconds)."""
+    ends = [m["turn_spans"][0][1] for m in metas]
+    starts = [m["turn_spans"][1][0] for m in metas if len(m["turn_spans"]) > 1]
+    if not starts:
+        return {}
+    return {"first_turn2_start": min(starts), "slowest_turn1_end": max(ends),
+            "turn2_before_slowest_turn1": min(starts) < max(ends)}
+
+
+def run_mode(mode, rollout, tokenizer, prompts, args, plan) -> dict:
+    longest = max(sum(p) for p in plan)
+    cfg = RolloutConfig(max_response_len=longest + args.turns * OBS_SLACK, temperature=1.0,
+                        seed=args.seed)
+    ctx = GenerateContext(FixedLength(rollout), cfg, tokenizer, None,
+                          context_length=rollout.context_length())
+    run = (lambda: single_turn(ctx, prompts, args.samples, plan)) if mode == "single-turn" \
+        else (lambda: multi_turn(ctx, prompts, args.samples, plan, args))
+    (_, row), timing = _measured(rollout, run)
+    row.update(timing)
+    row["tokens_per_s"] = row["model_tokens"] / row["wall_s"]
+    for key in ("first_turn2_start", "slowest_turn1_end"):
+        if key in row:
+            row[key] -= timing["start"]
+    row.pop("start")
+    return {"mode": mode, **row}
+
+
+def start_engine(args, model_dir: str, samples: int, longest: int):
+    from sglang_kvc import Engine
+
+    from trainer.rollout.engines.inprocess import EngineRollout
+
+    cuda = args.device.startswith("cuda")
+    context = longest + 512
+    kw = dict(model_path=model_dir, device=args.device, dtype="bfloat16" if cuda else "float32",
+              context_length=context, max_running_requests=samples, random_seed=args.seed)
+    if cuda:
+        kw.update(max_total_tokens=samples * context + 4096, cuda_graph_max_bs=min(samples, 512),
+                  mem_fraction_static=0.5)
+    return EngineRollout(Engine(**kw))
+
+
+def tiny_model(folder: Path) -> str:
+    import torch
+
+    from checkpoint_tools.tiny_models import make_tiny_model
+
+    return str(make_tiny_model("qwen2.5", folder / "qwen", dtype=torch.float32))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-dir", default="models/SmolLM2-135M-Instruct")
+    p.add_argument("--tiny", action="store_true",
+                   help="the tiny test model on the CPU, 4 prompts x 4 samples, short turns")
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--samples", type=int, default=8, help="samples per prompt")
+    p.add_argument("--turns", type=int, default=2)
+    p.add_argument("--turn-tokens", type=int, default=64, help="mean tokens per turn")
+    p.add_argument("--tool-ms", type=float, default=0.0, help="each tool call's extra wait")
+    p.add_argument("--repeats", type=int, default=2, help="timed runs per mode (after a warm-up)")
+    p.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the rows here")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.prompts, args.samples, args.turn_tokens, args.repeats = 4, 4, 12, 1
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    return args
+
+
+def benchmark(args, model_dir: str) -> dict:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = make_prompts(tokenizer, args.prompts)
+    plan = length_plan(args.prompts * args.samples, args.turns, args.turn_tokens, args.seed)
+    rollout = start_engine(args, model_dir, args.prompts * args.samples,
+                           max(sum(p) for p in plan) + args.turns * OBS_SLACK)
+    try:
+        for mode in ("single-turn", "multi-turn"):  # warm-up: graphs captured, caches filled
+            run_mode(mode, rollout, tokenizer, prompts[:2], args, plan)
+        rows = [run_mode(mode, rollout, tokenizer, prompts, args, plan)
+                for _ in range(args.repeats) for mode in ("single-turn", "multi-turn")]
+    finally:
+        rollout.close()
+    return {"args": vars(args), "rows": rows, "summary": summary(rows)}
+
+
+def summary(rows: list[dict]) -> dict:
+    best = {m: max(r["tokens_per_s"] for r in rows if r["mode"] == m)
+            for m in ("single-turn", "multi-turn")}
+    multi = [r for r in rows if r["mode"] == "multi-turn"]
+    return {"multi_over_single_tokens_per_s": best["multi-turn"] / best["single-turn"],
+            "barrier_gone": all(r.get("turn2_before_slowest_turn1", False) for r in multi)}
+
+
+COLUMNS = ("mode", "model_tokens", "wall_s", "tokens_per_s", "decode_steps", "decode_s",
+           "decode_host_s", "outside_decode_s", "tool_s", "first_turn2_start", "slowest_turn1_end")
+
+
+def report(out: dict) -> None:
+    print(" ".join(f"{c:>17}" for c in COLUMNS))
+    for r in out["rows"]:
+        print(" ".join(f"{_cell(r.get(c)):>17}" for c in COLUMNS))
+    s = out["summary"]
+    print(f"multi-turn / single-turn tokens/s: {s['multi_over_single_tokens_per_s']:.2f}  "
+          f"(target on one H200 at 64 x 8: >= 0.50)")
+    print(f"barrier gone (a turn 2 started before the slowest turn 1 ended): {s['barrier_gone']}")
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = tiny_model(Path(tmp)) if args.tiny else args.model_dir
+        out = benchmark(args, model_dir)
+    report(out)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,12 +1,14 @@
 """Build a Megatron-core GPT model for an HF architecture and load a torch_dist checkpoint into it.
 
-The trainer's model provider builds on this (adding a fused attention module and the TE spec);
+The trainer's model provider builds on this: it decides the layers' modules (``LayerModules``:
+TE's spec, or its fused attention and norm) and this module builds them; the calls go one way;
 tests use it to check that converted checkpoints reproduce the HF model's logits at any TP/PP.
 Parallel state must be initialised first (``cpu_megatron.init_model_parallel``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -16,16 +18,48 @@ from .model_config import ModelArch, rope_inv_freq, transformer_config
 from .torch_dist import resolve_checkpoint_dir
 
 
-def layer_spec(arch: ModelArch):
-    """The local (no Transformer Engine) GPT layer spec for this architecture."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+@dataclasses.dataclass(frozen=True)
+class LayerModules:
+    """What a caller puts into the GPT layer spec (the trainer's model provider decides, this
+    module builds): Transformer Engine's spec, or the local one with its own modules."""
 
-    return get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm, normalization="RMSNorm")
+    transformer_engine: bool = False
+    core_attention: type | None = None  # the local spec's core attention, replaced
+    norm: type | None = None  # Megatron's torch RMSNorm, replaced (Apex's fused norm stays)
+
+
+def layer_spec(arch: ModelArch, modules: LayerModules = LayerModules()):
+    """The GPT layer spec for this architecture: local (no Transformer Engine) unless
+    ``modules`` asks for TE's, with ``modules``' attention and norm swapped in."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if modules.transformer_engine:
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            qk_layernorm=arch.qk_layernorm)
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm,
+                                                    normalization="RMSNorm")
+    layer, attention = spec.submodules, spec.submodules.self_attention.submodules
+    if modules.core_attention is not None:
+        attention.core_attention = modules.core_attention
+    if modules.norm is not None:
+        _swap_torch_norm((layer, "input_layernorm"), (layer, "pre_mlp_layernorm"),
+                         (attention, "q_layernorm"), (attention, "k_layernorm"), norm=modules.norm)
+    return spec
+
+
+def _swap_torch_norm(*slots: tuple, norm: type) -> None:
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    for owner, name in slots:
+        if getattr(owner, name) is WrappedTorchNorm:  # Apex's fused norm, if present, stays
+            setattr(owner, name, norm)
 
 
 def build_gpt_model(arch: ModelArch, *, dtype: torch.dtype | None = None,
-                    padded_vocab_size: int | None = None, spec=None, **config_overrides):
-    """A ``GPTModel`` for this rank's TP/PP slice, with RoPE frequencies identical to HF's."""
+                    padded_vocab_size: int | None = None, spec=None,
+                    modules: LayerModules = LayerModules(), **config_overrides):
+    """A ``GPTModel`` for this rank's TP/PP slice, with RoPE frequencies identical to HF's;
+    its layers ``spec``, else ``layer_spec(arch, modules)``."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
@@ -34,7 +68,7 @@ def build_gpt_model(arch: ModelArch, *, dtype: torch.dtype | None = None,
     config = transformer_config(arch, tp=tp, pp=pp, dtype=dtype, **config_overrides)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=spec or layer_spec(arch),
+        transformer_layer_spec=spec or layer_spec(arch, modules),
         vocab_size=padded_vocab_size or arch.padded_vocab_size(tp),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),

@@ -154,12 +154,42 @@ def test_train_imports_nothing_from_ray():
 
 
 def test_the_loop_gets_its_rollouts_from_the_assembly():
-    """``train.py``, its configuration and its command reach the engines only through
-    ``rollout/assembly.py``: nothing under ``rollout/engines/`` is imported by them."""
+    """``train.py``, its configuration and its command reach the engines only through the
+    rollout side: nothing under ``rollout/engines/`` is imported by them."""
     graph = _import_graph("trainer")
     for module in ("trainer.train", "trainer.run_config", "trainer.startup.cli"):
         engines = {m for m in graph[module] if m.startswith("trainer.rollout.engines")}
         assert not engines, f"{module} imports {sorted(engines)}"
+
+
+# the loop's two doors (docs/doors.md): train.py reaches each side through its door alone
+DOORS = {"trainer.rollout.side", "trainer.learner.learner"}
+MAX_LOOP_IMPORTS = 10
+
+
+def _behind_the_doors(names: set[str]) -> set[str]:
+    """The modules of ``names`` that sit behind a side's door (its internals)."""
+    return {n for n in names
+            if n.startswith(("trainer.rollout", "trainer.learner", "trainer.algorithms"))
+            and n not in DOORS}
+
+
+def test_train_reads_as_the_algorithm():
+    """``trainer/train.py`` imports at most 10 project modules, and of the rollout and learner
+    sides only their doors: the loop does no joining work of its own."""
+    names = {n for n in _imports(PACKAGES["trainer"] / "train.py", "trainer")
+             if n.split(".")[0] in PACKAGES}
+    assert len(names) <= MAX_LOOP_IMPORTS, sorted(names)
+    assert not _behind_the_doors(names), f"trainer/train.py imports {sorted(_behind_the_doors(names))}"
+    assert DOORS <= names  # the loop does go through both doors
+
+
+def test_door_check_sees_an_internal():
+    assert _behind_the_doors({"trainer.rollout.side", "trainer.learner.learner", "trainer.launch"}) == set()
+    assert _behind_the_doors({"trainer.learner.grpo_update", "trainer.rollout.learner_batch",
+                              "trainer.algorithms.adaptive_budget"}) == {
+        "trainer.learner.grpo_update", "trainer.rollout.learner_batch",
+        "trainer.algorithms.adaptive_budget"}
 
 
 @pytest.mark.parametrize("package", ["trainer", "sglang_kvc"])

@@ -1,10 +1,9 @@
 """One run's configuration, assembled from the flags: each package reads its own
 (``rollout/config.py``, ``learner/config.py``, ``algorithms/argparse_flags.py``, ``tracking/``,
 ``learner/checkpoint_policy.py``); this module puts them side by side and resolves what depends on
-more than one (resuming from ``--save``, the engine processes' URLs).
+more than one (resuming from ``--save``).
 
-    cfg = run_config_from_args(args)
-    launched, cfg = with_engine_processes(cfg)   # before the models: engine processes, if any
+    cfg = run_config_from_args(args)    # then trainer/train.py: rollout side, learner, loop
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from .algorithms.argparse_flags import AlgorithmConfig, config_from_args
 from .learner.checkpoint import is_trainer_checkpoint
 from .learner.checkpoint_policy import CheckpointPolicy, checkpoint_policy_from_args
 from .learner.config import LearnerConfig, learner_config_from_args
-from .rollout.assembly import Launched, launch_rollout
 from .rollout.config import RolloutSetup, rollout_setup_from_args
 from .tracking import TrackingConfig, tracking_config_from_args
 
@@ -68,15 +66,6 @@ def _resume_from_save(args: argparse.Namespace) -> argparse.Namespace:
         print(f"[startup] --save {args.save} holds a checkpoint of this run: resuming from it "
               f"(pass another --save to start over)", flush=True)
     return argparse.Namespace(**{**vars(args), "load": args.save})
-
-
-def with_engine_processes(cfg: RunConfig) -> tuple[Launched, RunConfig]:
-    """What this rank launches before its models (``rollout/assembly.py``: its engine
-    processes, or nothing) and ``cfg`` with the rollouts pointed at every engine's URL."""
-    launched, rollout = launch_rollout(cfg.rollout, engine_device())
-    return launched, dataclasses.replace(
-        cfg, rollout=rollout,
-        flags={**cfg.flags, "rollout_server_urls": rollout.engines.server_urls})
 
 
 def rank() -> int:

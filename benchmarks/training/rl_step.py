@@ -93,10 +93,10 @@ class Recorder:
         self.recompute, self.update = [], []
 
     def attach(self, run) -> None:
-        for trainer in (run.trainer, run.reference):
+        for trainer in (run.learner.policy, run.learner.reference):
             if trainer is not None:
                 trainer.compute_logprobs = self._wrap(trainer.compute_logprobs, "recompute")
-        run.trainer.train_step = self._wrap(run.trainer.train_step, "update")
+        run.learner.policy.train_step = self._wrap(run.learner.policy.train_step, "update")
 
     def _wrap(self, method, phase: str):
         def call(samples, *a, **kw):
@@ -245,7 +245,7 @@ def start_run(args, extra: list[str], work: Path):
     from trainer.arguments import parse_args as trainer_args
     from trainer.learner.attention import set_packed_attention
     from trainer.launch import init_parallel, parallel_config_from_args
-    from trainer.train import Run, run_config_from_args, with_engine_processes
+    from trainer.train import Run, run_config_from_args
 
     set_packed_attention(args.packed_attention)
     hf = Path(args.hf_checkpoint) if args.hf_checkpoint else build_checkpoint(args.shape, work / "hf")
@@ -253,9 +253,8 @@ def start_run(args, extra: list[str], work: Path):
     rollouts = 1 + args.steps + bool(args.profile)
     targs = trainer_args(trainer_argv(args, hf, data, work, rollouts) + extra)
     init_parallel(parallel_config_from_args(targs))
-    # --rollout-engine-process: the engine as a child process
-    launched, cfg = with_engine_processes(run_config_from_args(targs))
-    return targs, Run(cfg), launched
+    # --rollout-engine-process: the engine as a child process (the run's rollout side)
+    return targs, Run(run_config_from_args(targs))
 
 
 def measure(args, targs, run) -> tuple[list[dict], Path | None]:
@@ -304,14 +303,13 @@ def main(argv=None) -> dict:
     args, extra = parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-rl-step-"))
     work.mkdir(parents=True, exist_ok=True)
-    targs, run, launched = start_run(args, extra, work)
+    targs, run = start_run(args, extra, work)
     try:
         steps, trace = measure(args, targs, run)
         rank, machine = _rank(), Machine.detect(args)  # the ranks: before the teardown
-        max_tokens = run.trainer.train_cfg.max_tokens_per_gpu  # as given or as sized
+        max_tokens = run.learner.policy.train_cfg.max_tokens_per_gpu  # as given or as sized
     finally:
-        run.close()
-        launched.stop()
+        run.close()  # its engine processes too
         cpu_megatron.teardown()
     if rank != 0:  # torchrun: rank 0 reports for the job
         return {}

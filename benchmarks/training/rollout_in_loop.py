@@ -203,7 +203,7 @@ def start_run(args, extra: list[str], work: Path):
     import already in ``work`` are reused (the dense and R-KV runs of the lane share them)."""
     from trainer.arguments import parse_args as trainer_args
     from trainer.launch import init_parallel, parallel_config_from_args
-    from trainer.train import Run, run_config_from_args, with_engine_processes
+    from trainer.train import Run, run_config_from_args
 
     hf = Path(args.hf_checkpoint) if args.hf_checkpoint else work / "hf"
     if not (hf / "config.json").is_file():  # a --workdir shared by runs keeps one checkpoint
@@ -212,14 +212,13 @@ def start_run(args, extra: list[str], work: Path):
                          args.seed)
     targs = trainer_args(rl.trainer_argv(args, hf, data, work, 1 + args.steps) + extra)
     init_parallel(parallel_config_from_args(targs))
-    launched, cfg = with_engine_processes(run_config_from_args(targs))
-    return targs, Run(cfg), launched
+    return targs, Run(run_config_from_args(targs))
 
 
 def measure(args, targs, run) -> dict:
     from checkpoint_tools.model_config import load_arch
 
-    engines = run.rollout.manager.engines
+    engines = run.rollouts.parts.manager.engines
     probe, engine = attach(engines), engines.engine
     machine = rl.Machine.detect(args)
     decode = rl.DecodeModel.from_run(load_arch(targs.hf_checkpoint), targs)
@@ -317,17 +316,16 @@ def main(argv=None) -> dict:
     args, extra = parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="rollout-in-loop-"))
     work.mkdir(parents=True, exist_ok=True)
-    targs, run, launched = start_run(args, extra, work)
+    targs, run = start_run(args, extra, work)
     try:
         result = measure(args, targs, run)
     finally:
-        run.close()
-        launched.stop()
+        run.close()  # its engine processes too
         cpu_megatron.teardown()
     result.update(shape=args.shape, prompts=args.prompts, samples=args.samples,
                   prompt_len=args.prompt_len, response_len=args.response_len,
                   compress=args.compress, kv_budget=args.kv_budget,
-                  max_tokens_per_gpu=run.trainer.train_cfg.max_tokens_per_gpu, device=device_name())
+                  max_tokens_per_gpu=run.learner.policy.train_cfg.max_tokens_per_gpu, device=device_name())
     return emit(result, args.json)
 
 

@@ -45,6 +45,11 @@ class RolloutBatch:
     keep: torch.Tensor | None = None  # [B] bool rows that stay in the loss (over-long filtering)
     # [B] bool rows sampled with the whole KV (dense share): IS weight 1, outside the correction
     dense: torch.Tensor | None = None
+    # how many versions its samples may lag the weights they train (None: on-policy)
+    max_staleness: int | None = None
+    # its generation's seconds and GPUs (None: not known), for ``perf/generate_*``
+    generation_seconds: float = 0.0
+    generation_gpus: int | None = None
 
     @property
     def num_traces(self) -> int:

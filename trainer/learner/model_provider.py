@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from checkpoint_tools.megatron_model import build_gpt_model, layer_spec, load_torch_dist
-from checkpoint_tools.model_config import CheckpointError, ModelArch, load_arch
+from checkpoint_tools.megatron_model import LayerModules, build_gpt_model, load_torch_dist
+from checkpoint_tools.model_config import CheckpointError, load_arch
 from checkpoint_tools.torch_dist import METADATA, TRACKER
 
 from ..launch import launcher_free_env, phase
@@ -41,29 +41,19 @@ def transformer_engine_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None and torch.cuda.is_available()
 
 
-def policy_layer_spec(arch: ModelArch, backend: str = "auto"):
-    """The GPT layer spec for ``backend``: ``te``; ``sdpa`` (Megatron's local spec with SDPA
-    attention and fused RMSNorm); ``local`` (unchanged); ``auto`` = TE if installed, else sdpa."""
+def layer_modules(backend: str = "auto") -> LayerModules:
+    """The GPT layers' modules for ``backend``: ``te`` (Transformer Engine's spec); ``sdpa``
+    (Megatron's local spec with SDPA attention and fused RMSNorm); ``local`` (unchanged);
+    ``auto`` = TE if installed, else sdpa. ``checkpoint_tools.megatron_model`` builds them."""
     if backend == "auto":
         backend = "te" if transformer_engine_available() else "sdpa"
     if backend == "te":
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_layernorm)
-    spec = layer_spec(arch)
+        return LayerModules(transformer_engine=True)
     if backend == "local":
-        return spec
+        return LayerModules()
     if backend != "sdpa":
         raise ValueError(f"unknown attention backend {backend!r} (auto, te, sdpa, local)")
-    layer, attention = spec.submodules, spec.submodules.self_attention.submodules
-    attention.core_attention = SDPACoreAttention
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
-
-    for owner, name in ((layer, "input_layernorm"), (layer, "pre_mlp_layernorm"),
-                        (attention, "q_layernorm"), (attention, "k_layernorm")):
-        if getattr(owner, name) is WrappedTorchNorm:  # Apex's fused norm, if present, stays
-            setattr(owner, name, FusedRMSNorm)
-    return spec
+    return LayerModules(core_attention=SDPACoreAttention, norm=FusedRMSNorm)
 
 
 def default_dtype() -> torch.dtype:
@@ -129,23 +119,30 @@ def _convert(hf_dir: Path, target: Path) -> None:
 
 def build_policy_model(cfg: ModelConfig, *, cache_dir: str | Path | None = None, load: bool = True,
                        **config_overrides):
-    """Build this rank's slice of the policy model and (optionally) load its weights."""
-    arch = load_arch(cfg.hf_checkpoint)
-    overrides = dict(config_overrides)
+    """Build this rank's slice of the policy model and (optionally) load its weights: what to
+    build and which weights are decided here first, then ``checkpoint_tools`` builds and loads
+    (the calls go down, never back)."""
+    modules, overrides = layer_modules(cfg.attention_backend), dict(config_overrides)
     if cfg.attention_backend != "local":
         fused_rope.install()
         overrides.setdefault("apply_rope_fusion", True)
     if cfg.recompute_activations:
         overrides.update(recompute_granularity="full", recompute_method="uniform",
                          recompute_num_layers=1)
+    weights = _weights(cfg, cache_dir) if load else None
+    arch = load_arch(cfg.hf_checkpoint)
     with phase(f"build {cfg.role} model") as info:
-        model = build_gpt_model(arch, dtype=cfg.dtype or default_dtype(),
-                                spec=policy_layer_spec(arch, cfg.attention_backend), **overrides)
+        model = build_gpt_model(arch, dtype=cfg.dtype or default_dtype(), modules=modules,
+                                **overrides)
         info["detail"] = f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on rank 0"
-    if load:
-        source = cfg.load or cfg.hf_checkpoint
-        cache = cache_dir or Path(source).with_name(Path(source).name + "_torch_dist")
-        weights = resolve_weights(source, cfg.hf_checkpoint, cache)
+    if weights is not None:
         with phase(f"load {cfg.role} weights from {weights}"):
             load_torch_dist(model, weights)
     return arch, model
+
+
+def _weights(cfg: ModelConfig, cache_dir: str | Path | None) -> Path:
+    """The torch_dist checkpoint the policy loads (an HF ``--load`` imported once)."""
+    source = cfg.load or cfg.hf_checkpoint
+    cache = cache_dir or Path(source).with_name(Path(source).name + "_torch_dist")
+    return resolve_weights(source, cfg.hf_checkpoint, cache)

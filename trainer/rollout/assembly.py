@@ -1,11 +1,11 @@
-"""The rollout side of a run, built in one place for every placement: the loop asks this module
-and nothing under ``engines/``.
+"""The rollout side's parts, built in one place for every placement: ``side.py`` (the door the
+loop asks) builds them here and nothing under ``engines/``.
 
     launched, setup = launch_rollout(setup, device)          # before the models: engine processes
-    side = assemble_rollout(setup, inputs, launched.restart_hook(launcher_hook), device)
-    side.source.get(rollout_id) / side.source.push(...)      # source.py
-    side.eval, side.generation_gpus
-    side.close(); launched.stop()
+    parts = assemble_rollout(setup, inputs, launched.restart_hook(launcher_hook), device)
+    parts.source.get(rollout_id) / parts.source.push(...)    # source.py
+    parts.eval, parts.generation_gpus
+    parts.close(); launched.stop()
 
 ``assemble_rollout`` builds each piece once, in the order they need each other: this rank's
 engines (``engines/factory.py`` decides which), the weight sync and the restart hook on them, the
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from ..launch import phase
 from .async_rollout import AsyncConfig, WeightGate, memory_safe, weight_gate
@@ -35,7 +36,13 @@ from .manager import RolloutManager
 from .partial import ResumableBackend
 from .source import RolloutGenerator, RolloutSource, rollout_source
 
-__all__ = ["ROLLOUT_ERRORS", "Launched", "RestartHookFactory", "RolloutInputs", "RolloutSide",
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from ..algorithms.adaptive_budget import BudgetController
+    from .samples.data import PromptStream
+
+__all__ = ["ROLLOUT_ERRORS", "Launched", "RestartHookFactory", "RolloutInputs", "RolloutParts",
            "assemble_rollout", "launch_rollout"]
 
 # what the rollout side raises with a message for the user (the CLI prints it, no traceback)
@@ -46,11 +53,11 @@ ROLLOUT_ERRORS = (RolloutError, EngineProcessError)
 class RolloutInputs:
     """What the run hands its rollout side: data, plug-in, budget, where it writes, its span."""
 
-    tokenizer: object
-    plugin: object  # the generate plug-in (the single-turn default, a user's, multi-turn)
-    prompts: object  # the PromptStream
-    eval_sets: dict  # name -> prompts
-    budget: object  # the BudgetController
+    tokenizer: PreTrainedTokenizerBase
+    plugin: Callable  # the generate plug-in: the single-turn default, a user's, or multi-turn (``samples/generate.py``)
+    prompts: PromptStream
+    eval_sets: dict[str, list]  # name -> prompts
+    budget: BudgetController
     log_dir: Path  # eval_samples/ goes under it
     work_dir: Path  # weight_sync/ goes under it
     write: bool  # this rank writes the eval rows (rank 0)
@@ -59,7 +66,7 @@ class RolloutInputs:
 
 
 @dataclasses.dataclass
-class RolloutSide:
+class RolloutParts:
     """This rank's rollouts: the manager, the weight sync, the source the loop asks, the eval."""
 
     manager: RolloutManager
@@ -82,7 +89,7 @@ def launch_rollout(setup: RolloutSetup, device: str) -> tuple[Launched, RolloutS
 
 
 def assemble_rollout(setup: RolloutSetup, inputs: RolloutInputs,
-                     restart_hook: RestartHookFactory | None, device: str) -> RolloutSide:
+                     restart_hook: RestartHookFactory | None, device: str) -> RolloutParts:
     """This rank's rollout side for ``setup``, whatever the placement (see the module's text)."""
     engines, place = open_engines(setup, inputs.prompts.prompts, device)
     sync = weight_sync_for(setup.weight_sync, setup.engines, engines, inputs.work_dir)
@@ -99,7 +106,7 @@ def assemble_rollout(setup: RolloutSetup, inputs: RolloutInputs,
                             inputs.num_rollout)
     evals = EvalSetup(manager, inputs.eval_sets, setup.plan, inputs.budget, inputs.log_dir,
                       write=inputs.write)
-    return RolloutSide(manager, sync, generate, source, evals,
+    return RolloutParts(manager, sync, generate, source, evals,
                        generation_gpus(setup.engines, _world_size()))
 
 

@@ -1,4 +1,5 @@
-"""Where the loop's rollouts come from, synchronous or asynchronous, asked the same way:
+"""Where the rollout side's rollouts come from (``side.py``), synchronous or asynchronous, asked
+the same way:
 
     source = rollout_source(manager, sync, generate, gate, start, num_rollout)  # assembly.py
     prompts, result, sampled = source.get(rollout_id)   # generated now, or by the thread

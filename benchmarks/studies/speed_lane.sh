@@ -109,7 +109,7 @@ fi
 SCRIPT_RKV=(--compress rkv --kv-budget 512 --compress-divide-length 128 --max-tokens-per-gpu 0
             --kl-loss-coef 1e-4 --kl-loss-type low_var_kl --use-mis --mis-preset sparse_rl
             --sglang-compress-keep-prompt "${POOL[@]}")
-LONG_CONFIGS=(dense rkv:512 rkv:512+s1 dense+s1)
+read -ra LONG_CONFIGS <<<"${LONG_CONFIGS:-dense rkv:512 rkv:512+s1 dense+s1}"  # e.g. LONG_CONFIGS="dense rkv:512" for a shorter lane
 [[ "$SMOKE" == 1 ]] && LONG_CONFIGS=(dense rkv:512+s1)  # the plumbing of each kind, on a CPU
 
 piece() {

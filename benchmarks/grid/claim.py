@@ -107,7 +107,7 @@ def advice(table: list[Row]) -> list[str]:
     compressed policy loses, and what going uncorrected costs."""
     lines = []
     for budget, group in by_budget(table).items():
-        lines.append(f"- **{label(budget)}** (pool {pool_cell(group[0])} of dense's): " + "; ".join(
+        lines.append(f"- **{label(budget)}** (pool {pool_cell(most_seeds(group))} of dense's): " + "; ".join(
             f"`{_correction(r)}` {points(r.delta)}, {r.decision}, deployed {points(r.deployed)}"
             + (f", worth {points(r.worth)}" if r.worth else "") for r in group) + ".")
     return lines
@@ -118,6 +118,11 @@ def by_budget(table: list[Row]) -> dict[str, list[Row]]:
     for row in table:
         out.setdefault(":".join(row.config.split(":")[:2]), []).append(row)
     return out
+
+
+def most_seeds(group: list[Row]) -> Row:
+    """The budget's pool as its best-measured config gives it (the configs of one budget share it)."""
+    return max(group, key=lambda r: r.seeds)
 
 
 def label(budget: str) -> str:
@@ -136,7 +141,7 @@ def readme_block(table: list[Row]) -> list[str]:
     for budget, group in by_budget(table).items():
         corrected = [r for r in group if _correction(r) != "uncorrected" and "+" not in r.config]
         uncorrected = [r for r in group if _correction(r) == "uncorrected"]
-        text = f"{label(budget)} (pool {pool_cell(group[0])} of dense's): " + ", ".join(
+        text = f"{label(budget)} (pool {pool_cell(most_seeds(group))} of dense's): " + ", ".join(
             f"`{_correction(r)}` {points(r.delta)} ({r.decision})" for r in corrected)
         if uncorrected:
             text += f"; uncorrected {points(uncorrected[0].delta)}"

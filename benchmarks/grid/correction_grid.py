@@ -351,8 +351,9 @@ def main(argv=None) -> int:
     if args.cmd == "report":
         if not args.run_dir.is_dir():
             p.error(f"report: {args.run_dir}: no such folder")
-        if args.wave is not None and args.wave not in _waves():
-            p.error(f"report --wave {args.wave}: choose one of {', '.join(map(str, _waves()))}")
+        unknown = [w for w in args.wave or [] if w not in _waves()]
+        if unknown:
+            p.error(f"report --wave {unknown[0]}: choose one of {', '.join(map(str, _waves()))}")
         return report(args)
     if args.cmd in ("wave", "poll"):
         from benchmarks.grid import cli as grid_cli

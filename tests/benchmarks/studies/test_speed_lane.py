@@ -74,9 +74,9 @@ def test_a_cut_long_rollout_piece_keeps_its_finished_configs(tmp_path):
     (runs / "rkv_512_4096.json").write_text(json.dumps({"summary": phase_summary(10.0, 4.0)}))
     text = summary.main([str(tmp_path)]).read_text()
     assert "`long4k`: exit 124 (cut at its limit)" in text
-    assert "| 4096 | dense | 19 / 20 / 21 | 12 |" in text
+    assert "| 4096 | dense | 19 / 20 / 21 | - | 12 |" in text
     rkv = next(line for line in text.splitlines() if line.startswith("| 4096 | rkv:512 |"))
-    assert rkv.split(" | ")[-2:] == ["2", "3 |"], rkv
+    assert rkv.split(" | ")[-3:] == ["2", "3", "- |"], rkv
     assert "| 4096 | dense@fp8_e4m3 |" not in text  # cut before it ran
 
 

@@ -187,6 +187,8 @@ def step_numbers(m: dict, rec: Recorder, arch, decode: DecodeModel, machine: Mac
                                   "kv_pool_peak_used", "kv_pool_peak_bytes", "kv_pool_capacity",
                                   "rollout_preemptions", "rollout_tail_fraction",
                                   "memory/peak_allocated_gib", "memory/peak_reserved_gib") if k in m})
+    # the weight push by phase (WeightSync: export, flatten / serialize, group, transfer, ...)
+    out.update({k: v for k, v in m.items() if k.startswith("sync_") and k.endswith("_s")})
     if machine.peak_flops:
         out["recompute_mfu"] = machine.mfu(fwd, m["time_recompute"])
         out["update_mfu"] = machine.mfu(train, m["time_update"])

@@ -112,11 +112,14 @@ def test_lane_smoke(tmp_path):
     assert ril["max_tokens_per_gpu"] > 0 and ril["in_loop_over_isolated"] > 0
     assert ril["in_loop"]["decode_steps"]["median"] > 0
     rows = json.loads((out / "long4k.json").read_text())["rows"]
-    assert [r["config"] for r in rows] == ["dense", "rkv:512+s1"]
+    assert [r["config"] for r in rows] == ["dense", "dense+s1", "rkv:512+s1"]
     assert all("error" not in r for r in rows)
+    # off-policy: at least --stale-steps 3 timed steps, and its ratio to dense+s1
+    assert [len(r["steps_s"]) for r in rows] == [2, 3, 3] and "step_speedup_vs_s1" in rows[2]
     weights = json.loads((out / "weights_smollm2.json").read_text())["modes"]
-    assert set(weights) == {"distributed", "ipc", "disk", "tensor"}
+    assert set(weights) == {"auto", "distributed", "ipc", "disk", "tensor"}
     assert all(row["verified"] for row in weights.values())
+    assert weights["auto"]["mode_used"] == "tensor"  # a CPU: auto is tensors over HTTP
     text = (out / "summary.md").read_text()
     assert "| ril_dense | tiny |" in text and "| 64 | rkv:512+s1 |" in text
     assert "| tiny | distributed | gloo |" in text

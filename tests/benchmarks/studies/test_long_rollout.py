@@ -174,3 +174,24 @@ def test_a_cut_config_keeps_the_steps_it_timed(tmp_path):
     assert read_result(tmp_path / "none.json", 143) == {"error": "exit 143"}
     assert config_row(parse_config("dense"), 4096, {"error": "exit 143"}) == \
         {"config": "dense", "response_len": 4096, "error": "exit 143"}
+
+
+def test_sigterm_stops_the_running_config_and_the_loop():
+    """``timeout``'s SIGTERM: the config's process is ended (its JSON so far stays) and the loop
+    stops after recording it; a real child process, ended well before its own 60 s."""
+    import threading
+    import time
+
+    from benchmarks.studies.long_rollout import Children
+
+    children, codes = Children(), []
+    worker = threading.Thread(target=lambda: codes.append(
+        children.run([sys.executable, "-c", "import time; time.sleep(60)"])))
+    start = time.monotonic()
+    worker.start()
+    while children.proc is None:
+        time.sleep(0.01)
+    children.on_term(15, None)
+    worker.join(30)
+    assert codes == [-15] and children.cut and children.proc is None
+    assert time.monotonic() - start < 30

@@ -124,3 +124,20 @@ def test_lane_smoke(tmp_path):
     assert "| ril_dense | tiny |" in text and "| 64 | rkv:512+s1 |" in text
     assert "| tiny | distributed | gloo |" in text
     assert not (out / "work").exists()  # checkpoints removed, results kept
+
+
+def test_a_long_piece_cut_with_its_json_shows_its_rows_and_the_cut(tmp_path):
+    """long_rollout writes its JSON on SIGTERM: the rows (the cut config's timed steps, its
+    error) and the piece's exit both show; steady state and every timed step in the table."""
+    write_pieces(tmp_path, [{"piece": "long4k", "exit": 124, "seconds": 480, "limit_s": 480,
+                             "command": ["-m", "benchmarks.studies.long_rollout"]}])
+    rows = [{"config": "dense", "response_len": 4096, "step_s": 20.0, "rollout_s": 14.0,
+             "steps_s": [22.0, 20.0], "spread": {"total_s": spread(20.0, 20.0, 20.0)}},
+            {"config": "rkv:512+s1", "response_len": 4096, "step_s": 16.0, "rollout_s": 0.01,
+             "steps_s": [15.0, 17.0, 16.0], "spread": {"total_s": spread(16.0, 16.5, 17.0)},
+             "step_speedup": 1.25, "error": "exit -15 after 3 timed step(s)"}]
+    (tmp_path / "long4k.json").write_text(json.dumps({"partial": True, "rows": rows}))
+    text = summary.main([str(tmp_path)]).read_text()
+    assert "`long4k`: exit 124 (cut at its limit)" in text
+    assert "| 4096 | dense | 20 / 20 / 20 | 22, 20 | 14 |" in text
+    assert "| 4096 | rkv:512+s1 | 16 / 16.5 / 17 | 15, 17, 16 | 0.01 |" in text

@@ -23,7 +23,7 @@ turn, by every rank together, if the first push fails; once a push has worked, f
 errors as with an explicit mode. A server on the trainer's own GPU (one GPU holding both, where
 NCCL cannot pair two ranks) gets ``ipc`` first instead (``sync_choice.py``, from the GPU the
 server reports). ``phases`` holds the last push's seconds by phase; every push returns them as
-``sync_<phase>_s`` and rank 0 prints the first push's (its set-up included).
+``sync_<phase>_s`` and rank 0 prints the first push's to servers (its set-up included).
 
 Each mode is one ``Transport`` of ``transports.TRANSPORTS`` (one bucket's way to the engines);
 ``WeightSync`` is what they share: buckets, the version, the engines lost during a push, re-sync.
@@ -143,7 +143,8 @@ class WeightSync:
         if dist.is_initialized():
             dist.barrier()
         seconds = time.perf_counter() - start
-        if first and is_rank0():  # the set-up (group, IPC mappings) shows in the first push
+        # to servers, the set-up (group, IPC mappings) shows in the first push
+        if first and self.mode != "inprocess" and is_rank0():
             print(f"[weight sync] first push by {self.mode}: {seconds:.3f} s ({self.phase_line()})",
                   flush=True)
         return {"sync_bytes": float(nbytes), "time_sync": seconds,

@@ -12,7 +12,10 @@ set-up, the transfer with the server's load; disk: write, load).
 Modes: ``tensor`` (base64 torch.save over HTTP), ``ipc`` (CUDA IPC handles on a GPU, shared
 memory on CPU), ``distributed`` (one broadcast per bucket: NCCL with the server on a second GPU
 when there is one; with a single GPU the two NCCL ranks cannot share it, so the bucket goes
-through gloo from CPU copies and the row says so), ``disk`` (safetensors + reload).
+through gloo from CPU copies and the row says so), ``disk`` (safetensors + reload), and ``auto``:
+what ``--rollout-server-urls URL`` with ``--weight-sync auto`` builds (the trainer's own
+``factory.weight_sync_for``), the server on a second GPU when there is one, else on the trainer's:
+NCCL there, CUDA IPC here (``mode_used``; tensors over HTTP on a CPU).
 
     PYTHONPATH=sglang-kvc:. python -m benchmarks.engine.weight_sync [--modes ipc,tensor]
         [--shape qwen2.5-0.5b|smollm2-135m|qwen2.5-3b|tiny] [--pushes 3] [--bucket-mb 512] [--json out.json]
@@ -39,7 +42,7 @@ from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
 from trainer.rollout.engines.servers import HTTPRollout
 from trainer.rollout.engines.weight_sync import WeightSync
 
-MODES = ("tensor", "ipc", "distributed", "disk")
+MODES = ("tensor", "ipc", "distributed", "disk", "auto")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -69,10 +72,12 @@ def server_flags(gpu: bool) -> list[str]:
 
 def placement(mode: str, gpu: bool) -> tuple[str, dict | None]:
     """(where the trainer's tensors live, the server's extra environment) for one mode."""
-    if mode != "distributed" or not gpu:
+    if mode not in ("distributed", "auto") or not gpu:
         return ("cuda" if gpu else "cpu"), None
     if torch.cuda.device_count() >= 2:
         return "cuda:0", {"CUDA_VISIBLE_DEVICES": "1"}  # NCCL: one GPU per rank
+    if mode == "auto":
+        return "cuda", None  # the server on the trainer's GPU: auto must pick IPC
     return "cpu", None  # gloo from CPU copies: NCCL cannot put both ranks on one GPU
 
 
@@ -96,10 +101,25 @@ def assert_serves(url: str, named, names: list[str]) -> None:
             raise AssertionError(f"{name}: the server does not hold the pushed tensor")
 
 
+def auto_sync(urls: list[str], ckpt: Path, args, workdir: Path) -> WeightSync:
+    """``--rollout-server-urls urls --weight-sync auto``, built as the trainer builds it."""
+    from trainer.rollout.engines.config import (GROUP_TIMEOUT_S, EngineConfig,
+                                                weight_sync_config_from_args)
+    from trainer.rollout.engines.factory import weight_sync_for
+
+    flags = argparse.Namespace(
+        weight_sync="auto", rollout_server_urls=urls, rollout_engine_urls=None,
+        rollout_num_gpus=0, rollout_engine_process=False, weight_sync_master_address=None,
+        weight_sync_bucket_mb=args.bucket_mb, weight_sync_timeout=GROUP_TIMEOUT_S)
+    return weight_sync_for(weight_sync_config_from_args(flags), EngineConfig(str(ckpt), {}, urls),
+                           HTTPRollout(urls), workdir / "sync-auto")
+
+
 def bench_mode(mode: str, fleet: EngineFleet, named, ckpt: Path, args, workdir: Path) -> dict:
     http = HTTPRollout(fleet.urls)
-    sync = WeightSync(mode, engines=http, bucket_bytes=args.bucket_mb << 20,
-                      disk_dir=workdir / f"sync-{mode}", hf_config_dir=ckpt)
+    sync = auto_sync(fleet.urls, ckpt, args, workdir) if mode == "auto" else WeightSync(
+        mode, engines=http, bucket_bytes=args.bucket_mb << 20,
+        disk_dir=workdir / f"sync-{mode}", hf_config_dir=ckpt)
     source = lambda: iter(named)  # noqa: E731 - the trainer's tensors, already in place
     first = sync.push_tensors(source, f"{mode}-warmup")["time_sync"]
     prune_disk(sync)
@@ -151,8 +171,11 @@ def run(args) -> dict:
                 print(f"server up in {time.perf_counter() - start:.1f} s", flush=True)
             named = [(n, t.to(device)) for n, t in cpu_named]
             row = bench_mode(mode, fleets[key], named, ckpt, args, workdir)
-            row["transport"] = transport(mode, device, gpu)
+            used = row["mode_used"]
+            row["transport"] = (f"auto: {used}, " if mode == "auto" else "") + transport(used, device, gpu)
             out["modes"][mode] = row
+            if args.json:  # after every mode: a run cut at its limit keeps the modes it measured
+                Path(args.json).write_text(json.dumps(out, indent=1))
             print(f"{mode:12s} {row['transport']:60s} min {row['min_s']:.3f} s  median "
                   f"{row['median_s']:.3f} s  max {row['max_s']:.3f} s  ({row['gb_per_s']:.2f} GB/s; "
                   f"first {row['first_s']:.3f} s)", flush=True)

@@ -149,50 +149,54 @@ def _engine_roof(e: dict | None) -> str:
 
 
 LONG_COLS = ("step_s", "rollout_s", "recompute_s", "update_s", "sync_s", "rollout_tokens_per_s",
-             "preemptions", "step_speedup", "rollout_speedup")
+             "preemptions", "step_speedup", "rollout_speedup", "step_speedup_vs_s1")
 
 
 def long_section(out: Path, runs: dict) -> list[str]:
     lines = ["## 3. The long-rollout step on the fast defaults", "",
-             "Targets: R-KV step >= 2x dense at 4k, >= 2.5x at 8k (medians; ratios to the bf16 "
-             "dense row of the same call).", "",
-             "| cap | config | step s (min / median / max) | " + " | ".join(LONG_COLS[1:]) + " |",
-             "|---:|---|---|" + "---:|" * (len(LONG_COLS) - 1)]
+             "Targets: R-KV step >= 2x dense at 4k, >= 2.5x at 8k. Steady state: min / median / "
+             "max over the timed steps after the first (every timed step listed); speed-ups of "
+             "the medians against on-policy bf16 dense of the same call, and for a `+s1` row "
+             "(one step off-policy) also against `dense+s1` (`step_speedup_vs_s1`). A `+s1` "
+             "rollout column is the step's wait for a rollout generated meanwhile.", "",
+             "| cap | config | steady step s (min / median / max) | timed steps s | "
+             + " | ".join(LONG_COLS[1:]) + " |",
+             "|---:|---|---|---|" + "---:|" * (len(LONG_COLS) - 1)]
     notes = []
     for name in ("long4k", "long8k"):
-        r = load(out, name)
+        r, info = load(out, name), runs.get(name)
+        if r is None or (info or {}).get("exit", 0) != 0:
+            notes.append(failure(out, name, info))
         if r is None:
-            notes.append(failure(out, name, runs.get(name)))
-            r = salvage_long(out, runs.get(name))
+            r = salvage_long(out, info)
         for row in r.get("rows", []):
             total = (row.get("spread") or {}).get("total_s")
+            steps = ", ".join(fmt(x, 3) for x in row.get("steps_s") or [])
             lines.append(f"| {row.get('response_len')} | {row.get('config')} | "
-                         + (mmm(total) if total else fmt(row.get("error"))) + " | "
+                         + (mmm(total) if total else fmt(row.get("error"))) + f" | {steps or '-'} | "
                          + " | ".join(fmt(row.get(c), 3) for c in LONG_COLS[1:]) + " |")
     return lines + [""] + notes + [""]
 
 
 def salvage_long(out: Path, info: dict | None) -> dict:
-    """The configs that finished before a long-rollout piece was cut (their own JSONs, copied
-    to ``long_runs/``), as ``long_rollout.row`` makes them."""
-    from benchmarks.studies.long_rollout import is_dense_reference, parse_config, row, run_name
+    """The configs that ran before a long-rollout piece was cut without its own JSON (their
+    rl_step JSONs, copied to ``long_runs/``: whole, or the timed steps a cut run made), as
+    ``long_rollout`` makes its rows."""
+    from benchmarks.studies.long_rollout import add_ratios, config_row, parse_config, run_name
 
     cmd = (info or {}).get("command", [])
     if "--configs" not in cmd or "--response-len" not in cmd:
         return {}
     cap = int(cmd[cmd.index("--response-len") + 1])
-    rows, dense = [], None
+    rows = []
     for spec in cmd[cmd.index("--configs") + 1:]:
         if spec.startswith("--"):
             break
         cfg = parse_config(spec)
         path = out / "long_runs" / f"{run_name(cfg, cap)}.json"
-        if not path.exists():
-            continue
-        r = row(cfg, cap, json.loads(path.read_text())["summary"], dense)
-        dense = r if is_dense_reference(cfg) else dense
-        rows.append(r)
-    return {"rows": rows}
+        if path.exists():
+            rows.append(config_row(cfg, cap, json.loads(path.read_text())))
+    return {"rows": add_ratios(rows)}
 
 
 def replay_section(out: Path, runs: dict) -> list[str]:

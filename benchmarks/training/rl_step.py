@@ -8,7 +8,15 @@ engine), reward, π_old recompute, policy update, weight sync.
 It drives ``trainer.train.Run`` (flags parsed by ``trainer.arguments``, so anything the trainer
 takes may follow) on generated arithmetic prompts, with a random checkpoint of ``--shape`` built
 in a temp dir unless ``--hf-checkpoint`` is given. One warm-up step, then ``--steps`` measured
-steps: min / median / max of each phase's seconds, tokens/s and efficiency.
+steps: min / median / max of each phase's seconds, tokens/s and efficiency (``summary``), and the
+same over the timed steps after the first (``steady``: the steady state, when there are two or
+more). ``--json`` is rewritten after every timed step, so a run cut short keeps the steps it made
+(``"partial": true`` until the last).
+
+One step off-policy (``--max-staleness 1`` on engines that generate beside training) generates
+rollout n+1 while step n trains; the run generates one rollout more than it trains, so the last
+timed step overlaps a generation as every step of a long run does (else it would train alone and
+look faster than the steady state).
 
 * recompute MFU: forward FLOPs (a third of ``train_step.flops_per_token``) of every sequence
   the policy (and reference) recomputed, over the phase's seconds and the dense bf16 peak of
@@ -179,6 +187,8 @@ def step_numbers(m: dict, rec: Recorder, arch, decode: DecodeModel, machine: Mac
                                   "kv_pool_peak_used", "kv_pool_peak_bytes", "kv_pool_capacity",
                                   "rollout_preemptions", "rollout_tail_fraction",
                                   "memory/peak_allocated_gib", "memory/peak_reserved_gib") if k in m})
+    # the weight push by phase (WeightSync: export, flatten / serialize, group, transfer, ...)
+    out.update({k: v for k, v in m.items() if k.startswith("sync_") and k.endswith("_s")})
     if machine.peak_flops:
         out["recompute_mfu"] = machine.mfu(fwd, m["time_recompute"])
         out["update_mfu"] = machine.mfu(train, m["time_update"])
@@ -205,6 +215,23 @@ def profile_step(run, rollout_id: int, out_dir: Path) -> Path:
 def summarize(steps: list[dict]) -> dict:
     keys = [k for k in steps[0] if all(k in s for s in steps)]
     return {k: spread([s[k] for s in steps]) for k in keys}
+
+
+def steady_summary(steps: list[dict]) -> dict:
+    """``summarize`` over the timed steps after the first (all of them when there is one): the
+    first may still pay for what the warm-up did not reach (allocator growth, a first overlap)."""
+    return summarize(steps[1:] if len(steps) > 1 else steps)
+
+
+def generate_ahead(cfg):
+    """``cfg`` with one rollout more than the loop trains when the run generates ahead
+    (``--max-staleness`` >= 1 on engines that keep their memory through training: the loop's own
+    ``memory_safe`` rule), so that every timed step overlaps the next rollout's generation."""
+    asynchrony, engines = cfg.rollout.asynchrony, cfg.rollout.engines
+    if not asynchrony.max_staleness or not engines.generates_beside_training():
+        return cfg
+    loop = dataclasses.replace(cfg.loop, num_rollout=cfg.loop.num_rollout + 1)
+    return dataclasses.replace(cfg, loop=loop)
 
 
 def print_table(summary: dict, n: int) -> None:
@@ -254,7 +281,15 @@ def start_run(args, extra: list[str], work: Path):
     targs = trainer_args(trainer_argv(args, hf, data, work, rollouts) + extra)
     init_parallel(parallel_config_from_args(targs))
     # --rollout-engine-process: the engine as a child process (the run's rollout side)
-    return targs, Run(run_config_from_args(targs))
+    return targs, Run(generate_ahead(run_config_from_args(targs)))
+
+
+def write_partial(args, steps: list[dict]) -> None:
+    """The timed steps so far in ``--json`` (rank 0): what is left if the run is cut."""
+    if args.json and _rank() == 0:
+        Path(args.json).write_text(json.dumps(
+            {"partial": True, "steps": steps, "summary": summarize(steps),
+             "steady": steady_summary(steps)}, indent=2))
 
 
 def measure(args, targs, run) -> tuple[list[dict], Path | None]:
@@ -275,6 +310,7 @@ def measure(args, targs, run) -> tuple[list[dict], Path | None]:
         if i:  # step 0 warms up (compilation, CUDA graphs, allocator)
             steps.append({**step_numbers(metrics, rec, arch, decode, machine),
                           "started_at": started, "ended_at": time.time()})
+            write_partial(args, steps)
     trace = profile_step(run, 1 + args.steps, Path(args.profile)) if args.profile else None
     return steps, trace
 
@@ -321,7 +357,8 @@ def main(argv=None) -> dict:
                   max_tokens_per_gpu=max_tokens, packed_attention=args.packed_attention,
                   peak_flops=machine.peak_flops, learner_gpus=machine.learner_gpus,
                   peak_hbm_bytes_per_s=machine.peak_hbm,
-                  steps=steps, summary=summary, profile_trace=str(trace) if trace else None)
+                  steps=steps, summary=summary, steady=steady_summary(steps),
+                  profile_trace=str(trace) if trace else None)
     return emit(result, args.json)
 
 

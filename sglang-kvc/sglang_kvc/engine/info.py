@@ -23,6 +23,17 @@ def compression_info(c) -> dict:
             "query_ring_bytes": c.ring.bytes if c.ring is not None else 0}
 
 
+def gpu_uuid(device) -> str | None:
+    """The GPU's UUID (None on a CPU): unlike `cuda:0`, the same in every process on the host,
+    whatever CUDA_VISIBLE_DEVICES each one has."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
 def server_info(engine) -> dict:
     sch, runner = engine.scheduler, engine.runner
     info = engine.args.to_dict()
@@ -38,6 +49,7 @@ def server_info(engine) -> dict:
         "paused": sch.paused,
         "weight_version": engine.weight_version,
         "resolved_device": str(runner.device),
+        "gpu_uuid": gpu_uuid(runner.device),  # which GPU (a trainer keeps NCCL off its own)
         "resolved_dtype": str(runner.dtype).removeprefix("torch."),
         "resolved_attention_backend": runner.backend_name,
         "max_running_reqs_seen": sch.max_running,

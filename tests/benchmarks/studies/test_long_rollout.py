@@ -118,3 +118,80 @@ def test_a_stale_config_runs_one_step_off_policy_in_an_engine_process():
     assert run_name(parse_config("dense@fp8_e4m3+s1"), 8192) == "dense@fp8_e4m3_s1_8192"
     assert [is_dense_reference(parse_config(c)) for c in ("dense", "dense+s1", "dense@fp8_e4m3")] \
         == [True, False, False]
+
+
+def _row(config: str, step: float, rollout: float, cap: int = 4096) -> dict:
+    return {"config": config, "response_len": cap, "step_s": step, "rollout_s": rollout}
+
+
+def test_speed_ups_compare_on_policy_and_off_policy_like_for_like():
+    """Every row against on-policy dense; a ``+s1`` row's step also against ``dense+s1``, and no
+    rollout ratio for it (its rollout column is a wait). Hand-computed: 20 / 8 and 16 / 8."""
+    from benchmarks.studies.long_rollout import add_ratios
+
+    rows = add_ratios([_row("dense", 20.0, 14.0), _row("rkv:512", 14.0, 7.0),
+                       _row("dense+s1", 16.0, 0.1), _row("rkv:512+s1", 8.0, 0.02),
+                       _row("dense", 40.0, 30.0, cap=8192), _row("rkv:512+s1", 25.0, 0.1, cap=8192)])
+    dense, rkv, dense_s1, rkv_s1, dense8, rkv8 = rows
+    assert "step_speedup" not in dense and rkv["step_speedup"] == 20.0 / 14.0
+    assert rkv["rollout_speedup"] == 2.0 and "step_speedup_vs_s1" not in rkv
+    assert dense_s1["step_speedup"] == 20.0 / 16.0 and "step_speedup_vs_s1" not in dense_s1
+    assert rkv_s1["step_speedup"] == 2.5 and rkv_s1["step_speedup_vs_s1"] == 2.0
+    assert "rollout_speedup" not in rkv_s1
+    # 8k has no dense+s1 row: the on-policy ratio alone, against 8k's own dense
+    assert rkv8["step_speedup"] == 40.0 / 25.0 and "step_speedup_vs_s1" not in rkv8
+
+
+def test_a_stale_config_gets_at_least_stale_steps(tmp_path):
+    from argparse import Namespace
+
+    from benchmarks.studies.long_rollout import config_argv, config_steps, parse_config
+
+    args = Namespace(prompts=2, samples=4, steps=2, stale_steps=4, seed=0, max_tokens_per_gpu=0,
+                     dense_fraction=0.25, median_frac=0.5, sigma=0.6, warmup_scale=0.125, extra=[])
+    assert [config_steps(args, parse_config(c)) for c in ("dense", "dense+s1", "rkv:512+s1")] == [2, 4, 4]
+    args.steps = 6
+    assert config_steps(args, parse_config("rkv:512+s1")) == 6
+    argv = config_argv(args, parse_config("dense+s1"), 64, Path("hf"), Path("o.json"), Path("w"))
+    assert argv[argv.index("--steps") + 1] == "6"
+
+
+def test_a_cut_config_keeps_the_steps_it_timed(tmp_path):
+    """rl_step's JSON rewritten every step: a run cut after two timed steps gives its row (the
+    steady state of what it made) with the error; one cut before any gives the error alone."""
+    from benchmarks.studies.long_rollout import config_row, parse_config, read_result
+
+    steps = [{"total_s": 12.0}, {"total_s": 9.0}]
+    steady = {"total_s": {"min": 9.0, "median": 9.0, "max": 9.0},
+              "rollout_s": {"min": 1.0, "median": 1.0, "max": 1.0}}
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps({"partial": True, "steps": steps, "steady": steady, "summary": {}}))
+    r = config_row(parse_config("rkv:512+s1"), 4096, read_result(out, 124))
+    assert (r["step_s"], r["steps_s"], r["error"]) == (9.0, [12.0, 9.0], "exit 124 after 2 timed step(s)")
+    # the JSON copied as it was (the lane's salvage) says it was cut
+    assert config_row(parse_config("dense"), 4096, json.loads(out.read_text()))["error"] \
+        == "cut after 2 timed step(s)"
+    assert read_result(tmp_path / "none.json", 143) == {"error": "exit 143"}
+    assert config_row(parse_config("dense"), 4096, {"error": "exit 143"}) == \
+        {"config": "dense", "response_len": 4096, "error": "exit 143"}
+
+
+def test_sigterm_stops_the_running_config_and_the_loop():
+    """``timeout``'s SIGTERM: the config's process is ended (its JSON so far stays) and the loop
+    stops after recording it; a real child process, ended well before its own 60 s."""
+    import threading
+    import time
+
+    from benchmarks.studies.long_rollout import Children
+
+    children, codes = Children(), []
+    worker = threading.Thread(target=lambda: codes.append(
+        children.run([sys.executable, "-c", "import time; time.sleep(60)"])))
+    start = time.monotonic()
+    worker.start()
+    while children.proc is None:
+        time.sleep(0.01)
+    children.on_term(15, None)
+    worker.join(30)
+    assert codes == [-15] and children.cut and children.proc is None
+    assert time.monotonic() - start < 30

@@ -74,9 +74,9 @@ def test_a_cut_long_rollout_piece_keeps_its_finished_configs(tmp_path):
     (runs / "rkv_512_4096.json").write_text(json.dumps({"summary": phase_summary(10.0, 4.0)}))
     text = summary.main([str(tmp_path)]).read_text()
     assert "`long4k`: exit 124 (cut at its limit)" in text
-    assert "| 4096 | dense | 19 / 20 / 21 | 12 |" in text
+    assert "| 4096 | dense | 19 / 20 / 21 | - | 12 |" in text
     rkv = next(line for line in text.splitlines() if line.startswith("| 4096 | rkv:512 |"))
-    assert rkv.split(" | ")[-2:] == ["2", "3 |"], rkv
+    assert rkv.split(" | ")[-3:] == ["2", "3", "- |"], rkv
     assert "| 4096 | dense@fp8_e4m3 |" not in text  # cut before it ran
 
 
@@ -112,12 +112,32 @@ def test_lane_smoke(tmp_path):
     assert ril["max_tokens_per_gpu"] > 0 and ril["in_loop_over_isolated"] > 0
     assert ril["in_loop"]["decode_steps"]["median"] > 0
     rows = json.loads((out / "long4k.json").read_text())["rows"]
-    assert [r["config"] for r in rows] == ["dense", "rkv:512+s1"]
+    assert [r["config"] for r in rows] == ["dense", "dense+s1", "rkv:512+s1"]
     assert all("error" not in r for r in rows)
+    # off-policy: at least --stale-steps 3 timed steps, and its ratio to dense+s1
+    assert [len(r["steps_s"]) for r in rows] == [2, 3, 3] and "step_speedup_vs_s1" in rows[2]
     weights = json.loads((out / "weights_smollm2.json").read_text())["modes"]
-    assert set(weights) == {"distributed", "ipc", "disk", "tensor"}
+    assert set(weights) == {"auto", "distributed", "ipc", "disk", "tensor"}
     assert all(row["verified"] for row in weights.values())
+    assert weights["auto"]["mode_used"] == "tensor"  # a CPU: auto is tensors over HTTP
     text = (out / "summary.md").read_text()
     assert "| ril_dense | tiny |" in text and "| 64 | rkv:512+s1 |" in text
     assert "| tiny | distributed | gloo |" in text
     assert not (out / "work").exists()  # checkpoints removed, results kept
+
+
+def test_a_long_piece_cut_with_its_json_shows_its_rows_and_the_cut(tmp_path):
+    """long_rollout writes its JSON on SIGTERM: the rows (the cut config's timed steps, its
+    error) and the piece's exit both show; steady state and every timed step in the table."""
+    write_pieces(tmp_path, [{"piece": "long4k", "exit": 124, "seconds": 480, "limit_s": 480,
+                             "command": ["-m", "benchmarks.studies.long_rollout"]}])
+    rows = [{"config": "dense", "response_len": 4096, "step_s": 20.0, "rollout_s": 14.0,
+             "steps_s": [22.0, 20.0], "spread": {"total_s": spread(20.0, 20.0, 20.0)}},
+            {"config": "rkv:512+s1", "response_len": 4096, "step_s": 16.0, "rollout_s": 0.01,
+             "steps_s": [15.0, 17.0, 16.0], "spread": {"total_s": spread(16.0, 16.5, 17.0)},
+             "step_speedup": 1.25, "error": "exit -15 after 3 timed step(s)"}]
+    (tmp_path / "long4k.json").write_text(json.dumps({"partial": True, "rows": rows}))
+    text = summary.main([str(tmp_path)]).read_text()
+    assert "`long4k`: exit 124 (cut at its limit)" in text
+    assert "| 4096 | dense | 20 / 20 / 20 | 22, 20 | 14 |" in text
+    assert "| 4096 | rkv:512+s1 | 16 / 16.5 / 17 | 15, 17, 16 | 0.01 |" in text

@@ -168,3 +168,46 @@ def test_rl_step_shapes_match_bench_train(shape):
     for key, value in overrides.items():
         if key in bench.SHAPES[shape]:
             assert bench.SHAPES[shape][key] == value, key
+
+
+def test_steady_state_leaves_out_the_first_timed_step():
+    """``steady``: min / median / max over the timed steps after the first (hand-computed)."""
+    from benchmarks.training.rl_step import steady_summary, summarize
+
+    steps = [{"total_s": t} for t in (10.0, 5.0, 7.0, 9.0)]
+    assert steady_summary(steps)["total_s"] == {"min": 5.0, "median": 7.0, "max": 9.0}
+    assert summarize(steps)["total_s"] == {"min": 5.0, "median": 8.0, "max": 10.0}
+    assert steady_summary(steps[:1])["total_s"] == {"min": 10.0, "median": 10.0, "max": 10.0}
+
+
+@pytest.mark.parametrize("staleness,engine_process,offload,extra", [
+    (1, True, None, 1),  # an engine process generates beside training: one rollout ahead
+    (1, False, False, 1),  # an in-process engine that keeps its pool (--no-offload-rollout)
+    (1, False, True, 0),  # one that releases it: memory_safe keeps the loop synchronous
+    (0, True, None, 0),  # the bound at 0 generates nothing ahead
+    (None, True, None, 0),  # synchronous
+])
+def test_a_run_generating_ahead_makes_one_more_rollout(staleness, engine_process, offload, extra):
+    """rl_step's last timed step overlaps a generation only if the run makes one rollout more
+    than it trains: exactly where the loop overlaps (``async_rollout.memory_safe``)."""
+    import dataclasses
+
+    from benchmarks.training.rl_step import generate_ahead
+    from trainer.rollout.async_rollout import AsyncConfig, memory_safe
+    from trainer.rollout.engines.config import EngineConfig
+    from trainer.run_config import LoopConfig
+
+    @dataclasses.dataclass
+    class Rollout:
+        engines: EngineConfig
+        asynchrony: AsyncConfig
+
+    @dataclasses.dataclass
+    class Cfg:
+        loop: LoopConfig
+        rollout: Rollout
+
+    engines = EngineConfig("m", {}, offload=offload, engine_process=engine_process)
+    cfg = Cfg(LoopConfig(num_rollout=5), Rollout(engines, AsyncConfig(staleness)))
+    assert generate_ahead(cfg).loop.num_rollout == 5 + extra
+    assert bool(memory_safe(cfg.rollout.asynchrony, engines).max_staleness) == bool(extra)

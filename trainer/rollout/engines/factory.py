@@ -30,6 +30,7 @@ from .interface import Engines, NoEngines
 from .processes import engine_processes
 from .servers import HTTPRollout
 from .sharding import Placement, placement
+from .sync_choice import settle_for_servers
 from .weight_sync import WeightSync
 
 # Given ``WeightSync.resync``, the hook that replaces a dead engine, or None (it stays down).
@@ -104,7 +105,9 @@ def weight_sync_for(ws: WeightSyncConfig, cfg: EngineConfig, engines: Engines, w
     or the servers (the engines behind a router, ``--rollout-engine-urls``, since a router
     forwards generation only)."""
     hosted = engines if engines.hosted else None
-    return WeightSync(ws.mode, engines=cfg.weights_door(hosted),
+    door = cfg.weights_door(hosted)
+    ws = settle_for_servers(ws, door)  # auto: IPC first for a server on the trainer's own GPU
+    return WeightSync(ws.mode, engines=door,
                       bucket_bytes=ws.bucket_bytes, disk_dir=work_dir / "weight_sync",
                       hf_config_dir=cfg.model_path, group_timeout_s=ws.timeout_s,
                       fallback=ws.fallback,

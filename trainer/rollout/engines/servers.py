@@ -239,6 +239,11 @@ class HTTPRollout(Engines):
         pool = max(pools, key=lambda p: p["peak_used"])
         return {k: pool[k] for k in ("peak_used", "bytes_per_slot", "capacity")}
 
+    def gpu_uuids(self) -> list[str | None]:
+        """Each server's GPU (sglang-kvc's ``gpu_uuid``; None where a server does not say, or
+        runs on a CPU): ``sync_choice`` keeps NCCL off a GPU the trainer holds too."""
+        return [(_server_info(u) or {}).get("gpu_uuid") for u in self.urls]
+
     def context_length(self) -> int | None:
         info = _server_info(self.urls[0]) or {}
         try:

@@ -20,7 +20,10 @@ Modes (``--weight-sync``):
 at the SmolLM2 shape on 2 H200s before, docs/benchmarks.md issue 68) when the servers can reach
 the trainer, with fallbacks (``ipc`` then ``disk`` on the same host, else ``tensor``) taken in
 turn, by every rank together, if the first push fails; once a push has worked, failures are
-errors as with an explicit mode. ``phases`` holds the last push's seconds by phase.
+errors as with an explicit mode. A server on the trainer's own GPU (one GPU holding both, where
+NCCL cannot pair two ranks) gets ``ipc`` first instead (``sync_choice.py``, from the GPU the
+server reports). ``phases`` holds the last push's seconds by phase; every push returns them as
+``sync_<phase>_s`` and rank 0 prints the first push's to servers (its set-up included).
 
 Each mode is one ``Transport`` of ``transports.TRANSPORTS`` (one bucket's way to the engines);
 ``WeightSync`` is what they share: buckets, the version, the engines lost during a push, re-sync.
@@ -135,12 +138,21 @@ class WeightSync:
         nbytes = self.transport.push(source(), version, urls)
         while self._first_push_failed():
             nbytes = self.transport.push(source(), version, urls)
-        self.proven = True
+        first, self.proven = not self.proven, True
         lost = self._wait_for_lost()
         if dist.is_initialized():
             dist.barrier()
-        return {"sync_bytes": float(nbytes), "time_sync": time.perf_counter() - start,
-                "sync_engines_lost": float(lost)}
+        seconds = time.perf_counter() - start
+        # to servers, the set-up (group, IPC mappings) shows in the first push
+        if first and self.mode != "inprocess" and is_rank0():
+            print(f"[weight sync] first push by {self.mode}: {seconds:.3f} s ({self.phase_line()})",
+                  flush=True)
+        return {"sync_bytes": float(nbytes), "time_sync": seconds,
+                "sync_engines_lost": float(lost),
+                **{f"sync_{k}_s": v for k, v in self.phases.seconds.items()}}
+
+    def phase_line(self) -> str:
+        return ", ".join(f"{k} {v:.3f} s" for k, v in self.phases.seconds.items())
 
     def resync(self, url: str) -> None:
         """Give one (re)started server the last pushed weights and version (rank 0, servers)."""

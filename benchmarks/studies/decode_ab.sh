@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Issue 68's decode mystery, one GPU call: the speed lane's engine_decode piece read a 6.5 ms
+# GPU step for every config (dense, R-KV, FP8) where issue 60 read ~0.8 ms on the same shape.
+# This runs the same decode benchmark (0.5B shape, batch 256, 128-token prompts, 512 tokens,
+# T 1 with log-probs, overlap, 2 repeats) four ways and prints one table side by side:
+#   before/own      BEFORE_DIR's own engine/throughput.py and engine (issue 60's path; one
+#                   process per config: its driver has no --configs)
+#   before/driver   this tree's driver (--configs dense,rkv, the graph timer) on BEFORE_DIR's engine
+#   after           this tree's driver and engine
+#   after+syncs     the same with --count-syncs (its counted run comes after each config's timed
+#                   runs: a sync-debug mode left on would slow the next config's)
+# before/own vs before/driver isolates the benchmark path, before/driver vs after the engine's
+# changes, after vs after+syncs --count-syncs. The two "driver" runs also profile 16 decode
+# steps of dense (--profile): kernels per step and the kernels' GPU time (OUT/*/engine_kernels.txt).
+#
+#   bash benchmarks/studies/decode_ab.sh BEFORE_DIR OUT_DIR
+# BEFORE_DIR: an extracted `git archive e96a021` tree. Environment: PYTHON (python3), SMOKE=1
+# (tiny shape on a CPU: the plumbing, measuring nothing; before/own is skipped there, its
+# driver needs a GPU). ~4-5 minutes on an H200.
+set -uo pipefail
+
+BEFORE="${1:?usage: benchmarks/studies/decode_ab.sh BEFORE_DIR OUT_DIR}"
+OUT="${2:?usage: benchmarks/studies/decode_ab.sh BEFORE_DIR OUT_DIR}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BEFORE="$(cd "$BEFORE" && pwd)" || exit 2
+[[ -d "$BEFORE/sglang-kvc/sglang_kvc" ]] || { echo "decode_ab.sh: $BEFORE holds no sglang-kvc/sglang_kvc" >&2; exit 2; }
+PY="${PYTHON:-python3}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+export PYTHONWARNINGS=ignore
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"  # as the speed lane sets it
+
+if [[ "${SMOKE:-0}" == 1 ]]; then
+    SHAPE=(--shape tiny --batch 8 --prompt-len 16 --output-len 24 --device cpu)
+    RKV=(--kv-budget 12 --compress-divide-length 4)
+else
+    SHAPE=(--shape qwen2.5-0.5b --batch 256 --prompt-len 128 --output-len 512)
+    RKV=(--kv-budget 128 --compress-divide-length 64)
+fi
+COMMON=("${SHAPE[@]}" --repeats 2 --temperature 1 --logprobs --skip-hf --modes overlap "${RKV[@]}")
+
+run() {
+    # run NAME TREE_OF_DRIVER TREE_OF_ENGINE ARGS...: one benchmark process, its JSON as OUT/NAME.json
+    local name=$1 driver=$2 engine=$3 begin=$SECONDS rc
+    shift 3
+    echo "=== $name at $(date +%H:%M:%S)"
+    (cd "$driver" && PYTHONPATH="$driver:$engine/sglang-kvc" timeout -k 15 300 "$PY" \
+        -m benchmarks.engine.throughput "${COMMON[@]}" "$@" --json "$OUT/$name.json") >"$OUT/$name.log" 2>&1
+    rc=$?
+    echo "exit $rc after $((SECONDS - begin)) s"
+    ((rc == 0)) || grep -v -i warn "$OUT/$name.log" | cut -c1-240 | tail -n 15
+}
+
+if [[ "${SMOKE:-0}" == 1 ]]; then
+    echo "=== before_own_*: skipped (SMOKE: BEFORE_DIR's driver needs a GPU)"
+else
+    run before_own_dense "$BEFORE" "$BEFORE" --compress none
+    run before_own_rkv "$BEFORE" "$BEFORE" --compress rkv
+fi
+run before_driver "$ROOT" "$BEFORE" --configs dense,rkv --profile "$OUT/before_driver_profile"
+run after "$ROOT" "$ROOT" --configs dense,rkv --profile "$OUT/after_profile"
+run after_syncs "$ROOT" "$ROOT" --configs dense,rkv --count-syncs
+
+(cd "$ROOT" && PYTHONPATH="$ROOT" "$PY" -m benchmarks.studies.decode_ab_summary "$OUT") | tee "$OUT/summary.md"

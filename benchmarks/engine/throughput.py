@@ -23,6 +23,7 @@ device->host copies per step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -149,13 +150,13 @@ def compress_kwargs(args) -> dict:
                 compress_divide_method="step_length")
 
 
-def timed_generate(engine, ids: list, params: dict, logprobs: bool) -> dict:
+def timed_generate(engine, ids: list, params: dict, logprobs: bool, graph_timer: bool = True) -> dict:
     engine.loop.step_stats = type(engine.step_stats)()  # fresh counters
     _sync(engine)
     captures = _captures(engine)
     timer = GraphTimer(engine)
     t0 = time.perf_counter()
-    with timer.active():
+    with timer.active() if graph_timer else contextlib.nullcontext():
         outs = engine.generate(input_ids=ids, sampling_params=params, return_logprob=logprobs)
     _sync(engine)
     dt = time.perf_counter() - t0
@@ -204,7 +205,7 @@ def bench_modes(path: str, prompts: torch.Tensor, out_len: int, modes: list[str]
     res = {}
     for mode in modes:
         engine.loop.overlap = engine.overlap = mode == "overlap"
-        res[mode] = summarize([timed_generate(engine, ids, params, args.logprobs)
+        res[mode] = summarize([timed_generate(engine, ids, params, args.logprobs, not args.no_graph_timer)
                                for _ in range(args.repeats)])
         if args.count_syncs:
             res[mode]["syncs_per_step"] = syncs_per_step(engine, ids, params, args.logprobs)
@@ -391,6 +392,8 @@ def main() -> None:
     ap.add_argument("--count-syncs", action="store_true",
                     help="one more run per mode counting synchronizing torch calls per step")
     ap.add_argument("--no-cuda-graph", action="store_true", help="eager decode steps")
+    ap.add_argument("--no-graph-timer", action="store_true",
+                    help="no CUDA events around the graph replays (no GPU ms per step; A/B of the probe)")
     ap.add_argument("--profile", default=None, help="directory for a profiler trace of decode steps")
     ap.add_argument("--host-breakdown", action="store_true", help="host time per stage of a step")
     ap.add_argument("--device", default="cuda",

@@ -2,21 +2,23 @@
 # Issue 68's decode mystery, one GPU call: the speed lane's engine_decode piece read a 6.5 ms
 # GPU step for every config (dense, R-KV, FP8) where issue 60 read ~0.8 ms on the same shape.
 # This runs the same decode benchmark (0.5B shape, batch 256, 128-token prompts, 512 tokens,
-# T 1 with log-probs, overlap, 2 repeats) four ways and prints one table side by side:
-#   before/own      BEFORE_DIR's own engine/throughput.py and engine (issue 60's path; one
-#                   process per config: its driver has no --configs)
-#   before/driver   this tree's driver (--configs dense,rkv, the graph timer) on BEFORE_DIR's engine
-#   after           this tree's driver and engine
-#   after+syncs     the same with --count-syncs (its counted run comes after each config's timed
-#                   runs: a sync-debug mode left on would slow the next config's)
-# before/own vs before/driver isolates the benchmark path, before/driver vs after the engine's
-# changes, after vs after+syncs --count-syncs. The two "driver" runs also profile 16 decode
-# steps of dense (--profile): kernels per step and the kernels' GPU time (OUT/*/engine_kernels.txt).
+# T 1 with log-probs, overlap, 2 repeats) five ways and prints one table side by side:
+#   before_own_*   BEFORE_DIR's own engine/throughput.py and engine (issue 60's path; one
+#                  process per config: its driver has no --configs)
+#   before_driver  this tree's driver (--configs dense,rkv, the graph timer) on BEFORE_DIR's engine
+#   after          this tree's driver and engine
+#   after_syncs    the same with --count-syncs (its counted run comes after each config's timed
+#                  runs: a sync-debug mode left on would slow the next config's)
+#   after_notimer  dense alone, without the CUDA events around each replay (step_probes.GraphTimer)
+# before_own vs before_driver isolates the benchmark path, before_driver vs after the engine's
+# changes, after vs after_syncs --count-syncs, after vs after_notimer the graph timer. The two
+# driver runs also profile 16 decode steps (--profile): kernels per step and their GPU time
+# (OUT/*_profile/engine_kernels.txt, the last config's; both in the run's log).
 #
 #   bash benchmarks/studies/decode_ab.sh BEFORE_DIR OUT_DIR
 # BEFORE_DIR: an extracted `git archive e96a021` tree. Environment: PYTHON (python3), SMOKE=1
-# (tiny shape on a CPU: the plumbing, measuring nothing; before/own is skipped there, its
-# driver needs a GPU). ~4-5 minutes on an H200.
+# (tiny shape on a CPU: the plumbing, measuring nothing; before_own_* is skipped there, its
+# driver needs a GPU). ~5 minutes on an H200.
 set -uo pipefail
 
 BEFORE="${1:?usage: benchmarks/studies/decode_ab.sh BEFORE_DIR OUT_DIR}"
@@ -60,5 +62,6 @@ fi
 run before_driver "$ROOT" "$BEFORE" --configs dense,rkv --profile "$OUT/before_driver_profile"
 run after "$ROOT" "$ROOT" --configs dense,rkv --profile "$OUT/after_profile"
 run after_syncs "$ROOT" "$ROOT" --configs dense,rkv --count-syncs
+run after_notimer "$ROOT" "$ROOT" --configs dense --no-graph-timer
 
 (cd "$ROOT" && PYTHONPATH="$ROOT" "$PY" -m benchmarks.studies.decode_ab_summary "$OUT") | tee "$OUT/summary.md"

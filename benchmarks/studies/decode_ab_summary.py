@@ -15,7 +15,7 @@ import json
 import statistics
 from pathlib import Path
 
-RUNS = ("before_own_dense", "before_own_rkv", "before_driver", "after", "after_syncs")
+RUNS = ("before_own_dense", "before_own_rkv", "before_driver", "after", "after_syncs", "after_notimer")
 _CONFIG_NAMES = {"none": "dense"}
 HEADER = ("| run | config | tok/s | decode tok/s | step ms | host ms | GPU ms (graph) | GPU wait ms "
           "| syncs/step | kernels/step | GPU busy ms/step (profile) | first ids |")

@@ -13,9 +13,17 @@
 # before_own vs before_driver isolates the benchmark path, before_driver vs after the engine's
 # changes, after vs after_syncs --count-syncs, after vs after_notimer the graph timer. The two
 # driver runs also profile 16 decode steps (--profile): kernels per step and their GPU time
-# (OUT/*_profile/engine_kernels.txt, the last config's; both in the run's log).
+# (OUT/*_profile/engine_kernels.txt, the last config's; both in the run's log). Package versions,
+# the GPU's clocks, power, throttle reasons and other processes before and after: OUT/environment_*.txt.
 #
 #   bash benchmarks/studies/decode_ab.sh BEFORE_DIR OUT_DIR
+# What the CPU found first (tiny shape, e96a021's engine against this one, same driver): the same
+# torch ops per decode step (eager 247 dense / 279 R-KV; with graphs emulated, 266 / 272 inside
+# the replayed body and 9 / 35 outside, every decode step replayed, none eager, no capture in a
+# warm run) and the same tokens. The GPU runs did not agree on tokens: issue 60's H200 run and
+# the H100 run began [0, 61141, ...] (first ids), issue 68's slow one [36354, 7962, ...]. The
+# first ids column says whether this call's runs compute the same thing.
+#
 # BEFORE_DIR: an extracted `git archive e96a021` tree. Environment: PYTHON (python3), SMOKE=1
 # (tiny shape on a CPU: the plumbing, measuring nothing; before_own_* is skipped there, its
 # driver needs a GPU). ~5 minutes on an H200.
@@ -41,6 +49,20 @@ else
 fi
 COMMON=("${SHAPE[@]}" --repeats 2 --temperature 1 --logprobs --skip-hf --modes overlap "${RKV[@]}")
 
+environment() {
+    # what could differ between two GPU calls with the same code: packages (the random weights
+    # come from transformers' init), the GPU's clocks, power and throttling, other processes
+    "$PY" -c 'import torch, transformers
+try:
+    import triton; tv = triton.__version__
+except ImportError:
+    tv = None
+print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", tv, "transformers", transformers.__version__)'
+    env | grep -E '^(CUDA|TORCH|TRITON|PYTORCH|SGLANG|NCCL)' | sort
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,pstate,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu,utilization.gpu,memory.used,clocks_throttle_reasons.active --format=csv
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-compute-apps=pid,name,used_memory --format=csv
+}
+
 run() {
     # run NAME TREE_OF_DRIVER TREE_OF_ENGINE ARGS...: one benchmark process, its JSON as OUT/NAME.json
     local name=$1 driver=$2 engine=$3 begin=$SECONDS rc
@@ -53,6 +75,7 @@ run() {
     ((rc == 0)) || grep -v -i warn "$OUT/$name.log" | cut -c1-240 | tail -n 15
 }
 
+environment 2>&1 | tee "$OUT/environment_before.txt"
 if [[ "${SMOKE:-0}" == 1 ]]; then
     echo "=== before_own_*: skipped (SMOKE: BEFORE_DIR's driver needs a GPU)"
 else
@@ -63,5 +86,6 @@ run before_driver "$ROOT" "$BEFORE" --configs dense,rkv --profile "$OUT/before_d
 run after "$ROOT" "$ROOT" --configs dense,rkv --profile "$OUT/after_profile"
 run after_syncs "$ROOT" "$ROOT" --configs dense,rkv --count-syncs
 run after_notimer "$ROOT" "$ROOT" --configs dense --no-graph-timer
+environment >"$OUT/environment_after.txt" 2>&1
 
 (cd "$ROOT" && PYTHONPATH="$ROOT" "$PY" -m benchmarks.studies.decode_ab_summary "$OUT") | tee "$OUT/summary.md"

@@ -26,7 +26,9 @@
 #
 # BEFORE_DIR: an extracted `git archive e96a021` tree. Environment: PYTHON (python3), SMOKE=1
 # (tiny shape on a CPU: the plumbing, measuring nothing; before_own_* is skipped there, its
-# driver needs a GPU). ~5 minutes on an H200.
+# driver needs a GPU), RUN_S (each process's limit, 150). ~5-6 minutes on an H200 (six processes,
+# each building the random 0.5B checkpoint and compiling its kernels); OUT/summary.md is
+# rewritten after every run.
 set -uo pipefail
 
 BEFORE="${1:?usage: benchmarks/studies/decode_ab.sh BEFORE_DIR OUT_DIR}"
@@ -47,6 +49,8 @@ else
     SHAPE=(--shape qwen2.5-0.5b --batch 256 --prompt-len 128 --output-len 512)
     RKV=(--kv-budget 128 --compress-divide-length 64)
 fi
+RUN_S="${RUN_S:-150}"  # each process's limit (SMOKE: a shared CPU is slow)
+[[ "${SMOKE:-0}" == 1 ]] && RUN_S=600
 COMMON=("${SHAPE[@]}" --repeats 2 --temperature 1 --logprobs --skip-hf --modes overlap "${RKV[@]}")
 
 environment() {
@@ -68,11 +72,17 @@ run() {
     local name=$1 driver=$2 engine=$3 begin=$SECONDS rc
     shift 3
     echo "=== $name at $(date +%H:%M:%S)"
-    (cd "$driver" && PYTHONPATH="$driver:$engine/sglang-kvc" timeout -k 15 300 "$PY" \
+    (cd "$driver" && PYTHONPATH="$driver:$engine/sglang-kvc" timeout -k 15 "$RUN_S" "$PY" \
         -m benchmarks.engine.throughput "${COMMON[@]}" "$@" --json "$OUT/$name.json") >"$OUT/$name.log" 2>&1
     rc=$?
     echo "exit $rc after $((SECONDS - begin)) s"
     ((rc == 0)) || grep -v -i warn "$OUT/$name.log" | cut -c1-240 | tail -n 15
+    summary >/dev/null  # after every run: a call cut short keeps the table of those done
+}
+
+summary() {
+    (cd "$ROOT" && PYTHONPATH="$ROOT" "$PY" -m benchmarks.studies.decode_ab_summary "$OUT") >"$OUT/summary.md"
+    cat "$OUT/summary.md"
 }
 
 environment 2>&1 | tee "$OUT/environment_before.txt"
@@ -88,4 +98,4 @@ run after_syncs "$ROOT" "$ROOT" --configs dense,rkv --count-syncs
 run after_notimer "$ROOT" "$ROOT" --configs dense --no-graph-timer
 environment >"$OUT/environment_after.txt" 2>&1
 
-(cd "$ROOT" && PYTHONPATH="$ROOT" "$PY" -m benchmarks.studies.decode_ab_summary "$OUT") | tee "$OUT/summary.md"
+summary

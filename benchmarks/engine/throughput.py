@@ -105,7 +105,8 @@ def bench_hf(path: str, prompts: torch.Tensor, out_len: int, args) -> dict:
 def make_engine(path: str, B: int, P: int, O: int, overlap: bool, args, config: str = ""):
     from sglang_kvc import Engine
 
-    return Engine(model_path=path, skip_tokenizer_init=True, dtype=_dtype(args), device=args.device,
+    return Engine(model_path=path, skip_tokenizer_init=True, dtype=_dtype(args),
+                  device="auto" if args.device == "cuda" else args.device,  # (auto: as before on a GPU)
                   max_total_tokens=args.pool_tokens or B * (P + O) + 1024,
                   max_running_requests=B, cuda_graph_max_bs=B, context_length=P + O + 16,
                   cuda_graph=_cuda(args) and not args.no_cuda_graph, mem_fraction_static=0.85,
@@ -247,9 +248,12 @@ def profile_steps(engine, ids, params, args, skip: int = 4, steps: int = 16) -> 
     def windowed(batch):  # runs on the engine thread
         if not batch.is_prefill:
             seen[0] += 1
-            if seen[0] in (skip + 1, skip + steps + 1):
+            if seen[0] == skip + 1:
                 _sync(engine)
-                prof.start() if seen[0] == skip + 1 else prof.stop()
+                prof.start()
+            elif seen[0] == skip + steps + 1:
+                _sync(engine)
+                prof.stop()
         return launch(batch)
 
     engine.runner.launch = windowed

@@ -71,7 +71,8 @@ run() {
     # run NAME TREE_OF_DRIVER TREE_OF_ENGINE ARGS...: one benchmark process, its JSON as OUT/NAME.json
     local name=$1 driver=$2 engine=$3 begin=$SECONDS rc
     shift 3
-    echo "=== $name at $(date +%H:%M:%S)"
+    echo "=== $name at $(date +%H:%M:%S): engine $(cd "$driver" && PYTHONPATH="$driver:$engine/sglang-kvc" "$PY" \
+        -c 'import sglang_kvc; print(sglang_kvc.__file__)')"  # (an editable install must not win)
     (cd "$driver" && PYTHONPATH="$driver:$engine/sglang-kvc" timeout -k 15 "$RUN_S" "$PY" \
         -m benchmarks.engine.throughput "${COMMON[@]}" "$@" --json "$OUT/$name.json") >"$OUT/$name.log" 2>&1
     rc=$?

@@ -67,6 +67,21 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", tv, "tra
     command -v nvidia-smi >/dev/null && nvidia-smi --query-compute-apps=pid,name,used_memory --format=csv
 }
 
+weights() {
+    # the random checkpoint's scale as this environment builds it (issue 60's tokens fit a nearly
+    # flat distribution, as small weights give; this environment's weights have std 0.1 on a CPU)
+    (cd "$ROOT" && PYTHONPATH="$ROOT" "$PY" -c 'import sys, tempfile, torch
+from pathlib import Path
+from safetensors import safe_open
+from benchmarks.common.checkpoint import build_checkpoint
+with tempfile.TemporaryDirectory() as d:
+    build_checkpoint(sys.argv[1], Path(d), 0, torch.bfloat16)
+    with safe_open(next(str(f) for f in Path(d).glob("*.safetensors")), "pt") as f:
+        for name in sorted(f.keys())[:4]:
+            t = f.get_tensor(name).float()
+            print(f"{name}: std {t.std().item():.4f}, max |x| {t.abs().max().item():.3f}")' "$1")
+}
+
 run() {
     # run NAME TREE_OF_DRIVER TREE_OF_ENGINE ARGS...: one benchmark process, its JSON as OUT/NAME.json
     local name=$1 driver=$2 engine=$3 begin=$SECONDS rc
@@ -86,7 +101,7 @@ summary() {
     cat "$OUT/summary.md"
 }
 
-environment 2>&1 | tee "$OUT/environment_before.txt"
+{ environment; weights "${SHAPE[1]}"; } 2>&1 | grep -v -i "writing model shards" | tee "$OUT/environment_before.txt"
 if [[ "${SMOKE:-0}" == 1 ]]; then
     echo "=== before_own_*: skipped (SMOKE: BEFORE_DIR's driver needs a GPU)"
 else

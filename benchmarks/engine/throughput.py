@@ -23,6 +23,7 @@ device->host copies per step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -104,11 +105,26 @@ def bench_hf(path: str, prompts: torch.Tensor, out_len: int, args) -> dict:
 def make_engine(path: str, B: int, P: int, O: int, overlap: bool, args, config: str = ""):
     from sglang_kvc import Engine
 
-    return Engine(model_path=path, skip_tokenizer_init=True, dtype="bfloat16",
+    return Engine(model_path=path, skip_tokenizer_init=True, dtype=_dtype(args),
+                  device="auto" if args.device == "cuda" else args.device,  # (auto: as before on a GPU)
                   max_total_tokens=args.pool_tokens or B * (P + O) + 1024,
                   max_running_requests=B, cuda_graph_max_bs=B, context_length=P + O + 16,
-                  cuda_graph=not args.no_cuda_graph, mem_fraction_static=0.85,
+                  cuda_graph=_cuda(args) and not args.no_cuda_graph, mem_fraction_static=0.85,
                   disable_overlap_schedule=not overlap, **config_kwargs(args, config))
+
+
+def _cuda(args) -> bool:
+    return args.device.startswith("cuda")
+
+
+def _dtype(args) -> str:
+    """bf16 as the GPU runs; fp32 on a CPU (its dry runs check the path, not the speed)."""
+    return "bfloat16" if _cuda(args) else "float32"
+
+
+def _sync(engine) -> None:
+    if engine.runner.device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def config_kwargs(args, config: str) -> dict:
@@ -135,15 +151,15 @@ def compress_kwargs(args) -> dict:
                 compress_divide_method="step_length")
 
 
-def timed_generate(engine, ids: list, params: dict, logprobs: bool) -> dict:
+def timed_generate(engine, ids: list, params: dict, logprobs: bool, graph_timer: bool = True) -> dict:
     engine.loop.step_stats = type(engine.step_stats)()  # fresh counters
-    torch.cuda.synchronize()
+    _sync(engine)
     captures = _captures(engine)
     timer = GraphTimer(engine)
     t0 = time.perf_counter()
-    with timer.active():
+    with timer.active() if graph_timer else contextlib.nullcontext():
         outs = engine.generate(input_ids=ids, sampling_params=params, return_logprob=logprobs)
-    torch.cuda.synchronize()
+    _sync(engine)
     dt = time.perf_counter() - t0
     n = sum(len(o["output_ids"]) for o in outs)
     stats = engine.step_stats.to_dict()
@@ -159,9 +175,13 @@ def _captures(engine) -> int:
     return engine.runner.graphs.num_captures if engine.runner.graphs is not None else 0
 
 
-def syncs_per_step(engine, ids: list, params: dict, logprobs: bool) -> float:
+def syncs_per_step(engine, ids: list, params: dict, logprobs: bool) -> float | None:
     """Synchronizing torch calls per decode step beyond each step's one output read, over one
-    more run of the same requests (counted apart: the warnings cost host time)."""
+    more run of the same requests (counted apart: the warnings cost host time). None on a CPU
+    (no device to sync with; the run is still made, as on the GPU)."""
+    if engine.runner.device.type != "cuda":
+        engine.generate(input_ids=ids, sampling_params=params, return_logprob=logprobs)
+        return None
     engine.loop.step_stats = type(engine.step_stats)()
     with count_syncs() as seen:
         engine.generate(input_ids=ids, sampling_params=params, return_logprob=logprobs)
@@ -177,20 +197,25 @@ def bench_modes(path: str, prompts: torch.Tensor, out_len: int, modes: list[str]
     """Every mode of `modes` on one engine (overlap is a switch of its step loop): the same
     graphs, pool and warm caches, so the modes' ratios hold nothing else."""
     B, P = prompts.shape
-    torch.cuda.reset_peak_memory_stats()
+    if _cuda(args):
+        torch.cuda.reset_peak_memory_stats()
     engine = make_engine(path, B, P, out_len, True, args, config)
     ids = prompts.tolist()
     params = sampling(args, out_len)
-    engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=32))  # warm up/capture
+    # Warm-up with the timed runs' sampling mode (log-probs too): its graph is captured here,
+    # not inside the first timed run (issue 68's lane read 1 capture there, 2 per engine life).
+    engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=32),
+                    return_logprob=args.logprobs)
     res = {}
     for mode in modes:
         engine.loop.overlap = engine.overlap = mode == "overlap"
-        res[mode] = summarize([timed_generate(engine, ids, params, args.logprobs)
+        res[mode] = summarize([timed_generate(engine, ids, params, args.logprobs, not args.no_graph_timer)
                                for _ in range(args.repeats)])
         if args.count_syncs:
             res[mode]["syncs_per_step"] = syncs_per_step(engine, ids, params, args.logprobs)
         print(f"engine ({config or 'flags'}, {mode}):", json.dumps(res[mode]), flush=True)
-    common = {"peak_gb": torch.cuda.max_memory_allocated() / 1e9, "kv_pool_gb": engine.kv.pool.bytes / 1e9,
+    peak = torch.cuda.max_memory_allocated() / 1e9 if _cuda(args) else None
+    common = {"peak_gb": peak, "kv_pool_gb": engine.kv.pool.bytes / 1e9,
               "preemptions": engine.scheduler.num_preemptions,
               "graph_captures_engine_life": _captures(engine)}
     for mode in modes:
@@ -215,20 +240,22 @@ def summarize(runs: list[dict]) -> dict:
 
 def profile_steps(engine, ids, params, args, skip: int = 4, steps: int = 16) -> dict:
     """Kernels and device->host copies per decode step, profiled over `steps` decode steps of
-    an unchanged batch (after `skip` warm steps; prefill excluded)."""
+    an unchanged batch (after `skip` warm steps; prefill excluded). On a CPU: the torch ops
+    per step (each one a kernel launch on the GPU's eager path)."""
     from torch.profiler import ProfilerActivity, profile
 
-    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    cuda = engine.runner.device.type == "cuda"
+    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
     launch, seen = engine.runner.launch, [0]
 
     def windowed(batch):  # runs on the engine thread
         if not batch.is_prefill:
             seen[0] += 1
             if seen[0] == skip + 1:
-                torch.cuda.synchronize()
+                _sync(engine)
                 prof.start()
             elif seen[0] == skip + steps + 1:
-                torch.cuda.synchronize()
+                _sync(engine)
                 prof.stop()
         return launch(batch)
 
@@ -238,10 +265,20 @@ def profile_steps(engine, ids, params, args, skip: int = 4, steps: int = 16) -> 
     engine.runner.launch = launch
     Path(args.profile).mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(f"{args.profile}/engine_trace.json")
-    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=30)
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=30)
     with open(f"{args.profile}/engine_kernels.txt", "w") as f:
         f.write(table)
     print(table)
+    return _per_step(prof, steps, cuda)
+
+
+def _per_step(prof, steps: int, cuda: bool) -> dict:
+    if not cuda:
+        ops = [e for e in prof.events() if e.name.startswith("aten::")]
+        top = [e for e in ops if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
+        return {"steps": steps, "torch_ops_per_step": len(top) / steps,
+                "aten_calls_per_step": len(ops) / steps}
     events = [e for e in prof.events() if e.device_type.name == "CUDA"]
     d2h = sum(1 for e in events if "DtoH" in e.name)
     kernels = [e for e in events if "Memcpy" not in e.name and "Memset" not in e.name]
@@ -362,20 +399,28 @@ def main() -> None:
     ap.add_argument("--count-syncs", action="store_true",
                     help="one more run per mode counting synchronizing torch calls per step")
     ap.add_argument("--no-cuda-graph", action="store_true", help="eager decode steps")
+    ap.add_argument("--no-graph-timer", action="store_true",
+                    help="no CUDA events around the graph replays (no GPU ms per step; A/B of the probe)")
     ap.add_argument("--profile", default=None, help="directory for a profiler trace of decode steps")
     ap.add_argument("--host-breakdown", action="store_true", help="host time per stage of a step")
+    ap.add_argument("--device", default="cuda",
+                    help="cuda, or cpu for a dry run of the path (--shape tiny; no HF, no graphs)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write results here")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("benchmarks.engine.throughput needs a GPU")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("benchmarks.engine.throughput: no GPU (--device cpu --shape tiny for a dry run)")
+    if args.device == "cpu":
+        args.skip_hf = True  # (HF generate's timing means nothing on a CPU)
+    elif not args.device.startswith("cuda"):
+        raise SystemExit(f"--device: cuda or cpu, got {args.device!r}")
     for config in filter(None, (c.strip() for c in args.configs.split(","))):
         if config.partition("@")[0] not in _ALGOS:
             raise SystemExit(f"--configs: unknown algorithm in {config!r} (one of {', '.join(_ALGOS)})")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - {"overlap", "sequential"}:
         raise SystemExit(f"--modes: expected overlap and/or sequential, got {args.modes!r}")
-    gpu = torch.cuda.get_device_name()
+    gpu = torch.cuda.get_device_name() if _cuda(args) else "cpu"
     B, P, O = args.batch, args.prompt_len, args.output_len
     g = torch.Generator().manual_seed(args.seed)
     vocab = SHAPES[args.shape]().vocab_size
@@ -385,7 +430,8 @@ def main() -> None:
                "compress": args.compress, "kv_budget": args.kv_budget,
                "engine": {}}
     with tempfile.TemporaryDirectory() as d:
-        results["params"] = param_count(build_checkpoint(args.shape, Path(d), args.seed, torch.bfloat16))
+        dtype = torch.bfloat16 if _cuda(args) else torch.float32
+        results["params"] = param_count(build_checkpoint(args.shape, Path(d), args.seed, dtype))
         if not args.skip_hf:
             results["hf"] = bench_hf(d, prompts, O, args)
             print("HF generate:", json.dumps(results["hf"]), flush=True)

@@ -57,6 +57,12 @@ class FixedLength(Backend):
     def close_session(self, session_id: str) -> None:
         self.inner.close_session(session_id)
 
+    def open_sessions(self, count: int) -> list[str]:
+        return self.inner.open_sessions(count)
+
+    def close_sessions(self, session_ids: list[str]) -> None:
+        self.inner.close_sessions(session_ids)
+
 
 def _fixed(r):
     r.sampling_params["ignore_eos"] = True
@@ -111,8 +117,13 @@ def make_prompts(tokenizer, count: int) -> list[Prompt]:
     return out
 
 
+ENGINE_THREAD = ("prefill_steps", "prefill_s", "commands", "command_s", "idle_s")
+
+
 def _counters(rollout) -> dict:
-    return rollout.decode_counters()
+    """The decode counters, and where the rest of the engine thread's time went."""
+    steps = rollout.engine.step_stats
+    return {**rollout.decode_counters(), **{k: getattr(steps, k) for k in ENGINE_THREAD}}
 
 
 def _measured(rollout, run) -> tuple[list, dict]:
@@ -125,7 +136,7 @@ def _measured(rollout, run) -> tuple[list, dict]:
     decode = delta["decode_host_s"] + delta["decode_gpu_wait_s"]
     return traces, {"wall_s": wall, "decode_steps": int(delta["decode_steps"]), "decode_s": decode,
                     "decode_host_s": delta["decode_host_s"], "outside_decode_s": wall - decode,
-                    "start": begin}
+                    **{k: delta[k] for k in ENGINE_THREAD}, "start": begin}
 
 
 def single_turn(ctx, prompts, n, plan) -> tuple[list, dict]:
@@ -143,7 +154,7 @@ def multi_turn(ctx, prompts, n, plan, args) -> tuple[list, dict]:
     return traces, {"model_tokens": sum(m["model_tokens"] for m in metas),
                     "tool_s": sum(m["env_seconds"] for m in metas),
                     "turns_per_sample": sum(m["turns"] for m in metas) / len(metas),
-                    **barrier(metas)}
+                    **barrier(metas), **plugin.host_times.to_dict()}
 
 
 def barrier(metas: list[dict]) -> dict:
@@ -203,18 +214,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model-dir", default="models/SmolLM2-135M-Instruct")
     p.add_argument("--tiny", action="store_true",
                    help="the tiny test model on the CPU, 4 prompts x 4 samples, short turns")
-    p.add_argument("--prompts", type=int, default=64)
-    p.add_argument("--samples", type=int, default=8, help="samples per prompt")
+    p.add_argument("--prompts", type=int, default=None, help="default 64 (--tiny: 4)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="samples per prompt, default 8 (--tiny: 4)")
     p.add_argument("--turns", type=int, default=2)
-    p.add_argument("--turn-tokens", type=int, default=64, help="mean tokens per turn")
+    p.add_argument("--turn-tokens", type=int, default=None,
+                   help="mean tokens per turn, default 64 (--tiny: 12)")
     p.add_argument("--tool-ms", type=float, default=0.0, help="each tool call's extra wait")
-    p.add_argument("--repeats", type=int, default=2, help="timed runs per mode (after a warm-up)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed runs per mode after a warm-up, default 2 (--tiny: 1)")
     p.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
-    if args.tiny:
-        args.prompts, args.samples, args.turn_tokens, args.repeats = 4, 4, 12, 1
+    defaults = (4, 4, 12, 1) if args.tiny else (64, 8, 64, 2)  # what was not given
+    for key, value in zip(("prompts", "samples", "turn_tokens", "repeats"), defaults):
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.device is None:
         import torch
 

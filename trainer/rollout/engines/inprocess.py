@@ -73,6 +73,17 @@ class EngineRollout(Engines):
     def close_session(self, session_id: str) -> None:
         self.engine.close_session(session_id)
 
+    def open_sessions(self, count: int) -> list[str]:
+        """All of them in one hop to the engine thread."""
+        return self.engine.open_sessions(count)
+
+    def close_sessions(self, session_ids: list[str]) -> None:
+        """All of them at one step boundary; ids the engine does not know are skipped."""
+        try:
+            self.engine.close_sessions(session_ids)
+        except RuntimeError:  # its thread died: it holds nothing any more
+            pass
+
     def pool(self) -> dict | None:
         return _pool(self.engine.get_server_info())
 

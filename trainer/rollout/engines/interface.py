@@ -159,6 +159,20 @@ class Backend:
         """Free what the session holds (an id the engine no longer knows holds nothing)."""
         raise RolloutError(f"{type(self).__name__} has no sessions")
 
+    def open_sessions(self, count: int) -> list[str]:
+        """``count`` sessions at once (a rollout's episodes); engines that can open them in one
+        round trip override it."""
+        return [self.open_session() for _ in range(count)]
+
+    def close_sessions(self, session_ids: list[str]) -> None:
+        """Free what each session holds, all at once where the engine can; an id the engine no
+        longer knows (it restarted) holds nothing and is skipped."""
+        for session_id in session_ids:
+            try:
+                self.close_session(session_id)
+            except (ValueError, RuntimeError):
+                pass
+
 
 class Engines(Backend):
     """This rank's rollout engines, whatever the topology. The defaults are what an engine that
@@ -166,7 +180,8 @@ class Engines(Backend):
 
     generate      ``run`` / ``generate`` (a batch), ``submit`` (one request joins the running
                   batch) (``Backend``)
-    sessions      ``has_sessions``, ``open_session()``, ``close_session(id)``: a request with
+    sessions      ``has_sessions``, ``open_session()``, ``close_session(id)`` and their batched
+                  ``open_sessions(count)``, ``close_sessions(ids)``: a request with
                   ``session_params`` continues its session's KV on the engine that holds it
     weights       ``update_weights(path, payload, urls)``: SGLang's ``/update_weights_from_*``
                   request (in-process: ``/update_weights_from_tensor`` with the tensors

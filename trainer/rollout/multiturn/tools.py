@@ -14,7 +14,10 @@ import operator
 
 # A tool that overruns its limit is abandoned (a thread cannot be killed), so every tool here
 # also bounds its own work (the calculator's operand sizes); the pool only keeps the loop going.
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="tool")
+# As many workers as environment steps run at once (runner.ENV_WORKERS): a call queued behind
+# other episodes' calls would spend its time limit waiting for a thread.
+TOOL_WORKERS = 64
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=TOOL_WORKERS, thread_name_prefix="tool")
 
 
 class ToolError(Exception):

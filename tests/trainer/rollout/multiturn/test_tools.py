@@ -77,6 +77,28 @@ def test_a_tool_runs_under_a_time_limit():
         run_tool(calculator, {"expr": "1"})
 
 
+def test_concurrent_episodes_tools_run_at_once_not_queued():
+    """As many episodes' tool calls as the environment runs at once each get a thread at once:
+    32 calls that can only finish together (a barrier of 32) all answer, none spends its limit
+    queued behind the others."""
+    parties = 32
+    barrier = threading.Barrier(parties)
+    results: list = []
+
+    def call():
+        try:
+            results.append(run_tool(lambda: barrier.wait(timeout=20) >= 0, {}, seconds=30))
+        except ToolError as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=call) for _ in range(parties)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == ["True"] * parties
+
+
 class _Calc(ToolEnvironment):
     tools = {"calculator": calculator}
 

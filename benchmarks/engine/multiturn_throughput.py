@@ -12,12 +12,18 @@ one and a half of it, seeded; ``ignore_eos``), so turns end at different steps a
 
 Printed per mode: model tokens, wall seconds, tokens/s, decode steps, decode seconds (engine
 host + GPU wait), the engine thread's host seconds in decode, the seconds outside decode
-(prefill, scheduling, the episode loop) and the tools' seconds (summed over samples); then
-multi-turn's share of single-turn's tokens/s, and whether the per-turn barrier is gone: the
-first turn 2 started before the slowest turn 1 ended (per-turn timestamps).
+(prefill, scheduling, the episode loop) and the tools' seconds (summed over samples). Then the
+split of the time outside decode: the engine thread's prefill steps and seconds, the commands
+it ran between steps (session opens and closes) and its idle seconds; the episode loop's
+seconds opening sessions, submitting turns, waiting, taking turns and observations in, closing
+sessions (and in how many calls), its wake-ups, and the gap from a turn's return to the next
+turn's submit (median and slowest). Last, multi-turn's share of single-turn's tokens/s, and
+whether the per-turn barrier is gone: the first turn 2 started before the slowest turn 1
+ended (per-turn timestamps).
 
     python -m benchmarks.engine.multiturn_throughput --model-dir models/SmolLM2-135M-Instruct
     python -m benchmarks.engine.multiturn_throughput --tiny       # CPU, the tiny test model
+    python -m benchmarks.engine.multiturn_throughput --tiny --prompts 64 --samples 8  # host-bound
 """
 
 from __future__ import annotations
@@ -154,7 +160,16 @@ def multi_turn(ctx, prompts, n, plan, args) -> tuple[list, dict]:
     return traces, {"model_tokens": sum(m["model_tokens"] for m in metas),
                     "tool_s": sum(m["env_seconds"] for m in metas),
                     "turns_per_sample": sum(m["turns"] for m in metas) / len(metas),
-                    **barrier(metas), **plugin.host_times.to_dict()}
+                    **barrier(metas), **turn_gaps(metas), **plugin.host_times.to_dict()}
+
+
+def turn_gaps(metas: list[dict]) -> dict:
+    """From a turn's return to the episode loop to its next turn's submit (the environment
+    step and the loop's hops): median and slowest, in ms."""
+    gaps = sorted(b[0] - a[1] for m in metas for a, b in zip(m["turn_spans"], m["turn_spans"][1:]))
+    if not gaps:
+        return {}
+    return {"turn_gap_median_ms": 1e3 * gaps[len(gaps) // 2], "turn_gap_max_ms": 1e3 * gaps[-1]}
 
 
 def barrier(metas: list[dict]) -> dict:
@@ -268,10 +283,18 @@ COLUMNS = ("mode", "model_tokens", "wall_s", "tokens_per_s", "decode_steps", "de
            "decode_host_s", "outside_decode_s", "tool_s", "first_turn2_start", "slowest_turn1_end")
 
 
+# where the time outside decode went: the engine thread's (prefill steps, commands between
+# steps such as session opens/closes, idle), then the episode loop's (host_times.py)
+SPLIT = ("mode", "prefill_steps", "prefill_s", "commands", "command_s", "idle_s", "open_s",
+         "submit_s", "wait_s", "handle_s", "close_s", "close_calls", "finish_s", "wakeups",
+         "turn_gap_median_ms", "turn_gap_max_ms")
+
+
 def report(out: dict) -> None:
-    print(" ".join(f"{c:>17}" for c in COLUMNS))
-    for r in out["rows"]:
-        print(" ".join(f"{_cell(r.get(c)):>17}" for c in COLUMNS))
+    for columns in (COLUMNS, SPLIT):
+        print(" ".join(f"{c:>17}" for c in columns))
+        for r in out["rows"]:
+            print(" ".join(f"{_cell(r.get(c)):>17}" for c in columns))
     s = out["summary"]
     print(f"multi-turn / single-turn tokens/s: {s['multi_over_single_tokens_per_s']:.2f}  "
           f"(target on one H200 at 64 x 8: >= 0.50)")

@@ -5,9 +5,9 @@ runs at once and its next turn joins the running batch).
 Each sample has a plan of ``--turns`` turn lengths (``--turn-tokens`` on average, from half to
 one and a half of it, seeded; ``ignore_eos``), so turns end at different steps as real ones do:
 
-    multi-turn    the episodes of ``MultiTurn``: after each turn a tool (the calculator, through
-                  the tool pool, plus ``--tool-ms`` of waiting) answers with an observation,
-                  the next turn continues the episode's engine session
+    multi-turn    the episodes of ``MultiTurn``: after each turn a tool (the calculator under
+                  its time limit; with ``--tool-ms``, that much waiting on the tool pool first)
+                  answers with an observation, the next turn continues the episode's session
     single-turn   one request per sample for the plan's total, all in one batch
 
 Printed per mode: model tokens, wall seconds, tokens/s, decode steps, decode seconds (engine
@@ -76,8 +76,10 @@ def _fixed(r):
 
 
 class CalculatorTool:
-    """Answers every turn but the last with the calculator's output (the tool pool, its time
-    limit) after ``tool_ms`` of waiting, as a tool call over the network would."""
+    """Answers every turn but the last with the calculator's output under its time limit
+    (``run_tool``: the shipped calculator is ``@bounded`` and runs on the environment's thread)
+    or, with ``tool_ms``, after that much waiting on the tool pool, as a tool call over the
+    network would."""
 
     def __init__(self, turns: int, tool_ms: float):
         self.turns, self.tool_ms = turns, tool_ms
@@ -86,12 +88,12 @@ class CalculatorTool:
         k = len(conversation.turns)
         if k >= self.turns:
             return Step(done=True, reward=0.0)
-        out = run_tool(self._tool, {"expression": f"{k + 3} * 7 + {conversation.sample_index}"})
+        tool = self._tool if self.tool_ms else calculator
+        out = run_tool(tool, {"expression": f"{k + 3} * 7 + {conversation.sample_index}"})
         return Step(f"<tool_response>\n{out}\n</tool_response>", tool_calls=1)
 
     def _tool(self, expression: str) -> str:
-        if self.tool_ms:
-            time.sleep(self.tool_ms / 1e3)
+        time.sleep(self.tool_ms / 1e3)
         return calculator(expression)
 
 
@@ -207,11 +209,13 @@ def start_engine(args, model_dir: str, samples: int, longest: int):
 
     cuda = args.device.startswith("cuda")
     context = longest + 512
+    # a pool that holds every episode's whole context, on the CPU too: no parked KV is dropped
+    # (a turn that re-prefills its history would measure memory pressure, not the host path)
     kw = dict(model_path=model_dir, device=args.device, dtype="bfloat16" if cuda else "float32",
-              context_length=context, max_running_requests=samples, random_seed=args.seed)
+              context_length=context, max_running_requests=samples, random_seed=args.seed,
+              max_total_tokens=samples * context + 4096)
     if cuda:
-        kw.update(max_total_tokens=samples * context + 4096, cuda_graph_max_bs=min(samples, 512),
-                  mem_fraction_static=0.5)
+        kw.update(cuda_graph_max_bs=min(samples, 512), mem_fraction_static=0.5)
     return EngineRollout(Engine(**kw))
 
 

@@ -2,12 +2,13 @@
 whitelist: names, attributes and calls refused; a time limit on every tool)."""
 
 import threading
+import time
 
 import pytest
 
 from trainer.rollout.multiturn.environment import Conversation, ToolEnvironment
 from trainer.rollout.multiturn.parser import load_parser, qwen25
-from trainer.rollout.multiturn.tools import ToolError, calculator, run_tool
+from trainer.rollout.multiturn.tools import ToolError, bounded, calculator, run_tool
 from trainer.rollout.samples.data import Prompt
 
 
@@ -75,6 +76,27 @@ def test_a_tool_runs_under_a_time_limit():
     release.set()
     with pytest.raises(ToolError, match="bad arguments"):
         run_tool(calculator, {"expr": "1"})
+
+
+def test_a_bounded_tool_runs_on_the_callers_thread_under_the_same_limit():
+    """``@bounded`` (the calculator): no thread hop, the same answers and errors, and a result
+    that came after the limit is refused as the pool would refuse it."""
+    threads = []
+
+    @bounded
+    def where(delay: float = 0.0) -> str:
+        threads.append(threading.current_thread())
+        time.sleep(delay)
+        return "here"
+
+    assert run_tool(where, {}) == "here" and threads == [threading.current_thread()]
+    with pytest.raises(ToolError, match="longer than 0.001 s"):
+        run_tool(where, {"delay": 0.05}, seconds=0.001)
+    with pytest.raises(ToolError, match="bad arguments"):
+        run_tool(where, {"nope": 1})
+    assert run_tool(calculator, {"expression": "6 * 7"}) == "42"
+    with pytest.raises(ToolError, match="division by zero"):
+        run_tool(calculator, {"expression": "1 / 0"})
 
 
 def test_concurrent_episodes_tools_run_at_once_not_queued():

@@ -132,8 +132,8 @@ class StepLoop:
                 take_cmd(*msg[1:])
 
     def _run_command(self, fn, args, fut: concurrent.futures.Future) -> None:
+        begin = time.perf_counter()  # counted with the step in flight it settles first
         self._complete_inflight()  # commands see every launched step processed
-        begin = time.perf_counter()
         try:
             result = fn(*args)
             if self.check_kv is not None:

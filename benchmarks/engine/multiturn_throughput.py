@@ -57,6 +57,9 @@ class FixedLength(Backend):
     def submit(self, request, cfg):
         return self.inner.submit(_fixed(request), cfg)
 
+    def submit_many(self, requests, cfg):
+        return self.inner.submit_many([_fixed(r) for r in requests], cfg)
+
     def open_session(self) -> str:
         return self.inner.open_session()
 

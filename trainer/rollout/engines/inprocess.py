@@ -58,11 +58,18 @@ class EngineRollout(Engines):
     def submit(self, request: SampleRequest, cfg: RolloutConfig
                ) -> "concurrent.futures.Future[Generation]":
         """One request into the engine's queue: its scheduler adds it to the running batch."""
+        return self.submit_many([request], cfg)[0]
+
+    def submit_many(self, requests: list[SampleRequest], cfg: RolloutConfig
+                    ) -> "list[concurrent.futures.Future[Generation]]":
+        """Several requests in one intake: the engine thread takes them in together."""
+        if not requests:
+            return []
         try:
-            (inner,) = self.engine.submit_generate(batch_body([request], cfg))
-        except RuntimeError as e:  # its thread died: nothing here can run it
+            inner = self.engine.submit_generate(batch_body(requests, cfg))
+        except RuntimeError as e:  # its thread died: nothing here can run them
             raise RolloutError(f"{self.name}: {e}") from e
-        return _parsed(inner, cfg.eviction_record)
+        return [_parsed(f, cfg.eviction_record) for f in inner]
 
     has_sessions = True
 

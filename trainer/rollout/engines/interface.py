@@ -151,6 +151,12 @@ class Backend:
             future.set_exception(e)
         return future
 
+    def submit_many(self, requests: list[SampleRequest], cfg: RolloutConfig
+                    ) -> "list[concurrent.futures.Future[Generation]]":
+        """``submit`` for each request; an engine that takes several in one call overrides it
+        (one intake, one hop to its thread)."""
+        return [self.submit(r, cfg) for r in requests]
+
     def open_session(self) -> str:
         """A session id: requests naming it continue each other's KV on one engine."""
         raise RolloutError(f"{type(self).__name__} has no sessions")

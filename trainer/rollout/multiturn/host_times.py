@@ -12,9 +12,9 @@ class HostTimes:
     """Seconds on the episode loop's thread unless said otherwise."""
 
     open_s: float = 0.0  # opening the episodes' sessions, before the first turn
-    submit_s: float = 0.0  # handing turns to the engine
+    submit_s: float = 0.0  # handing turns to the engine (each wake-up's in one call)
     wait_s: float = 0.0  # blocked until a turn or an environment step comes back
-    handle_s: float = 0.0  # taking turns and observations in (tokenizing), the later submits in
+    handle_s: float = 0.0  # taking turns and observations in (tokenizing them)
     close_s: float = 0.0  # closing ended episodes' sessions (on the closing thread)
     close_calls: int = 0  # engine round trips that closed them (each closes a batch)
     finish_s: float = 0.0  # at the end, waiting for the last sessions to close

@@ -5,7 +5,8 @@ batch it is running (``Engines.submit``). There is no barrier per turn: one samp
 start while another's turn 1 is still decoding.
 
 Whatever comes back (a turn, a step) is put on one queue by its future's callback; the loop
-blocks on that queue and takes everything that has arrived at each wake-up. Waiting on the
+blocks on that queue, takes everything that has arrived at each wake-up, and sends the next
+turns that became ready in one call (``GenerateContext.submit_many``). Waiting on the
 futures themselves (``concurrent.futures.wait``) would cost the loop a pass over every pending
 future per wake-up, holding the interpreter lock the engine thread needs between its steps.
 
@@ -42,18 +43,21 @@ class EpisodeRunner:
         self.outstanding = 0  # futures whose result the loop has not taken yet
         self.sent: dict[int, tuple[Request, int, int]] = {}  # id(e) -> its turn's request
         self.retried: set[int] = set()  # id(e) of episodes whose turn was re-issued once
+        self.ready: list[Episode] = []  # episodes whose next turn waits for ``_send``
 
     def run(self, episodes: list[Episode]) -> None:
         with concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="env") as pool:
             self.pool = pool
             for k, e in enumerate(episodes):
                 self._submit(e, self.turns.request(e, self.budget(e)), len(e.turns), k)
+            self._send()
             while self.outstanding:
                 for kind, e, future in self._arrivals():
                     self.outstanding -= 1
                     begin = time.perf_counter()
                     (self._turn_done if kind == "turn" else self._step_done)(e, future.result())
                     self.times.add("handle_s", begin)
+                self._send()
 
     def _arrivals(self) -> list[tuple[str, Episode, concurrent.futures.Future]]:
         """Blocks for the next completion, then takes every other one already in."""
@@ -72,10 +76,21 @@ class EpisodeRunner:
         future.add_done_callback(lambda f: self.arrived.put((kind, e, f)))
 
     def _submit(self, e: Episode, r: Request, turn: int, sample: int) -> None:
-        begin = time.perf_counter()
+        """``e``'s next turn, sent with every other turn ready at this wake-up (``_send``)."""
         self.sent[id(e)] = (r, turn, sample)
-        e.spans.append([begin, float("nan")])
-        self._watch("turn", e, self.ctx.submit(r, turn, sample))
+        self.ready.append(e)
+
+    def _send(self) -> None:
+        """The turns made ready since the last call, in one call to the engine: they reach it
+        at one step boundary and share one prefill step."""
+        if not self.ready:
+            return
+        begin = time.perf_counter()
+        ready, self.ready = self.ready, []
+        futures = self.ctx.submit_many([self.sent[id(e)] for e in ready])
+        for e, future in zip(ready, futures, strict=True):
+            e.spans.append([begin, float("nan")])
+            self._watch("turn", e, future)
         self.times.add("submit_s", begin)
 
     def _turn_done(self, e: Episode, gen: Generation) -> None:

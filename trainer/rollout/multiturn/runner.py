@@ -82,7 +82,7 @@ class EpisodeRunner:
 
     def _send(self) -> None:
         """The turns made ready since the last call, in one call to the engine: they reach it
-        at one step boundary and share one prefill step."""
+        at one step boundary, so their prefills share a step (up to its token budget)."""
         if not self.ready:
             return
         begin = time.perf_counter()

@@ -5,19 +5,25 @@ runs at once and its next turn joins the running batch).
 Each sample has a plan of ``--turns`` turn lengths (``--turn-tokens`` on average, from half to
 one and a half of it, seeded; ``ignore_eos``), so turns end at different steps as real ones do:
 
-    multi-turn    the episodes of ``MultiTurn``: after each turn a tool (the calculator, through
-                  the tool pool, plus ``--tool-ms`` of waiting) answers with an observation,
-                  the next turn continues the episode's engine session
+    multi-turn    the episodes of ``MultiTurn``: after each turn a tool (the calculator under
+                  its time limit; with ``--tool-ms``, that much waiting on the tool pool first)
+                  answers with an observation, the next turn continues the episode's session
     single-turn   one request per sample for the plan's total, all in one batch
 
 Printed per mode: model tokens, wall seconds, tokens/s, decode steps, decode seconds (engine
 host + GPU wait), the engine thread's host seconds in decode, the seconds outside decode
-(prefill, scheduling, the episode loop) and the tools' seconds (summed over samples); then
-multi-turn's share of single-turn's tokens/s, and whether the per-turn barrier is gone: the
-first turn 2 started before the slowest turn 1 ended (per-turn timestamps).
+(prefill, scheduling, the episode loop) and the tools' seconds (summed over samples). Then the
+split of the time outside decode: the engine thread's prefill steps and seconds, the commands
+it ran between steps (session opens and closes) and its idle seconds; the episode loop's
+seconds opening sessions, submitting turns, waiting, taking turns and observations in, closing
+sessions (and in how many calls), its wake-ups, and the gap from a turn's return to the next
+turn's submit (median and slowest). Last, multi-turn's share of single-turn's tokens/s, and
+whether the per-turn barrier is gone: the first turn 2 started before the slowest turn 1
+ended (per-turn timestamps).
 
     python -m benchmarks.engine.multiturn_throughput --model-dir models/SmolLM2-135M-Instruct
     python -m benchmarks.engine.multiturn_throughput --tiny       # CPU, the tiny test model
+    python -m benchmarks.engine.multiturn_throughput --tiny --prompts 64 --samples 8  # host-bound
 """
 
 from __future__ import annotations
@@ -51,11 +57,20 @@ class FixedLength(Backend):
     def submit(self, request, cfg):
         return self.inner.submit(_fixed(request), cfg)
 
+    def submit_many(self, requests, cfg):
+        return self.inner.submit_many([_fixed(r) for r in requests], cfg)
+
     def open_session(self) -> str:
         return self.inner.open_session()
 
     def close_session(self, session_id: str) -> None:
         self.inner.close_session(session_id)
+
+    def open_sessions(self, count: int) -> list[str]:
+        return self.inner.open_sessions(count)
+
+    def close_sessions(self, session_ids: list[str]) -> None:
+        self.inner.close_sessions(session_ids)
 
 
 def _fixed(r):
@@ -64,8 +79,10 @@ def _fixed(r):
 
 
 class CalculatorTool:
-    """Answers every turn but the last with the calculator's output (the tool pool, its time
-    limit) after ``tool_ms`` of waiting, as a tool call over the network would."""
+    """Answers every turn but the last with the calculator's output under its time limit
+    (``run_tool``: the shipped calculator is ``@bounded`` and runs on the environment's thread)
+    or, with ``tool_ms``, after that much waiting on the tool pool, as a tool call over the
+    network would."""
 
     def __init__(self, turns: int, tool_ms: float):
         self.turns, self.tool_ms = turns, tool_ms
@@ -74,12 +91,12 @@ class CalculatorTool:
         k = len(conversation.turns)
         if k >= self.turns:
             return Step(done=True, reward=0.0)
-        out = run_tool(self._tool, {"expression": f"{k + 3} * 7 + {conversation.sample_index}"})
+        tool = self._tool if self.tool_ms else calculator
+        out = run_tool(tool, {"expression": f"{k + 3} * 7 + {conversation.sample_index}"})
         return Step(f"<tool_response>\n{out}\n</tool_response>", tool_calls=1)
 
     def _tool(self, expression: str) -> str:
-        if self.tool_ms:
-            time.sleep(self.tool_ms / 1e3)
+        time.sleep(self.tool_ms / 1e3)
         return calculator(expression)
 
 
@@ -111,8 +128,13 @@ def make_prompts(tokenizer, count: int) -> list[Prompt]:
     return out
 
 
+ENGINE_THREAD = ("prefill_steps", "prefill_s", "commands", "command_s", "idle_s")
+
+
 def _counters(rollout) -> dict:
-    return rollout.decode_counters()
+    """The decode counters, and where the rest of the engine thread's time went."""
+    steps = rollout.engine.step_stats
+    return {**rollout.decode_counters(), **{k: getattr(steps, k) for k in ENGINE_THREAD}}
 
 
 def _measured(rollout, run) -> tuple[list, dict]:
@@ -125,7 +147,7 @@ def _measured(rollout, run) -> tuple[list, dict]:
     decode = delta["decode_host_s"] + delta["decode_gpu_wait_s"]
     return traces, {"wall_s": wall, "decode_steps": int(delta["decode_steps"]), "decode_s": decode,
                     "decode_host_s": delta["decode_host_s"], "outside_decode_s": wall - decode,
-                    "start": begin}
+                    **{k: delta[k] for k in ENGINE_THREAD}, "start": begin}
 
 
 def single_turn(ctx, prompts, n, plan) -> tuple[list, dict]:
@@ -143,7 +165,16 @@ def multi_turn(ctx, prompts, n, plan, args) -> tuple[list, dict]:
     return traces, {"model_tokens": sum(m["model_tokens"] for m in metas),
                     "tool_s": sum(m["env_seconds"] for m in metas),
                     "turns_per_sample": sum(m["turns"] for m in metas) / len(metas),
-                    **barrier(metas)}
+                    **barrier(metas), **turn_gaps(metas), **plugin.host_times.to_dict()}
+
+
+def turn_gaps(metas: list[dict]) -> dict:
+    """From a turn's return to the episode loop to its next turn's submit (the environment
+    step and the loop's hops): median and slowest, in ms."""
+    gaps = sorted(b[0] - a[1] for m in metas for a, b in zip(m["turn_spans"], m["turn_spans"][1:]))
+    if not gaps:
+        return {}
+    return {"turn_gap_median_ms": 1e3 * gaps[len(gaps) // 2], "turn_gap_max_ms": 1e3 * gaps[-1]}
 
 
 def barrier(metas: list[dict]) -> dict:
@@ -181,11 +212,13 @@ def start_engine(args, model_dir: str, samples: int, longest: int):
 
     cuda = args.device.startswith("cuda")
     context = longest + 512
+    # a pool that holds every episode's whole context, on the CPU too: no parked KV is dropped
+    # (a turn that re-prefills its history would measure memory pressure, not the host path)
     kw = dict(model_path=model_dir, device=args.device, dtype="bfloat16" if cuda else "float32",
-              context_length=context, max_running_requests=samples, random_seed=args.seed)
+              context_length=context, max_running_requests=samples, random_seed=args.seed,
+              max_total_tokens=samples * context + 4096)
     if cuda:
-        kw.update(max_total_tokens=samples * context + 4096, cuda_graph_max_bs=min(samples, 512),
-                  mem_fraction_static=0.5)
+        kw.update(cuda_graph_max_bs=min(samples, 512), mem_fraction_static=0.5)
     return EngineRollout(Engine(**kw))
 
 
@@ -203,18 +236,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model-dir", default="models/SmolLM2-135M-Instruct")
     p.add_argument("--tiny", action="store_true",
                    help="the tiny test model on the CPU, 4 prompts x 4 samples, short turns")
-    p.add_argument("--prompts", type=int, default=64)
-    p.add_argument("--samples", type=int, default=8, help="samples per prompt")
+    p.add_argument("--prompts", type=int, default=None, help="default 64 (--tiny: 4)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="samples per prompt, default 8 (--tiny: 4)")
     p.add_argument("--turns", type=int, default=2)
-    p.add_argument("--turn-tokens", type=int, default=64, help="mean tokens per turn")
+    p.add_argument("--turn-tokens", type=int, default=None,
+                   help="mean tokens per turn, default 64 (--tiny: 12)")
     p.add_argument("--tool-ms", type=float, default=0.0, help="each tool call's extra wait")
-    p.add_argument("--repeats", type=int, default=2, help="timed runs per mode (after a warm-up)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed runs per mode after a warm-up, default 2 (--tiny: 1)")
     p.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
-    if args.tiny:
-        args.prompts, args.samples, args.turn_tokens, args.repeats = 4, 4, 12, 1
+    defaults = (4, 4, 12, 1) if args.tiny else (64, 8, 64, 2)  # what was not given
+    for key, value in zip(("prompts", "samples", "turn_tokens", "repeats"), defaults):
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.device is None:
         import torch
 
@@ -252,10 +290,18 @@ COLUMNS = ("mode", "model_tokens", "wall_s", "tokens_per_s", "decode_steps", "de
            "decode_host_s", "outside_decode_s", "tool_s", "first_turn2_start", "slowest_turn1_end")
 
 
+# where the time outside decode went: the engine thread's (prefill steps, commands between
+# steps such as session opens/closes, idle), then the episode loop's (host_times.py)
+SPLIT = ("mode", "prefill_steps", "prefill_s", "commands", "command_s", "idle_s", "open_s",
+         "submit_s", "wait_s", "handle_s", "close_s", "close_calls", "finish_s", "wakeups",
+         "turn_gap_median_ms", "turn_gap_max_ms")
+
+
 def report(out: dict) -> None:
-    print(" ".join(f"{c:>17}" for c in COLUMNS))
-    for r in out["rows"]:
-        print(" ".join(f"{_cell(r.get(c)):>17}" for c in COLUMNS))
+    for columns in (COLUMNS, SPLIT):
+        print(" ".join(f"{c:>17}" for c in columns))
+        for r in out["rows"]:
+            print(" ".join(f"{_cell(r.get(c)):>17}" for c in columns))
     s = out["summary"]
     print(f"multi-turn / single-turn tokens/s: {s['multi_over_single_tokens_per_s']:.2f}  "
           f"(target on one H200 at 64 x 8: >= 0.50)")

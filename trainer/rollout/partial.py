@@ -46,6 +46,12 @@ class ResumableBackend(Backend):
     def close_session(self, session_id: str) -> None:
         self.backend.close_session(session_id)
 
+    def open_sessions(self, count: int) -> list[str]:
+        return self.backend.open_sessions(count)
+
+    def close_sessions(self, session_ids: list[str]) -> None:
+        self.backend.close_sessions(session_ids)
+
     def submit(self, request: SampleRequest, cfg: RolloutConfig
                ) -> "concurrent.futures.Future[Generation]":
         """One request, resumed after a push as ``run`` resumes it, on a thread of its own (the

@@ -215,6 +215,20 @@ class Engine:
             raise ValueError("session_id must be a string")
         self.loop.call(self.sessions.close, session_id)
 
+    def open_sessions(self, count: int) -> list[str]:
+        """``count`` new sessions in one hop to the engine thread (a rollout's episodes open
+        theirs together instead of waiting for a step boundary each)."""
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError("count must be a non-negative integer")
+        return self.loop.call(self.sessions.open_many, count)
+
+    def close_sessions(self, session_ids: list[str]) -> list[str]:
+        """Close several sessions in one hop (one step boundary for all of them); returns the
+        ids that were not open (they held nothing)."""
+        if not all(isinstance(s, str) for s in session_ids):
+            raise ValueError("session ids must be strings")
+        return self.loop.call(self.sessions.close_many, list(session_ids))
+
     def abort_request(self, rid: str = "", abort_all: bool = False) -> int:
         return self.loop.call(self.loop.abort, rid, abort_all, "Aborted by request")
 

@@ -118,6 +118,19 @@ class Sessions:
         for turn in session.turns.values():
             self.kv.release(turn.seq)
 
+    def open_many(self, count: int) -> list[str]:
+        return [self.open() for _ in range(count)]
+
+    def close_many(self, session_ids: list[str]) -> list[str]:
+        """Close each open one of ``session_ids``; the ids that were not open."""
+        unknown = []
+        for sid in session_ids:
+            try:
+                self.close(sid)
+            except ValueError:
+                unknown.append(sid)
+        return unknown
+
     def park(self, seq: Sequence, reason: dict) -> bool:
         """Keep a finishing request's KV for its session; False when it is not kept (an aborted
         request, a closed session): the caller frees it as usual."""

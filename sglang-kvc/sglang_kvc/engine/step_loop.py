@@ -42,17 +42,34 @@ class StepStats:
     decode_steps: int = 0
     host_s: float = 0.0
     gpu_wait_s: float = 0.0
+    # the rest of the thread's time: prefill steps, commands run between steps (session
+    # opens/closes, aborts, ...), and waiting for work with nothing to run
+    prefill_steps: int = 0
+    prefill_s: float = 0.0
+    commands: int = 0
+    command_s: float = 0.0
+    idle_s: float = 0.0
 
     def add(self, loop_s: float, wait_s: float) -> None:
         self.decode_steps += 1
         self.host_s += loop_s - wait_s
         self.gpu_wait_s += wait_s
 
+    def add_prefill(self, loop_s: float) -> None:
+        self.prefill_steps += 1
+        self.prefill_s += loop_s
+
+    def add_command(self, seconds: float) -> None:
+        self.commands += 1
+        self.command_s += seconds
+
     def to_dict(self) -> dict:
         n = max(self.decode_steps, 1)
         return {"decode_steps": self.decode_steps, "host_ms_per_step": 1e3 * self.host_s / n,
                 "gpu_wait_ms_per_step": 1e3 * self.gpu_wait_s / n,
-                "decode_s": self.host_s + self.gpu_wait_s}
+                "decode_s": self.host_s + self.gpu_wait_s, "prefill_steps": self.prefill_steps,
+                "prefill_s": self.prefill_s, "commands": self.commands,
+                "command_s": self.command_s, "idle_s": self.idle_s}
 
 
 class StepLoop:
@@ -115,6 +132,7 @@ class StepLoop:
                 take_cmd(*msg[1:])
 
     def _run_command(self, fn, args, fut: concurrent.futures.Future) -> None:
+        begin = time.perf_counter()  # counted with the step in flight it settles first
         self._complete_inflight()  # commands see every launched step processed
         try:
             result = fn(*args)
@@ -123,6 +141,7 @@ class StepLoop:
             fut.set_result(result)
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             fut.set_exception(e)
+        self.step_stats.add_command(time.perf_counter() - begin)
 
     def _run(self) -> None:
         try:
@@ -144,8 +163,7 @@ class StepLoop:
         completed = self._complete_inflight()
         if step is None:
             if not completed:
-                self._wake.wait(timeout=0.05)
-                self._wake.clear()
+                self._idle()
             return
         self._inflight = step
         self._after_launch(step)
@@ -153,6 +171,14 @@ class StepLoop:
             self._complete_inflight()
         if not step.batch.is_prefill:
             self.step_stats.add(time.perf_counter() - t0, self._waited_s - waited0)
+        else:
+            self.step_stats.add_prefill(time.perf_counter() - t0)
+
+    def _idle(self) -> None:
+        begin = time.perf_counter()
+        self._wake.wait(timeout=0.05)
+        self._wake.clear()
+        self.step_stats.idle_s += time.perf_counter() - begin
 
     def _take(self, seq: Sequence) -> None:
         if seq.parent_rid is not None and self.sessions is not None:

@@ -22,3 +22,10 @@ def test_tiny_run_reports_both_modes(tmp_path):
         assert row["decode_s"] + row["outside_decode_s"] == pytest.approx(row["wall_s"])
     assert multi["turns_per_sample"] == out["args"]["turns"] and multi["tool_s"] > 0
     assert multi["first_turn2_start"] > 0 and "barrier_gone" in out["summary"]
+    # the split of the time outside decode: every episode's session opened in one engine
+    # command, closed in at most one call each (batched), prefill steps counted
+    episodes = out["args"]["prompts"] * out["args"]["samples"]
+    assert 1 <= multi["close_calls"] <= episodes
+    assert multi["commands"] == 1 + multi["close_calls"] and single["commands"] == 0
+    assert multi["prefill_steps"] >= single["prefill_steps"] >= 1
+    assert multi["wakeups"] >= 1 and multi["turn_gap_max_ms"] >= multi["turn_gap_median_ms"]

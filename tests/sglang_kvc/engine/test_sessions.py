@@ -143,6 +143,29 @@ def test_batched_sessions_share_the_prompt_and_close_frees_slots(tiny_models):
         assert info["kv_pool"]["used"] == base and info["sessions"]["open"] == 0
 
 
+def test_sessions_open_and_close_in_one_engine_thread_hop_each(tiny_models):
+    """``open_sessions(n)`` / ``close_sessions(ids)``: n sessions at one step boundary (one
+    command on the engine thread, not n), closed together, their slots back in the pool; ids
+    that are not open come back as such and hold nothing."""
+    with make_engine(tiny_models) as eng:
+        base, stats = eng.get_server_info()["kv_pool"]["used"], eng.step_stats
+        commands = stats.commands
+        sids = eng.open_sessions(4)
+        assert stats.commands == commands + 1 and len(set(sids)) == 4
+        eng.generate(input_ids=[tokens(12, seed=i) for i in range(4)],
+                     sampling_params=dict(GREEDY, max_new_tokens=3),
+                     session_params=[{"id": s} for s in sids])
+        assert eng.get_server_info()["sessions"]["parked_requests"] == 4
+        assert eng.close_sessions(sids + ["nope"]) == ["nope"]
+        assert stats.commands == commands + 2
+        info = eng.get_server_info()
+        assert info["kv_pool"]["used"] == base and info["sessions"]["open"] == 0
+        with pytest.raises(ValueError, match="non-negative"):
+            eng.open_sessions(-1)
+        with pytest.raises(ValueError, match="strings"):
+            eng.close_sessions([3])
+
+
 def test_bad_session_input_is_a_clear_error(tiny_models):
     with make_engine(tiny_models) as eng:
         sid = eng.open_session(session_id="mine")

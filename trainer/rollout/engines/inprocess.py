@@ -58,11 +58,18 @@ class EngineRollout(Engines):
     def submit(self, request: SampleRequest, cfg: RolloutConfig
                ) -> "concurrent.futures.Future[Generation]":
         """One request into the engine's queue: its scheduler adds it to the running batch."""
+        return self.submit_many([request], cfg)[0]
+
+    def submit_many(self, requests: list[SampleRequest], cfg: RolloutConfig
+                    ) -> "list[concurrent.futures.Future[Generation]]":
+        """Several requests in one intake: the engine thread takes them in together."""
+        if not requests:
+            return []
         try:
-            (inner,) = self.engine.submit_generate(batch_body([request], cfg))
-        except RuntimeError as e:  # its thread died: nothing here can run it
+            inner = self.engine.submit_generate(batch_body(requests, cfg))
+        except RuntimeError as e:  # its thread died: nothing here can run them
             raise RolloutError(f"{self.name}: {e}") from e
-        return _parsed(inner, cfg.eviction_record)
+        return [_parsed(f, cfg.eviction_record) for f in inner]
 
     has_sessions = True
 
@@ -72,6 +79,17 @@ class EngineRollout(Engines):
 
     def close_session(self, session_id: str) -> None:
         self.engine.close_session(session_id)
+
+    def open_sessions(self, count: int) -> list[str]:
+        """All of them in one hop to the engine thread."""
+        return self.engine.open_sessions(count)
+
+    def close_sessions(self, session_ids: list[str]) -> None:
+        """All of them at one step boundary; ids the engine does not know are skipped."""
+        try:
+            self.engine.close_sessions(session_ids)
+        except RuntimeError:  # its thread died: it holds nothing any more
+            pass
 
     def pool(self) -> dict | None:
         return _pool(self.engine.get_server_info())

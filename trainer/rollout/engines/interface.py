@@ -151,6 +151,12 @@ class Backend:
             future.set_exception(e)
         return future
 
+    def submit_many(self, requests: list[SampleRequest], cfg: RolloutConfig
+                    ) -> "list[concurrent.futures.Future[Generation]]":
+        """``submit`` for each request; an engine that takes several in one call overrides it
+        (one intake, one hop to its thread)."""
+        return [self.submit(r, cfg) for r in requests]
+
     def open_session(self) -> str:
         """A session id: requests naming it continue each other's KV on one engine."""
         raise RolloutError(f"{type(self).__name__} has no sessions")
@@ -159,6 +165,20 @@ class Backend:
         """Free what the session holds (an id the engine no longer knows holds nothing)."""
         raise RolloutError(f"{type(self).__name__} has no sessions")
 
+    def open_sessions(self, count: int) -> list[str]:
+        """``count`` sessions at once (a rollout's episodes); engines that can open them in one
+        round trip override it."""
+        return [self.open_session() for _ in range(count)]
+
+    def close_sessions(self, session_ids: list[str]) -> None:
+        """Free what each session holds, all at once where the engine can; an id the engine no
+        longer knows (it restarted) holds nothing and is skipped."""
+        for session_id in session_ids:
+            try:
+                self.close_session(session_id)
+            except (ValueError, RuntimeError):
+                pass
+
 
 class Engines(Backend):
     """This rank's rollout engines, whatever the topology. The defaults are what an engine that
@@ -166,7 +186,8 @@ class Engines(Backend):
 
     generate      ``run`` / ``generate`` (a batch), ``submit`` (one request joins the running
                   batch) (``Backend``)
-    sessions      ``has_sessions``, ``open_session()``, ``close_session(id)``: a request with
+    sessions      ``has_sessions``, ``open_session()``, ``close_session(id)`` and their batched
+                  ``open_sessions(count)``, ``close_sessions(ids)``: a request with
                   ``session_params`` continues its session's KV on the engine that holds it
     weights       ``update_weights(path, payload, urls)``: SGLang's ``/update_weights_from_*``
                   request (in-process: ``/update_weights_from_tensor`` with the tensors

@@ -20,6 +20,7 @@ from .routing import Routes
 
 
 MAX_SUBMITTED = 1024  # single requests in flight at once (threads are started as needed)
+SESSION_CALLS = 32  # session opens/closes in flight at once
 
 
 def _as_list(out, expected: int) -> list[dict]:
@@ -185,6 +186,20 @@ class HTTPRollout(Engines):
             raise ValueError(f"session {session_id!r} is not open on any rollout server")
         self.post(self.engines.urls[slot] + "/close_session", {"session_id": session_id})
 
+    def open_sessions(self, count: int) -> list[str]:
+        """``count`` sessions, spread over the servers in turn, opened concurrently."""
+        return _concurrently(lambda _: self.open_session(), range(count))
+
+    def close_sessions(self, session_ids: list[str]) -> None:
+        """Closed concurrently; one a server no longer knows (it restarted) is skipped."""
+        _concurrently(self._close_quietly, session_ids)
+
+    def _close_quietly(self, session_id: str) -> None:
+        try:
+            self.close_session(session_id)
+        except (ValueError, RuntimeError):
+            pass
+
     def post(self, url: str, payload: dict, retries: int = 1) -> dict:
         """One control request to one server, retried there (no failover: it is about that one)."""
         for attempt in range(retries + 1):
@@ -275,3 +290,14 @@ def _server_info(url: str) -> dict | None:
         return requests.get(url + "/get_server_info", timeout=10).json()
     except Exception:  # noqa: BLE001 - a pool metric is never worth failing a rollout for
         return None
+
+
+def _concurrently(fn, items) -> list:
+    """``fn`` over ``items`` on up to ``SESSION_CALLS`` threads, in order (short control
+    requests: one after another, each would wait for its server's step boundary)."""
+    items = list(items)
+    if not items:
+        return []
+    with concurrent.futures.ThreadPoolExecutor(min(SESSION_CALLS, len(items)),
+                                               thread_name_prefix="http-session") as pool:
+        return list(pool.map(fn, items))

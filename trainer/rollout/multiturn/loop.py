@@ -23,6 +23,7 @@ from ..samples.traces import Trace
 from .chat import ObservationFormat, observation_format
 from .environment import Step
 from .episode import Episode
+from .host_times import HostTimes
 from .runner import EpisodeRunner
 from .stats import episode_stats
 from .turns import turns_for
@@ -37,13 +38,18 @@ class MultiTurn(GeneratePlugin):
     turn_tokens: int | None = None  # --max-tokens-per-turn (None: what the budget leaves)
     observation_role: str = "user"  # the chat role observations are rendered as
     use_sessions: bool = True  # continue each episode's KV when the engine has sessions
+    # the latest rollout's host time split (``host_times.py``), for benchmarks
+    host_times: HostTimes = dataclasses.field(default_factory=HostTimes, repr=False,
+                                              compare=False)
 
     def __call__(self, ctx: GenerateContext, prompts: list[Prompt], n: int) -> list[Trace]:
         fmt = observation_format(ctx.tokenizer, self.observation_role)
-        turns = turns_for(ctx, self.use_sessions)
+        self.host_times = HostTimes()
+        turns = turns_for(ctx, self.use_sessions, self.host_times)
         episodes = [Episode(p, i, k) for i, p in enumerate(prompts) for k in range(n)]
         runner = EpisodeRunner(ctx, turns, self.step, lambda e: self._budget(ctx, e),
-                               lambda e, step: self._answer(ctx, fmt, e, step))
+                               lambda e, step: self._answer(ctx, fmt, e, step),
+                               times=self.host_times)
         try:
             turns.prepare(episodes)
             runner.run(episodes)

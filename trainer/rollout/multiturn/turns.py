@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from ..samples.generate import GenerateContext, Request
 from .episode import Episode
+from .host_times import HostTimes
 from .sessions import Sessions
 
 
-def turns_for(ctx: GenerateContext, use_sessions: bool):
+def turns_for(ctx: GenerateContext, use_sessions: bool, times: HostTimes | None = None):
     """Session turns when asked for and ``ctx``'s engines offer sessions, else re-prefill."""
     if use_sessions and ctx.backend.has_sessions:
-        return Sessions(ctx)
+        return Sessions(ctx, times)
     return Reprefill(ctx)
 
 

@@ -78,10 +78,18 @@ class GenerateContext:
                ) -> "concurrent.futures.Future[Generation]":
         """One request that joins whatever the engine is running (an episode's turn), seeded by
         ``turn`` and ``sample`` (not by when it was sent: the same sample in any order)."""
-        r, truncated = self.fit(request)
-        sent = self._sample_request(r, self._turn_seed(turn, sample))
-        self.sent += 1
-        return _annotated(self.backend.submit(sent, self.cfg), r, truncated)
+        return self.submit_many([(request, turn, sample)])[0]
+
+    def submit_many(self, turns: list[tuple[Request, int, int]]
+                    ) -> "list[concurrent.futures.Future[Generation]]":
+        """Several such ``(request, turn, sample)`` in one call to the engines
+        (``Backend.submit_many``: the in-process engine takes them in at one step boundary)."""
+        fitted = [self.fit(r) for r, _, _ in turns]
+        sent = [self._sample_request(r, self._turn_seed(turn, sample))
+                for (r, _), (_, turn, sample) in zip(fitted, turns)]
+        self.sent += len(sent)
+        futures = self.backend.submit_many(sent, self.cfg) if sent else []
+        return [_annotated(f, r, truncated) for f, (r, truncated) in zip(futures, fitted)]
 
     def _turn_seed(self, turn: int, sample: int) -> int | None:
         if self.cfg.seed is None:

@@ -91,3 +91,21 @@ def test_requests_outside_sessions_go_round_robin(two_servers):
     assert [g.response_ids for g in gens] == [[5]] * 4
     assert [port for port, path, _ in _Sessions.seen] == ports * 2
     http.close()
+
+
+def test_batched_sessions_spread_over_the_servers_and_close_where_they_are(two_servers):
+    """``open_sessions(n)`` (a rollout's episodes, opened concurrently): every server gets its
+    share; ``close_sessions`` closes each on its own server, once, and skips an id no server
+    holds (a restarted server's)."""
+    urls, ports = two_servers
+    http = HTTPRollout(urls)
+    sessions = http.open_sessions(6)
+    assert len(set(sessions)) == 6
+    assert sorted(s.split("-")[0] for s in sessions) == sorted(f"s{p}" for p in ports * 3)
+    http.close_sessions(sessions + ["gone"])
+    closed = [(port, body["session_id"]) for port, path, body in _Sessions.seen
+              if path == "/close_session"]
+    assert sorted(s for _, s in closed) == sorted(sessions)
+    assert all(s.startswith(f"s{port}-") for port, s in closed)
+    assert http.open_sessions(0) == []
+    http.close()

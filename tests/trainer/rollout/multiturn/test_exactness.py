@@ -117,21 +117,22 @@ def test_a_finished_episode_frees_its_session_at_once(model_dir):
     prompt = Prompt("q", tok("add 3 4", add_special_tokens=False)["input_ids"], "7", {})
     with Engine(model_path=str(model_dir), device="cpu") as eng:
         backend = EngineRollout(eng)
-        closes, close = [], backend.close_session
+        closes, close = [], backend.close_sessions
 
-        def counted(session_id):  # which session, and how many were open when it closed
-            closes.append((session_id, eng.get_server_info()["sessions"]["open"]))
-            close(session_id)
+        def counted(session_ids):  # which sessions, and how many were open when they closed
+            closes.append((list(session_ids), eng.get_server_info()["sessions"]["open"]))
+            close(session_ids)
 
-        backend.close_session = counted
-        opens, open_session = [], backend.open_session
-        backend.open_session = lambda: opens.append(open_session()) or opens[-1]  # in sample order
+        backend.close_sessions = counted
+        opens, open_sessions = [], backend.open_sessions
+        backend.open_sessions = lambda n: opens.extend(open_sessions(n)) or opens  # sample order
         ctx = GenerateContext(backend, RolloutConfig(max_response_len=96, seed=3), tok, None,
                               context_length=eng.max_seq_len)
         traces = MultiTurn(early_env, max_turns=3, turn_tokens=6)(ctx, [prompt], 3)
         after = eng.get_server_info()["sessions"]
     assert [t.meta["turns"] for t in traces] == [1, 3, 3]
-    assert len(closes) == 3 and closes[0] == (opens[0], 3)  # sample 0's first, all 3 open
+    assert closes[0] == ([opens[0]], 3)  # sample 0's alone, first, while all 3 are open
+    assert sorted(s for ids, _ in closes for s in ids) == sorted(opens)  # each closed once
     assert after["open"] == 0 and after["parked_slots"] == 0
 
 

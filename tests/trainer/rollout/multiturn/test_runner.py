@@ -96,3 +96,27 @@ def test_the_episode_is_what_one_turn_after_another_builds():
         assert call.loss_mask == [1, 1, 1, 0, 0, 1, 1, 1]
         assert call.gen.logprobs == [-0.25] * 3 + [0.0] * 2 + [-0.25] * 3
         assert t.reward == 1.0
+
+
+class Batches(Echo):
+    """Echo that records how many requests each ``submit_many`` call carried."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[int] = []
+
+    def submit_many(self, requests, cfg):
+        self.calls.append(len(requests))
+        return super().submit_many(requests, cfg)
+
+
+def test_turns_ready_at_one_wake_up_reach_the_engine_in_one_call():
+    """Every episode's first turn goes in one call, and the later turns in at most one call per
+    episode (those ready at one wake-up together): fewer calls than turns, every turn sent once."""
+    backend = Batches()
+    ctx = GenerateContext(backend, RolloutConfig(max_response_len=64, seed=1), Tokens(), None)
+    answer = lambda c: Step(done=True) if len(c.turns) == 2 else Step("7 7")  # noqa: E731
+    traces = MultiTurn(answer, max_turns=2)(ctx, [Prompt("p", [5, 6, 9], "", {})], 4)
+    assert [t.meta["turns"] for t in traces] == [2] * 4
+    assert backend.calls[0] == 4 and sum(backend.calls) == 8 and len(backend.calls) <= 5
+    assert sorted(backend.turns) == [1] * 4 + [2] * 4

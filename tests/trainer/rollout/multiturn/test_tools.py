@@ -2,12 +2,13 @@
 whitelist: names, attributes and calls refused; a time limit on every tool)."""
 
 import threading
+import time
 
 import pytest
 
 from trainer.rollout.multiturn.environment import Conversation, ToolEnvironment
 from trainer.rollout.multiturn.parser import load_parser, qwen25
-from trainer.rollout.multiturn.tools import ToolError, calculator, run_tool
+from trainer.rollout.multiturn.tools import ToolError, bounded, calculator, run_tool
 from trainer.rollout.samples.data import Prompt
 
 
@@ -75,6 +76,49 @@ def test_a_tool_runs_under_a_time_limit():
     release.set()
     with pytest.raises(ToolError, match="bad arguments"):
         run_tool(calculator, {"expr": "1"})
+
+
+def test_a_bounded_tool_runs_on_the_callers_thread_under_the_same_limit():
+    """``@bounded`` (the calculator): no thread hop, the same answers and errors, and a result
+    that came after the limit is refused as the pool would refuse it."""
+    threads = []
+
+    @bounded
+    def where(delay: float = 0.0) -> str:
+        threads.append(threading.current_thread())
+        time.sleep(delay)
+        return "here"
+
+    assert run_tool(where, {}) == "here" and threads == [threading.current_thread()]
+    with pytest.raises(ToolError, match="longer than 0.001 s"):
+        run_tool(where, {"delay": 0.05}, seconds=0.001)
+    with pytest.raises(ToolError, match="bad arguments"):
+        run_tool(where, {"nope": 1})
+    assert run_tool(calculator, {"expression": "6 * 7"}) == "42"
+    with pytest.raises(ToolError, match="division by zero"):
+        run_tool(calculator, {"expression": "1 / 0"})
+
+
+def test_concurrent_episodes_tools_run_at_once_not_queued():
+    """As many episodes' tool calls as the environment runs at once each get a thread at once:
+    32 calls that can only finish together (a barrier of 32) all answer, none spends its limit
+    queued behind the others."""
+    parties = 32
+    barrier = threading.Barrier(parties)
+    results: list = []
+
+    def call():
+        try:
+            results.append(run_tool(lambda: barrier.wait(timeout=20) >= 0, {}, seconds=30))
+        except ToolError as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=call) for _ in range(parties)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == ["True"] * parties
 
 
 class _Calc(ToolEnvironment):

@@ -14,8 +14,8 @@ import dataclasses
 # the flags themselves: flags.py (no torch, so --help and flag errors are fast); re-exported
 from .flags import (add_learner_args, add_sparse_replay_args, check_sparse_replay_args,  # noqa: F401
                     global_batch_size, replays)
-from .model_provider import ModelConfig
-from .policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
+from .policy_trainer import PolicyTrainer
+from .settings import ModelConfig, OptimConfig, TrainConfig
 from .token_budget import print_startup_line
 
 
@@ -70,9 +70,11 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     train_sparse = getattr(args, "train_sparse_policy", False)
     return TrainConfig(max_tokens_per_gpu=args.max_tokens_per_gpu,
                        log_probs_chunk_size=args.log_probs_chunk_size,
-                       temperature=args.rollout_temperature, seed=args.seed,
+                       temperature=args.rollout_temperature,
                        # training the sparse policy needs its π_old: the sparse recompute
                        sparse_recompute=getattr(args, "sparse_recompute", False) or train_sparse,
                        train_sparse_policy=train_sparse,
-                       fused_old_logprobs=getattr(args, "fused_old_logprobs", True),
-                       sparse_attention=getattr(args, "sparse_attention", "auto"))
+                       fused_old_logprobs=getattr(args, "fused_old_logprobs",
+                                                  TrainConfig.fused_old_logprobs),
+                       sparse_attention=getattr(args, "sparse_attention",
+                                                TrainConfig.sparse_attention))

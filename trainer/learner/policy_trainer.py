@@ -24,40 +24,12 @@ from ..launch import default_device
 from .forward import packed_forward
 from .fusions import wgrad as fusions_wgrad
 from .logprobs import logprobs_and_entropy
-from .model_provider import ModelConfig, build_policy_model
+from .model_provider import build_policy_model
 from .packing import (MicroBatches, PackedBatch, Sample, pack, packed_length,
                       split_by_token_budget)
+from .settings import ModelConfig, OptimConfig, TrainConfig  # noqa: F401 - handed on
 from .speed import SpeedMeter, forward_flops, model_parallel_size, train_flops
 from .token_budget import resolve_max_tokens
-
-
-@dataclasses.dataclass
-class OptimConfig:
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    lr_decay_style: str = "constant"  # constant | linear | cosine
-    lr_warmup_iters: int = 0
-    lr_decay_iters: int | None = None
-    weight_decay: float = 0.1
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    use_distributed_optimizer: bool | None = None  # default: on with NCCL and DP > 1
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    # --max-tokens-per-gpu; None (its default, declared there only): sized from free memory at the
-    # first pass, in one place (token_budget.resolve_max_tokens, called by _max_tokens)
-    max_tokens_per_gpu: int | None = None
-    log_probs_chunk_size: int = 1024
-    temperature: float = 1.0  # --rollout-temperature: logits are divided by it everywhere
-    seed: int = 1234
-    sparse_recompute: bool = False  # π_old (and π_ref) attend as the sampler did (its records)
-    train_sparse_policy: bool = False  # the update's forward too: GRPO on the compressed policy
-    fused_old_logprobs: bool = True  # on-policy: π_old from the update's forward (fused_old_logp.py)
-    sparse_attention: str = "auto"  # replay's attention (sparse_attention.SPARSE_IMPLS)
 
 
 # loss_fn(logp, entropy, sample_ids) -> (loss, metrics): logp/entropy are per-sample response

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,17 +17,25 @@ from .fusions import wgrad as fusions_wgrad
 from .model_provider import build_policy_model
 from .settings import ModelConfig, OptimConfig
 
+if TYPE_CHECKING:
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import MegatronOptimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.transformer import TransformerConfig
+
+    from checkpoint_tools.model_config import ModelArch
+
 
 @dataclasses.dataclass
 class PolicyParts:
     """This rank's policy: the architecture, the model (DDP-wrapped when trained, else frozen),
     Megatron's transformer config, and the optimizer and LR schedule (None when frozen)."""
 
-    arch: object  # checkpoint_tools.model_config.ModelArch
+    arch: ModelArch
     model: torch.nn.Module
-    config: object  # megatron.core.transformer.TransformerConfig
-    optimizer: object | None = None
-    scheduler: object | None = None
+    config: TransformerConfig  # the schedule's hooks (no_sync, finalize) are set on it
+    optimizer: MegatronOptimizer | None = None
+    scheduler: OptimizerParamScheduler | None = None
 
 
 @dataclasses.dataclass
@@ -35,7 +44,7 @@ class OptimizerPlan:
     optimizer's dtypes alone are the model config's)."""
 
     distributed: bool  # optimizer state sharded over the data-parallel ranks
-    ddp: object  # megatron.core.distributed.DistributedDataParallelConfig
+    ddp: DistributedDataParallelConfig
     optimizer: dict  # OptimizerConfig's fields but the dtypes
     schedule: dict  # OptimizerParamScheduler's fields but the optimizer
 

@@ -46,7 +46,7 @@ class DataConfig:
     eval_input_key: str | None = None  # None: input_key's
     eval_label_key: str | None = None  # None: label_key's
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # the eval sets' keys are the training prompts' unless given
         self.eval_input_key = self.eval_input_key or self.input_key
         self.eval_label_key = self.eval_label_key or self.label_key
 

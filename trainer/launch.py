@@ -228,6 +228,7 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rendezvous-timeout", type=float, default=ParallelConfig.rendezvous_timeout,
                    help="seconds for all ranks to meet at MASTER_ADDR:MASTER_PORT before failing "
                         "with the missing ranks named")
-    g.add_argument("--distributed-timeout-minutes", type=float, default=30.0,
+    g.add_argument("--distributed-timeout-minutes", type=float,
+                   default=ParallelConfig.timeout_minutes,
                    help="timeout of each collective once the job runs (Megatron's flag)")
 

@@ -9,9 +9,10 @@ on/off flag) declares nothing, unless the flag's own default is something else.
 from free memory", the config another value. ``--max-turns``' 4 was written three times
 (``rollout/multiturn/flags.py`` twice, ``loop.py``).
 
-``KNOWN`` lists the flags still declared twice on this branch (issue 65's remaining debt): the
-test fails on any flag not in it, so the list only shrinks. A listed flag that a branch fixes
-(agent66's ``--max-turns``) is reported, not failed, so the test holds before and after it lands.
+A flag's default lives in the config it fills, and the flag reads it from there
+(``learner/settings.py``, ``algorithms/settings.py``: no torch, so ``--help`` stays fast); where
+the config's module cannot be read by the flags, the flag declares it and the config field has
+no default (``RolloutPlan.reward_bias``). Any flag declared twice fails the test.
 """
 
 from __future__ import annotations
@@ -25,17 +26,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TRAINER = ROOT / "trainer"
 # files of other commands, with parsers of their own that share some dests (--seed, --lr)
 OTHER_TOOLS = {"warmup.py", "quickstart.py", "startup/preflight.py", "startup/torchrun.py"}
-
-# still declared twice here (flag literal and config literal, or several configs): shrink only
-KNOWN = {
-    "gamma", "seed", "attention_backend", "min_lr", "lr_decay_style", "lr_warmup_iters",
-    "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad", "lr",
-    "log_probs_chunk_size", "fused_old_logprobs", "sparse_attention", "eval_input_key",
-    "eval_label_key", "reward_bias", "reward_scaling", "rollout_num_gpus",
-    "n_samples_per_prompt",  # RolloutBatch's None ("not grouped") under the flag's 8
-    # agent66's branch declares these once (rollout/multiturn/flags.py, loop.py)
-    "max_turns", "tool_parser", "observation_role",
-}
 
 
 def _literal(node: ast.expr | None):
@@ -107,18 +97,15 @@ def test_each_flag_default_is_declared_once():
     dests = {a.dest for a in build_parser()._actions if a.dest in flags}
     twice = {d: declarations(d, flags, configs) for d in sorted(dests)}
     twice = {d: places for d, places in twice.items() if len(places) > 1}
-    new = {d: places for d, places in twice.items() if d not in KNOWN}
-    fixed = sorted(KNOWN - set(twice))
-    print(f"{len(dests)} flags; declared twice: {len(twice)} (known: {len(KNOWN)}); "
-          f"fixed since, to drop from KNOWN: {fixed}")
-    assert not new, new
+    print(f"{len(dests)} flags; declared twice: {len(twice)}")
+    assert not twice, twice
 
 
 def test_max_tokens_per_gpu_is_declared_once_as_sized_from_memory():
     """The flag's None ("sized from free memory at the first pass") is TrainConfig's too."""
     import dataclasses
 
-    from trainer.learner.policy_trainer import TrainConfig
+    from trainer.learner.settings import TrainConfig
 
     flags, configs = flag_defaults(), config_defaults()
     assert declarations("max_tokens_per_gpu", flags, configs) == []

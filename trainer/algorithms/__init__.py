@@ -4,7 +4,8 @@
 - ``kl``: k1 / k2 / k3 / low_var_kl per-token KL estimators.
 - ``policy_loss``: PPO clip (+ clip-higher, dual clip), KL loss, entropy bonus, aggregation.
 - ``correction``: sparse-rollout correction π_old/π_sparse (IS weights, rejection, veto) + metrics.
-- ``settings``: the names each choice accepts and the loss / correction configs, without torch.
+- ``settings``: the names each choice accepts and the advantage / loss / correction configs,
+  without torch.
 - ``argparse_flags``: the command-line flags and their mapping to the config dataclasses.
 
 Names load on first use (as ``sglang_kvc``'s), so the flags build ``--help`` without torch.
@@ -20,7 +21,8 @@ import types
 _EXPORTS = {
     "ESTIMATORS": "settings", "KL_TYPES": "settings", "AGG_MODES": "settings", "PRESETS": "settings",
     "CorrectionConfig": "settings", "PolicyLossConfig": "settings", "correction_preset": "settings",
-    "AdvantageConfig": "advantages", "compute_advantages": "advantages",
+    "AdvantageConfig": "settings", "advantages_for": "advantages",
+    "compute_advantages": "advantages",
     "MISResult": "correction", "compute_mis_weights": "correction",
     "mismatch_metrics": "correction", "row_correction": "correction", "select_old_logp": "correction",
     "kl_estimate": "kl",

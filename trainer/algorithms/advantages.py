@@ -26,32 +26,21 @@ this once on the whole rollout batch (all DP ranks' samples), not per micro-batc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from trainer.algorithms.settings import ESTIMATORS
+# the config without torch (the flags read its defaults); handed on here
+from trainer.algorithms.settings import ESTIMATORS, AdvantageConfig  # noqa: F401
 
 
-@dataclass
-class AdvantageConfig:
-    estimator: str = "grpo"  # slime --advantage-estimator / verl algorithm.adv_estimator
-    std_normalize: bool = True  # grpo only; slime --disable-grpo-std-normalization sets False
-    eps: float = 1e-6  # added to the group std (slime and verl use 1e-6)
-    gamma: float = 1.0  # slime --gamma / verl algorithm.gamma; reinforce_plus_plus only
-
-    def __post_init__(self) -> None:
-        if self.estimator not in ESTIMATORS:
-            raise ValueError(f"unknown advantage estimator {self.estimator!r}; expected one of {ESTIMATORS}")
-
-    def compute(self, rewards, response_mask, *, group_index=None, n_samples_per_prompt=None,
-                token_level_penalty=None) -> torch.Tensor:
-        return compute_advantages(
-            self.estimator, rewards, response_mask,
-            group_index=group_index, n_samples_per_prompt=n_samples_per_prompt,
-            std_normalize=self.std_normalize, eps=self.eps, gamma=self.gamma,
-            token_level_penalty=token_level_penalty,
-        )
+def advantages_for(cfg: AdvantageConfig, rewards, response_mask, *, group_index=None,
+                   n_samples_per_prompt=None, token_level_penalty=None) -> torch.Tensor:
+    """``compute_advantages`` with the estimator and its settings from ``cfg``."""
+    return compute_advantages(
+        cfg.estimator, rewards, response_mask,
+        group_index=group_index, n_samples_per_prompt=n_samples_per_prompt,
+        std_normalize=cfg.std_normalize, eps=cfg.eps, gamma=cfg.gamma,
+        token_level_penalty=token_level_penalty,
+    )
 
 
 def resolve_group_index(batch_size: int, *, group_index=None, n_samples_per_prompt=None,

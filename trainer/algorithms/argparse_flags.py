@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 # names and configs without torch: --help and flag errors stay fast
 from trainer.algorithms.settings import (AGG_MODES, ESTIMATORS, KL_TYPES, LEVELS, MODES, PRESETS,
-                                         CorrectionConfig, PolicyLossConfig, correction_preset)
-
-if TYPE_CHECKING:
-    from trainer.algorithms.advantages import AdvantageConfig
+                                         AdvantageConfig, CorrectionConfig, PolicyLossConfig,
+                                         correction_preset)
 
 _REF = CorrectionConfig()
 _LOSS = PolicyLossConfig()
@@ -41,7 +38,7 @@ def add_algorithm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                    help="advantage estimator (default: grpo, the reference's)")
     g.add_argument("--disable-grpo-std-normalization", action="store_true",
                    help="grpo without dividing by the group std (Dr.GRPO advantages)")
-    g.add_argument("--gamma", type=float, default=1.0,
+    g.add_argument("--gamma", type=float, default=AdvantageConfig.gamma,
                    help="discount of token rewards for reinforce_plus_plus (default: 1.0)")
 
     g = parser.add_argument_group("algorithms: policy loss")
@@ -116,8 +113,6 @@ def config_from_args(args: argparse.Namespace) -> AlgorithmConfig:
     ``seq_mean_token_sum_norm`` without ``--loss-agg-norm-length`` uses
     ``args.rollout_max_response_len`` when the namespace has it (the Dr.GRPO constant).
     """
-    from trainer.algorithms.advantages import AdvantageConfig  # tensor code beside it: torch
-
     advantage = AdvantageConfig(estimator=args.advantage_estimator,
                                 std_normalize=not args.disable_grpo_std_normalization, gamma=args.gamma)
     norm_length = args.loss_agg_norm_length

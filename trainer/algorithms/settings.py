@@ -1,5 +1,5 @@
 """The algorithms' settings without their tensor code: the names each choice accepts and the
-loss and correction configs, so the flags (``argparse_flags.py``) build ``--help`` and check
+advantage, loss and correction configs, so the flags (``argparse_flags.py``) build ``--help`` and check
 values without importing torch. The tensor modules re-export what they use from here.
 """
 
@@ -12,6 +12,20 @@ KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 LEVELS = ("token", "sequence", "geometric")  # of the correction's ratios
 MODES = ("truncate", "mask", "clip")  # of the correction's IS weights
+
+
+@dataclass
+class AdvantageConfig:
+    """The advantage estimator and its settings (``advantages.advantages_for`` applies them)."""
+
+    estimator: str = "grpo"  # slime --advantage-estimator / verl algorithm.adv_estimator
+    std_normalize: bool = True  # grpo only; slime --disable-grpo-std-normalization sets False
+    eps: float = 1e-6  # added to the group std (slime and verl use 1e-6)
+    gamma: float = 1.0  # slime --gamma / verl algorithm.gamma; reinforce_plus_plus only
+
+    def __post_init__(self) -> None:
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"unknown advantage estimator {self.estimator!r}; expected one of {ESTIMATORS}")
 
 
 @dataclass

@@ -3,7 +3,7 @@ model, its optimizer and schedule, the micro-batch and log-prob settings, the re
 the optimizer-step size.
 
     cfg = learner_config_from_args(args)
-    PolicyTrainer(cfg.policy_model(resume=False), cfg.optim, cfg.train)
+    models = build_models(cfg, resume=False, with_reference=True, cache_dir=work / "hf_import")
 """
 
 from __future__ import annotations
@@ -14,9 +14,18 @@ import dataclasses
 # the flags themselves: flags.py (no torch, so --help and flag errors are fast); re-exported
 from .flags import (add_learner_args, add_sparse_replay_args, check_sparse_replay_args,  # noqa: F401
                     global_batch_size, replays)
-from .model_provider import ModelConfig
-from .policy_trainer import OptimConfig, PolicyTrainer, TrainConfig
-from .token_budget import print_startup_line
+from .policy_trainer import PolicyTrainer
+from .settings import ModelConfig, OptimConfig, TrainConfig
+
+
+@dataclasses.dataclass
+class ModelRole:
+    """One model of the learner, as it is built: the policy (trained) or the reference (frozen)."""
+
+    model: ModelConfig
+    optim: OptimConfig
+    trainable: bool
+    load_weights: bool = True  # False: a resume loads them from its trainer checkpoint
 
 
 @dataclasses.dataclass
@@ -34,17 +43,31 @@ class LearnerConfig:
     def reference_model(self) -> ModelConfig:
         return dataclasses.replace(self.model, load=self.ref_load, role="reference")
 
+    def roles(self, resume: bool, with_reference: bool) -> list[ModelRole]:
+        """The policy, and the frozen reference when the loss or a plug-in needs one."""
+        policy = ModelRole(self.policy_model(resume), self.optim, trainable=True,
+                           load_weights=not resume)
+        if not with_reference:
+            return [policy]
+        return [policy, ModelRole(self.reference_model(), OptimConfig(), trainable=False)]
 
-def build_models(cfg: LearnerConfig, resume: bool, with_reference: bool, cache_dir):
+
+@dataclasses.dataclass
+class LearnerModels:
+    policy: PolicyTrainer
+    reference: PolicyTrainer | None = None  # frozen; sharing the policy's TrainConfig
+
+
+def build_models(cfg: LearnerConfig, resume: bool, with_reference: bool,
+                 cache_dir) -> LearnerModels:
     """The policy trainer (its weights from ``--load``/``--hf-checkpoint``, or left for a resume
-    to load) and, when the loss or a plug-in needs one, the frozen reference (else None)."""
-    trainer = PolicyTrainer(cfg.policy_model(resume), cfg.optim, cfg.train, cache_dir=cache_dir,
-                            load_weights=not resume)
-    print_startup_line(cfg.train.max_tokens_per_gpu)
-    if not with_reference:
-        return trainer, None
-    return trainer, PolicyTrainer(cfg.reference_model(), OptimConfig(), trainer.train_cfg,
-                                  cache_dir=cache_dir, trainable=False)
+    to load) and the reference when asked for: the roles are decided from the configs first,
+    then each is built in one pass down (model, DDP, optimizer, schedule: policy_parts.py)."""
+    trainers = []
+    for role in cfg.roles(resume, with_reference):  # the policy, then the reference
+        trainers.append(PolicyTrainer(role.model, role.optim, cfg.train, cache_dir=cache_dir,
+                                      load_weights=role.load_weights, trainable=role.trainable))
+    return LearnerModels(*trainers)
 
 
 def learner_config_from_args(args: argparse.Namespace) -> LearnerConfig:
@@ -70,9 +93,11 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     train_sparse = getattr(args, "train_sparse_policy", False)
     return TrainConfig(max_tokens_per_gpu=args.max_tokens_per_gpu,
                        log_probs_chunk_size=args.log_probs_chunk_size,
-                       temperature=args.rollout_temperature, seed=args.seed,
+                       temperature=args.rollout_temperature,
                        # training the sparse policy needs its π_old: the sparse recompute
                        sparse_recompute=getattr(args, "sparse_recompute", False) or train_sparse,
                        train_sparse_policy=train_sparse,
-                       fused_old_logprobs=getattr(args, "fused_old_logprobs", True),
-                       sparse_attention=getattr(args, "sparse_attention", "auto"))
+                       fused_old_logprobs=getattr(args, "fused_old_logprobs",
+                                                  TrainConfig.fused_old_logprobs),
+                       sparse_attention=getattr(args, "sparse_attention",
+                                                TrainConfig.sparse_attention))

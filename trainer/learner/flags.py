@@ -1,13 +1,16 @@
 """The learner's command-line flags and their checks: the model and its checkpoints, training,
-eviction replay. No torch here (``--help`` and flag errors come before it loads); ``config.py``
-reads the flags into the learner's configs.
+eviction replay. No torch here (``--help`` and flag errors come before it loads); each default
+is the field's of the config it fills (``settings.py``), and ``config.py`` reads the flags into
+those configs.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from ..launch import ParallelConfig
 from .checkpoint_policy import add_checkpoint_args
+from .settings import ModelConfig, OptimConfig, TrainConfig
 
 # --sparse-attention: how eviction replay attends (sparse_attention.py implements each)
 SPARSE_IMPLS = ("auto", "mask", "flex", "gather")
@@ -42,7 +45,8 @@ def add_sparse_replay_args(parser: argparse.ArgumentParser) -> None:
                    help="the update's forward uses the same eviction masks: GRPO optimises the "
                         "compressed policy itself, on-policy (implies --sparse-recompute; the "
                         "reference's log-probs are replayed too)")
-    g.add_argument("--sparse-attention", default="auto", choices=list(SPARSE_IMPLS),
+    g.add_argument("--sparse-attention", default=TrainConfig.sparse_attention,
+                   choices=list(SPARSE_IMPLS),
                    help="how replay attends: flex (FlexAttention over the pack's 128 x 128 "
                         "tiles; auto's choice on a GPU), gather (over the keys each block of 128 "
                         "queries sees: far fewer tiles under small budgets), mask (one SDPA per "
@@ -71,8 +75,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_checkpoint_args(g)
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    g.add_argument("--attention-backend", default="auto", choices=["auto", "te", "sdpa", "local"])
-    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--attention-backend", default=ModelConfig.attention_backend,
+                   choices=["auto", "te", "sdpa", "local"])
+    # one seed for the run: Megatron's RNG, the data order, the sampling seeds
+    g.add_argument("--seed", type=int, default=ParallelConfig.seed)
 
 
 def _add_training_args(p: argparse.ArgumentParser) -> None:
@@ -80,24 +86,28 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-rollout", type=int, default=100)
     g.add_argument("--global-batch-size", type=int, default=None,
                    help="samples per optimizer step (default: the whole rollout)")
-    g.add_argument("--lr", type=float, default=1e-6)
-    g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-decay-style", default="constant", choices=["constant", "linear", "cosine"])
-    g.add_argument("--lr-warmup-iters", type=int, default=0)
-    g.add_argument("--lr-decay-iters", type=int, default=None)
-    g.add_argument("--weight-decay", type=float, default=0.1)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.98)
-    g.add_argument("--adam-eps", type=float, default=1e-8)
-    g.add_argument("--clip-grad", type=float, default=1.0)
-    g.add_argument("--max-tokens-per-gpu", type=int, default=None,
+    g.add_argument("--lr", type=float, default=OptimConfig.lr)
+    g.add_argument("--min-lr", type=float, default=OptimConfig.min_lr)
+    g.add_argument("--lr-decay-style", default=OptimConfig.lr_decay_style,
+                   choices=["constant", "linear", "cosine"])
+    g.add_argument("--lr-warmup-iters", type=int, default=OptimConfig.lr_warmup_iters)
+    g.add_argument("--lr-decay-iters", type=int, default=OptimConfig.lr_decay_iters)
+    g.add_argument("--weight-decay", type=float, default=OptimConfig.weight_decay)
+    g.add_argument("--adam-beta1", type=float, default=OptimConfig.adam_beta1)
+    g.add_argument("--adam-beta2", type=float, default=OptimConfig.adam_beta2)
+    g.add_argument("--adam-eps", type=float, default=OptimConfig.adam_eps)
+    g.add_argument("--clip-grad", type=float, default=OptimConfig.clip_grad)
+    g.add_argument("--max-tokens-per-gpu", type=int,
+                   default=TrainConfig.max_tokens_per_gpu,
                    help="token budget of one packed micro-batch; speed only, not the maths "
                         "(default: sized from free memory at the first pass and printed, "
                         "learner/token_budget.py)")
-    g.add_argument("--log-probs-chunk-size", type=int, default=1024,
+    g.add_argument("--log-probs-chunk-size", type=int,
+                   default=TrainConfig.log_probs_chunk_size,
                    help="tokens per fp32 chunk of the log-prob pass off CUDA (on CUDA one Triton "
                         "pass covers the micro-batch)")
-    g.add_argument("--fused-old-logprobs", action=argparse.BooleanOptionalAction, default=True,
+    g.add_argument("--fused-old-logprobs", action=argparse.BooleanOptionalAction,
+                   default=TrainConfig.fused_old_logprobs,
                    help="on-policy rollouts (one optimizer step, no staleness) take pi_old from the "
                         "update's own forward instead of a recompute pass (default: on; "
                         "trainer/README.md lists where the recompute stays)")

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 
 from ..algorithms import (AdvantageConfig, CorrectionConfig, LossScale, PolicyLossConfig,
-                         policy_loss, row_correction, select_old_logp)
+                         advantages_for, policy_loss, row_correction, select_old_logp)
 from ..algorithms.dense_share import correct_with_dense_rows, sparse_rows_mask
 from ..launch import default_device
 from .packing import Sample
@@ -138,11 +138,12 @@ def trace_advantages(batch: RolloutBatch, adv_cfg: AdvantageConfig, mask: torch.
     groups = dict(n_samples_per_prompt=batch.n_samples_per_prompt) if batch.group_index is None \
         else dict(group_index=_dense_labels(batch.group_index))
     if batch.trace_index is None:
-        return adv_cfg.compute(rewards, mask, **groups)
+        return advantages_for(adv_cfg, rewards, mask, **groups)
     if adv_cfg.estimator == "reinforce_plus_plus":
         raise ValueError("--advantage-estimator reinforce_plus_plus gives token-level returns and "
                          "cannot share one advantage over the calls of a trace; use a group estimator")
-    per_trace = adv_cfg.compute(rewards, torch.ones(len(rewards), 1, dtype=torch.bool), **groups)
+    per_trace = advantages_for(adv_cfg, rewards, torch.ones(len(rewards), 1, dtype=torch.bool),
+                               **groups)
     return per_trace[batch.trace_of_sample(), 0][:, None] * mask
 
 

@@ -32,6 +32,7 @@ from .grpo_update import (PreparedUpdate, RolloutBatch, gather_dp, mismatch_inpu
 from .model_provider import rounds_checkpoint
 from .replay_cache import shared_replay_masks
 from .speed import generation_timing, rollout_speed
+from .token_budget import print_startup_line
 
 
 @dataclasses.dataclass
@@ -64,9 +65,10 @@ class Learner:
         if paths.save_dir is not None:  # saves an interrupt cut short: never resumed, in the way
             remove_partial(paths.save_dir)
         self.resuming = is_trainer_checkpoint(cfg.model.load)  # reads common.pt: once
-        self.policy, self.reference = build_models(
-            cfg, self.resuming, algo.loss.needs_ref_logp or with_reference,
-            cache_dir=paths.work_dir / "hf_import")
+        models = build_models(cfg, self.resuming, algo.loss.needs_ref_logp or with_reference,
+                              cache_dir=paths.work_dir / "hf_import")
+        self.policy, self.reference = models.policy, models.reference
+        print_startup_line(cfg.train.max_tokens_per_gpu)  # the micro-batch: given, or sized later
         if paths.save_dir is not None:  # hours before the first save, while space can be freed
             report_space(paths.save_dir, self.policy, paths.checkpoint)
 

@@ -7,7 +7,6 @@ for a Hugging Face directory, from an on-the-fly conversion (``checkpoint_tools.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -25,16 +24,7 @@ from ..launch import launcher_free_env, phase
 from .attention import SDPACoreAttention
 from .fusions import rope as fused_rope
 from .fusions.rmsnorm import FusedRMSNorm
-
-
-@dataclasses.dataclass
-class ModelConfig:
-    hf_checkpoint: str  # HF dir: architecture (config.json) and tokenizer
-    load: str | None = None  # torch_dist root/iteration dir or an HF dir; default: hf_checkpoint
-    dtype: torch.dtype | None = None  # default: bf16 on GPU, fp32 on CPU
-    attention_backend: str = "auto"  # auto | te | sdpa | local
-    recompute_activations: bool = False
-    role: str = "policy"  # in startup messages: policy | reference
+from .settings import ModelConfig
 
 
 def transformer_engine_available() -> bool:

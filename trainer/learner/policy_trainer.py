@@ -1,5 +1,5 @@
-"""The Megatron-side learner: DDP-wrapped policy, optimizer, LR schedule, train step, log-prob
-recompute and torch_dist checkpoints.
+"""The Megatron-side learner: the policy (DDP-wrapped model, optimizer, LR schedule, built by
+``policy_parts.py``), its train step and log-prob recompute.
 
 Micro-batches are packed by a token budget (``max_tokens_per_gpu``) and run through Megatron's
 forward-backward schedule (pipeline parallel when PP > 1). The loss of each micro-batch is
@@ -18,46 +18,16 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
 from ..launch import default_device
 from .forward import packed_forward
-from .fusions import wgrad as fusions_wgrad
 from .logprobs import logprobs_and_entropy
-from .model_provider import ModelConfig, build_policy_model
 from .packing import (MicroBatches, PackedBatch, Sample, pack, packed_length,
                       split_by_token_budget)
+from .policy_parts import build_policy_parts
+from .settings import ModelConfig, OptimConfig, TrainConfig  # noqa: F401 - handed on
 from .speed import SpeedMeter, forward_flops, model_parallel_size, train_flops
 from .token_budget import resolve_max_tokens
-
-
-@dataclasses.dataclass
-class OptimConfig:
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    lr_decay_style: str = "constant"  # constant | linear | cosine
-    lr_warmup_iters: int = 0
-    lr_decay_iters: int | None = None
-    weight_decay: float = 0.1
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    use_distributed_optimizer: bool | None = None  # default: on with NCCL and DP > 1
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    # --max-tokens-per-gpu; None (its default, declared there only): sized from free memory at the
-    # first pass, in one place (token_budget.resolve_max_tokens, called by _max_tokens)
-    max_tokens_per_gpu: int | None = None
-    log_probs_chunk_size: int = 1024
-    temperature: float = 1.0  # --rollout-temperature: logits are divided by it everywhere
-    seed: int = 1234
-    sparse_recompute: bool = False  # π_old (and π_ref) attend as the sampler did (its records)
-    train_sparse_policy: bool = False  # the update's forward too: GRPO on the compressed policy
-    fused_old_logprobs: bool = True  # on-policy: π_old from the update's forward (fused_old_logp.py)
-    sparse_attention: str = "auto"  # replay's attention (sparse_attention.SPARSE_IMPLS)
 
 
 # loss_fn(logp, entropy, sample_ids) -> (loss, metrics): logp/entropy are per-sample response
@@ -93,15 +63,6 @@ class MicroBatchResult:
     metrics: dict
 
 
-def _no_rescale_finalize(model, num_tokens=None, pg_collection=None, force_all_reduce=False):
-    from megatron.core.distributed import finalize_model_grads
-
-    # Losses are pre-normalised by global counts: reduce grads across DP and pipeline embedding
-    # groups, but never divide by a token count.
-    return finalize_model_grads(model, None, pg_collection=pg_collection,
-                                force_all_reduce=force_all_reduce)
-
-
 class PolicyTrainer:
     """One rank's view of the policy under training (call after ``init_model_parallel``)."""
 
@@ -109,65 +70,20 @@ class PolicyTrainer:
                  *, cache_dir: str | Path | None = None, load_weights: bool = True,
                  trainable: bool = True):
         from megatron.core import parallel_state as ps
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         from .attention import SDPACoreAttention
 
         self.model_cfg, self.optim_cfg, self.train_cfg = model_cfg, optim_cfg, train_cfg
         SDPACoreAttention.sparse_impl = train_cfg.sparse_attention  # replay's, for every layer
-        # fp32 weight gradients accumulate inside the GEMMs (needs DDP's main_grad buffers)
-        if trainable:
-            fusions_wgrad.install()
-        self.arch, module = build_policy_model(
-            model_cfg, cache_dir=cache_dir, load=load_weights, calculate_per_token_loss=True,
-            gradient_accumulation_fusion=trainable)
-        config = module.config
-        distributed_optimizer = optim_cfg.use_distributed_optimizer
-        if distributed_optimizer is None:
-            # Sharding optimizer state only pays off across DP ranks (and gloo lacks the
-            # reduce-scatter it needs). Megatron 0.16's dp_reshardable save also trips an
-            # assertion on padded single-rank buffers, so DP = 1 keeps the plain optimizer.
-            distributed_optimizer = (dist.get_backend() == "nccl"
-                                     and ps.get_data_parallel_world_size() > 1)
-        self.config = config
-        self.optimizer = self.scheduler = None
-        if not trainable:  # a frozen reference policy: forward only, no grad buffers
-            for param in module.parameters():
-                param.requires_grad_(False)
-            self.model = module
-        else:
-            ddp_config = DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                use_distributed_optimizer=distributed_optimizer)
-            self.model = DistributedDataParallel(config=config, ddp_config=ddp_config,
-                                                 module=module)
-            config.no_sync_func = self.model.no_sync
-            config.finalize_model_grads_func = _no_rescale_finalize
-            self.optimizer, self.scheduler = self._build_optimizer(distributed_optimizer)
+        # model, DDP, optimizer and schedule in one pass down (policy_parts.py); frozen without
+        parts = build_policy_parts(model_cfg, optim_cfg if trainable else None,
+                                   cache_dir=cache_dir, load_weights=load_weights)
+        self.arch, self.model, self.config = parts.arch, parts.model, parts.config
+        self.optimizer, self.scheduler = parts.optimizer, parts.scheduler
         self.dp_group = ps.get_data_parallel_group()
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.step = 0
         self.speed = SpeedMeter()  # per-phase tokens, FLOPs, seconds (learner/speed.py)
-
-    # --- optimizer ---------------------------------------------------------------------------
-    def _build_optimizer(self, distributed: bool):
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
-        o = self.optim_cfg
-        opt_config = OptimizerConfig(
-            optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay,
-            adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2, adam_eps=o.adam_eps,
-            clip_grad=o.clip_grad, bf16=self.config.bf16, fp16=self.config.fp16,
-            params_dtype=self.config.params_dtype, use_distributed_optimizer=distributed)
-        optimizer = get_megatron_optimizer(opt_config, [self.model])
-        decay_iters = o.lr_decay_iters or 10**9
-        scheduler = OptimizerParamScheduler(
-            optimizer, init_lr=0.0 if o.lr_warmup_iters else o.lr, max_lr=o.lr, min_lr=o.min_lr,
-            lr_warmup_steps=o.lr_warmup_iters, lr_decay_steps=max(decay_iters, o.lr_warmup_iters + 1),
-            lr_decay_style=o.lr_decay_style, start_wd=o.weight_decay, end_wd=o.weight_decay,
-            wd_incr_steps=decay_iters, wd_incr_style="constant")
-        return optimizer, scheduler
 
     # --- batching ----------------------------------------------------------------------------
     def _micro_batches(self, samples: list[Sample], ids: list[int], sparse: bool = False,

@@ -17,16 +17,19 @@ class RayJobError(RuntimeError):
 
 @dataclasses.dataclass
 class RayOptions:
-    actor_num_nodes: int = 1
-    actor_num_gpus_per_node: int = 1
-    rollout_num_gpus: int = 0
-    rollout_num_gpus_per_engine: int = 1
-    colocate: bool = False
-    ray_address: str | None = None
-    local_num_gpus: int | None = None
-    ray_connect_timeout: float = 60.0
-    placement_timeout: float = 300.0
-    engine_start_timeout: float = 900.0
+    """What the Ray job's flags say: every field is filled from them (``parse``), so the
+    defaults are the parser's alone."""
+
+    actor_num_nodes: int
+    actor_num_gpus_per_node: int
+    rollout_num_gpus: int
+    rollout_num_gpus_per_engine: int
+    colocate: bool
+    ray_address: str | None
+    local_num_gpus: int | None
+    ray_connect_timeout: float
+    placement_timeout: float
+    engine_start_timeout: float
 
     @property
     def trainer_gpus(self) -> int:

@@ -36,15 +36,19 @@ class DataConfig:
 
     tokenizer_path: str  # --hf-checkpoint
     prompt_data: str  # 'file.jsonl', or 'file.jsonl@[0:1000]' for a slice
+    seed: int  # --seed: each epoch's order
     input_key: str = "prompt"
     label_key: str = "label"
     apply_chat_template: bool = False
     max_prompt_len: int | None = None  # training prompts only: eval prompts are kept whole
-    seed: int = 1234  # each epoch's order
     shuffle: bool = True
     eval_data: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (name, path)
-    eval_input_key: str = "prompt"
-    eval_label_key: str = "label"
+    eval_input_key: str | None = None  # None: input_key's
+    eval_label_key: str | None = None  # None: label_key's
+
+    def __post_init__(self) -> None:  # the eval sets' keys are the training prompts' unless given
+        self.eval_input_key = self.eval_input_key or self.input_key
+        self.eval_label_key = self.eval_label_key or self.label_key
 
     def prompt_stream(self, tokenizer) -> PromptStream:
         prompts = load_prompts(self.prompt_data, tokenizer, input_key=self.input_key,
@@ -72,17 +76,18 @@ class DataConfig:
                 for name, path in self.eval_data}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)  # keywords only: a default may stand before a required field
 class RolloutPlan:
     """What each rollout (and each evaluation) asks of the engines, and how it is scored."""
 
     batch_size: int  # prompts per rollout
-    n_samples: int  # per prompt
+    n_samples: int = 8  # per prompt (--n-samples-per-prompt)
     sampling: RolloutConfig  # its seed is set per rollout: sampling_for
     seed: int
     reward: RewardConfig
-    reward_bias: float = 0.0  # training rewards are (reward + bias) x scaling
-    reward_scaling: float = 1.0
+    # training rewards are (reward + bias) x scaling; --reward-bias / --reward-scaling's defaults
+    reward_bias: float
+    reward_scaling: float
     eval_samplings: tuple[RolloutConfig, ...] = (RolloutConfig(),)  # one per --eval-temperature
     n_eval_samples: int = 1  # per eval prompt at T > 0 (greedy passes draw one)
     eval_modes: tuple[str, ...] = ("train",)  # "train": the engines' compression; "dense": none
@@ -146,8 +151,7 @@ def data_config_from_args(args: argparse.Namespace) -> DataConfig:
         label_key=args.label_key, apply_chat_template=args.apply_chat_template,
         max_prompt_len=args.max_prompt_len, seed=args.seed, shuffle=args.rollout_shuffle,
         eval_data=list(zip(pairs[::2], pairs[1::2])),
-        eval_input_key=args.eval_input_key or args.input_key,
-        eval_label_key=args.eval_label_key or args.label_key)
+        eval_input_key=args.eval_input_key, eval_label_key=args.eval_label_key)
 
 
 def rollout_plan_from_args(args: argparse.Namespace) -> RolloutPlan:
@@ -223,7 +227,7 @@ def _add_rollout_args(p: argparse.ArgumentParser) -> None:
 
 def _add_sampling_args(g) -> None:
     g.add_argument("--rollout-batch-size", type=int, default=32, help="prompts per rollout")
-    g.add_argument("--n-samples-per-prompt", type=int, default=8)
+    g.add_argument("--n-samples-per-prompt", type=int, default=RolloutPlan.n_samples)
     g.add_argument("--rollout-max-response-len", type=int, default=1024)
     g.add_argument("--rollout-temperature", type=float, default=1.0)
     g.add_argument("--rollout-top-p", type=float, default=1.0)
@@ -290,5 +294,5 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
                    help="KV of the evaluation samples: as the rollouts (the engines' --sglang-compress-*), "
                         "dense (sglang-kvc's per-request compress: false on the same engines), or both "
                         "(dense scores logged as eval/<name>_dense/*)")
-    g.add_argument("--eval-input-key", default=None)
-    g.add_argument("--eval-label-key", default=None)
+    g.add_argument("--eval-input-key", default=DataConfig.eval_input_key)  # None: --input-key
+    g.add_argument("--eval-label-key", default=DataConfig.eval_label_key)

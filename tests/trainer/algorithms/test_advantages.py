@@ -6,7 +6,8 @@ import statistics
 import pytest
 import torch
 
-from trainer.algorithms.advantages import ESTIMATORS, AdvantageConfig, compute_advantages
+from trainer.algorithms.advantages import (ESTIMATORS, AdvantageConfig, advantages_for,
+                                          compute_advantages)
 
 
 def make_mask(lengths, T):
@@ -165,7 +166,8 @@ def test_bf16_rewards_and_float_mask_give_fp32_output():
 def test_config_wrapper_and_argument_errors():
     mask = make_mask([1, 1], 1)
     cfg = AdvantageConfig(estimator="rloo")
-    assert cfg.compute(torch.tensor([1.0, 0.0]), mask, n_samples_per_prompt=2).flatten().tolist() == [1.0, -1.0]
+    rows = advantages_for(cfg, torch.tensor([1.0, 0.0]), mask, n_samples_per_prompt=2)
+    assert rows.flatten().tolist() == [1.0, -1.0]
     with pytest.raises(ValueError, match="unknown advantage estimator"):
         AdvantageConfig(estimator="ppo")
     with pytest.raises(ValueError, match="exactly one"):

@@ -45,3 +45,19 @@ def _prompt_file(tmp_path) -> str:
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "p", "label": "1"}\n')
     return str(path)
+
+
+def test_roles_train_the_policy_and_freeze_the_reference():
+    from trainer.learner.config import LearnerConfig
+    from trainer.learner.settings import ModelConfig, OptimConfig, TrainConfig
+
+    cfg = LearnerConfig(ModelConfig("hf", load="ck"), OptimConfig(lr=1.0), TrainConfig(), 8,
+                        ref_load="ref")
+    policy, reference = cfg.roles(resume=True, with_reference=True)
+    # a resume's weights come from its trainer checkpoint, not --load
+    assert (policy.trainable, policy.load_weights, policy.model.load, policy.optim.lr) == \
+        (True, False, None, 1.0)
+    assert (reference.trainable, reference.load_weights, reference.model.load,
+            reference.model.role) == (False, True, "ref", "reference")
+    fresh = cfg.roles(resume=False, with_reference=False)
+    assert [(r.model.role, r.model.load, r.load_weights) for r in fresh] == [("policy", "ck", True)]

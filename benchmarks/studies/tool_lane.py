@@ -113,15 +113,27 @@ def grid_args(args) -> argparse.Namespace:
 
 
 def prepare_seeds(gargs, seeds: list[int], base: Path | None) -> dict[int, waves.SeedSetup]:
-    """Each seed's warm-up and training rows, ``SEED_WORKERS`` seeds at a time in processes of
-    their own (a failed one raises here)."""
+    """Each seed's warm-up, training rows and torch_dist import, ``SEED_WORKERS`` seeds at a time
+    in processes of their own (a failed one raises here)."""
     import concurrent.futures
     import multiprocessing
 
     with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, min(SEED_WORKERS, len(seeds))),
                                                 mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {seed: pool.submit(waves.prepare_seed, gargs, TASK, seed, base) for seed in seeds}
+        futures = {seed: pool.submit(prepare_seed, gargs, seed, base) for seed in seeds}
         return {seed: f.result() for seed, f in futures.items()}
+
+
+def prepare_seed(gargs, seed: int, base: Path | None) -> waves.SeedSetup:
+    """One seed's setup and the import its runs share (here, so that seeds import side by side
+    and the runs start together: one after another at launch, a CPU smoke's two took 200 s)."""
+    from benchmarks.common.runs import import_once
+
+    # afresh: a warm-up (or its import) left by an earlier lane may be of other demos
+    shutil.rmtree(gargs.out / "setup" / TASK / f"s{seed}", ignore_errors=True)
+    setup = waves.prepare_seed(gargs, TASK, seed, base)
+    import_once(setup.model, setup.model.parent)
+    return setup
 
 
 def base_model(args) -> Path | None:
@@ -135,11 +147,11 @@ def base_model(args) -> Path | None:
 def launch(job: waves.Job, gargs, setup: waves.SeedSetup, evals: Path) -> subprocess.Popen:
     """The grid's command for the config, in a session of its own (so that it can be stopped
     with everything it started)."""
-    from benchmarks.studies.long_rollout import prepare_run_dir
+    from benchmarks.common.runs import prepare_run_dir
 
     folder = job.folder(gargs.out)
     shutil.rmtree(folder, ignore_errors=True)  # a lane measures afresh
-    prepare_run_dir(folder, setup.model, setup.model.parent)  # one torch_dist import for all runs
+    prepare_run_dir(folder, setup.model, setup.model.parent)  # the seed's import (prepare_seed's)
     argv = waves.job_argv(job, gargs, setup, evals)  # compressed: the prompt kept
     (folder / "command.txt").write_text(" ".join(argv) + "\n")
     path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "sglang-kvc"), os.environ.get("PYTHONPATH")) if p)

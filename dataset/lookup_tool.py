@@ -22,9 +22,11 @@ held-out accuracy was exactly 46/128 = 0.359 at every evaluation for 60 rollouts
 number of one-item orders among those 128 prompts. The model solved the warm-up's shape and no
 other, and at temperature 1 a multi-item success was too rare for GRPO to find (groups all 0).
 Now the warm-up's two-item orders make a longer order a small step from what the model does
-(one more lookup in the turn, one more product in the sum), so sampling reaches three- and
-four-item successes; the two-item third of the prompts sets the start, and the three- and
-four-item two thirds are what RL has to learn. ``tiny`` rows are the CPU quickstart's short
+(one more lookup in the turn, one more product in the sum), so sampling reaches successes on
+every shape, and what RL has to learn is doing it reliably: on a CPU check (HF greedy, 24
+held-out orders of 1-4 items after this 12-step warm-up) SmolLM2 solved 5, all three-item
+orders done as intended, while shorter orders looked an item up again instead of calling the
+calculator and four-item ones repeated one item (docs/environments.md). ``tiny`` rows are the CPU quickstart's short
 ChatML strings (one or two items, one-digit prices; warm-up one item).
 """
 

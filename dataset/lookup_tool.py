@@ -3,19 +3,31 @@ them, and a ``calculator`` to total an order.
 
     python -m dataset.lookup_tool --n 2000 --out data/lookup_tool.jsonl [--style chat|tiny] [--demos]
 
-Each row asks what an order of one to three items costs ("3 pears and 7 plums"); its ``table``
-(the row's price list: the ordered items and two others) is read only by the environment
-(``recipes.lookup_tool:LookupToolEnv``), so the model must call ``lookup`` for every item, then
-the calculator on the quantities times the prices it read (the calls depend on each other's
-results), then box the total (the label). The intended episode: one turn of ``lookup`` calls,
-one ``calculator`` call, the answer; ``solution_turns`` and ``observations`` hold it, as in
-``dataset.arith_tool``.
+Each row asks what an order of two to four items costs ("3 pears, 7 plums and 2 kiwis"); its
+``table`` (the row's price list: the ordered items and two others) is read only by the
+environment (``recipes.lookup_tool:LookupToolEnv``), so the model must call ``lookup`` for every
+item, then the calculator on the quantities times the prices it read (the calls depend on each
+other's results), then box the total (the label). The intended episode: one turn of ``lookup``
+calls, one ``calculator`` call, the answer; ``solution_turns`` and ``observations`` hold it, as
+in ``dataset.arith_tool``.
 
-``--demos`` writes the warm-up's rows (``trainer.warmup``): one item an order and three-digit
-prices, so the warm-up teaches the calls' format on problems of another shape and other values
-than the training and held-out rows (one to three items, two-digit prices): looking up every
-item of a longer order and adding the products is left to RL. ``tiny`` rows are the CPU
-quickstart's short ChatML strings (one or two items, one-digit prices).
+``--demos`` writes the warm-up's rows (``trainer.warmup``): orders of one or two items at
+three-digit prices. They show the whole format (several lookups in one turn, a sum of products
+in one calculator call) on other values than the training and held-out rows (two to four
+items, two-digit prices), so the warm-up teaches the calls, not the answers.
+
+Why this split (issue 66 item 4: start at reward ~0.2-0.5, then a gain RL can make). On
+2026-11-28 the warm-up showed one-item orders only and the rows had one to three items: greedy
+held-out accuracy was exactly 46/128 = 0.359 at every evaluation for 60 rollouts, and 46 is the
+number of one-item orders among those 128 prompts. The model solved the warm-up's shape and no
+other, and at temperature 1 a multi-item success was too rare for GRPO to find (groups all 0).
+Now the warm-up's two-item orders make a longer order a small step from what the model does
+(one more lookup in the turn, one more product in the sum), so sampling reaches successes on
+every shape, and what RL has to learn is doing it reliably: on a CPU check (HF greedy, 24
+held-out orders of 1-4 items after this 12-step warm-up) SmolLM2 solved 5, all three-item
+orders done as intended, while shorter orders looked an item up again instead of calling the
+calculator and four-item ones repeated one item (docs/environments.md). ``tiny`` rows are the CPU quickstart's short
+ChatML strings (one or two items, one-digit prices; warm-up one item).
 """
 
 from __future__ import annotations
@@ -49,8 +61,8 @@ class Shape:
     price: tuple[int, int]
 
 
-SHAPES = {("chat", False): Shape((1, 3), (2, 9), (11, 99)),
-          ("chat", True): Shape((1, 1), (2, 9), (100, 999)),  # the warm-up: the format only
+SHAPES = {("chat", False): Shape((2, 4), (2, 9), (11, 99)),
+          ("chat", True): Shape((1, 2), (2, 9), (100, 999)),  # the warm-up: the format only
           ("tiny", False): Shape((1, 2), (2, 9), (2, 9)),
           ("tiny", True): Shape((1, 1), (2, 9), (2, 9))}
 DISTRACTORS = 2  # table entries not ordered: a lookup must name the right item
@@ -106,7 +118,7 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--style", choices=["chat", "tiny"], default="chat")
-    p.add_argument("--demos", action="store_true", help="the warm-up's rows (one item, three-digit prices)")
+    p.add_argument("--demos", action="store_true", help="the warm-up's rows (one or two items, three-digit prices)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     if a.n < 1:

@@ -2,7 +2,7 @@
 
     --env-path recipes.lookup_tool:LookupToolEnv --max-turns 5 [--env-args time_limit=2]
 
-Data: ``python -m dataset.lookup_tool`` (an order of one to three items; each row's price list,
+Data: ``python -m dataset.lookup_tool`` (an order of two to four items; each row's price list,
 ``table``, is in the row but not in the prompt). Two tools, in Qwen2.5's ``<tool_call>`` format:
 ``lookup(item)`` reads the row's price (a plural or another case of the name is accepted; an
 item not on the list is an error the model reads) and ``calculator(expression)``. The turn

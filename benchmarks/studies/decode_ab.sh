@@ -70,7 +70,7 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", tv, "tra
 weights() {
     # the random checkpoint's scale as this environment builds it (issue 60's tokens fit a nearly
     # flat distribution, as small weights give; this environment's weights have std 0.1 on a CPU)
-    (cd "$ROOT" && PYTHONPATH="$ROOT" "$PY" -c 'import sys, tempfile, torch
+    (cd "$ROOT" && PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c 'import sys, tempfile, torch
 from pathlib import Path
 from safetensors import safe_open
 from benchmarks.common.checkpoint import build_checkpoint
@@ -86,9 +86,9 @@ run() {
     # run NAME TREE_OF_DRIVER TREE_OF_ENGINE ARGS...: one benchmark process, its JSON as OUT/NAME.json
     local name=$1 driver=$2 engine=$3 begin=$SECONDS rc
     shift 3
-    echo "=== $name at $(date +%H:%M:%S): engine $(cd "$driver" && PYTHONPATH="$driver:$engine/sglang-kvc" "$PY" \
+    echo "=== $name at $(date +%H:%M:%S): engine $(cd "$driver" && PYTHONPATH="$driver:$engine/sglang-kvc${PYTHONPATH:+:$PYTHONPATH}" "$PY" \
         -c 'import sglang_kvc; print(sglang_kvc.__file__)')"  # (an editable install must not win)
-    (cd "$driver" && PYTHONPATH="$driver:$engine/sglang-kvc" timeout -k 15 "$RUN_S" "$PY" \
+    (cd "$driver" && PYTHONPATH="$driver:$engine/sglang-kvc${PYTHONPATH:+:$PYTHONPATH}" timeout -k 15 "$RUN_S" "$PY" \
         -m benchmarks.engine.throughput "${COMMON[@]}" "$@" --json "$OUT/$name.json") >"$OUT/$name.log" 2>&1
     rc=$?
     echo "exit $rc after $((SECONDS - begin)) s"
@@ -97,7 +97,7 @@ run() {
 }
 
 summary() {
-    (cd "$ROOT" && PYTHONPATH="$ROOT" "$PY" -m benchmarks.studies.decode_ab_summary "$OUT") >"$OUT/summary.md"
+    (cd "$ROOT" && PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m benchmarks.studies.decode_ab_summary "$OUT") >"$OUT/summary.md"
     cat "$OUT/summary.md"
 }
 

@@ -14,8 +14,9 @@
 #                        --sglang-mem-fraction-static 0.7, KL reference, sparse_rl correction,
 #                        memory-sized micro-batch) on 32 samples of ~2.3k tokens (a step's
 #                        peak is one micro-batch's, whatever their number): no OOM?
-#   replay               training/sparse_recompute.py: flex and gather against dense (0.5B, 4k,
-#                        budget 512), recompute and update, min / median / max of 3 repeats
+#   replay               training/sparse_recompute.py: flex (the one replay path kept) against
+#                        dense (0.5B, 4k, budget 512), recompute, update and the rollout's
+#                        both, min / median / max of 3 repeats
 #   engine_dense, engine_rkv  engine/throughput.py on the same shape as ril_* (B 256, P 128, O 512,
 #                        T 1 with log-probs): the engine's own figure and its HBM roofline
 #   oom_1.5b             as oom_3b on the 1.5B shape

@@ -53,7 +53,7 @@ FAMILIES = (("logprobs", r"row_stats|logits_grad"),
             ("attention", r"flash|fmha|sdpa|attention|flex"),
             ("gemm", r"gemm|cutlass|cublas|matmul|sm90_xmma|nvjet"),
             ("optimizer", r"adam|multi_tensor|foreach"),
-            ("replay_gather", r"index_select|index_add|gather|scatter|indexSelect|indexFunc"),
+            ("gather_scatter", r"index_select|index_add|gather|scatter|indexSelect|indexFunc"),
             ("copies", r"memcpy|memset|copy_|Memcpy|Memset"))
 
 

@@ -7,9 +7,8 @@ then min / median / max over warm builds of the step's micro-batches and the med
 ``from_kv_blocks`` build this replaced, ``legacy_layers``, on the same masks). Also how many
 graphs torch.compile made in the warm-up and during the timed steps (should be 0: a recompile
 there is a recompile per micro-batch), and with ``--profile`` the top CUDA kernels and CPU ops of
-one recompute and one train step of each mode (dense, flex, gather), and their device time by
-kernel family (attention, the gathered replay's index_select / index_add, GEMMs, log-probs, ...;
-in the JSON under ``profile``) (``TORCH_LOGS=recompiles`` names the guards).
+one recompute and one train step of each mode (dense, flex), and their device time by kernel
+family (attention, GEMMs, log-probs, ...; in the JSON under ``profile``) (``TORCH_LOGS=recompiles`` names the guards).
 
     python -m benchmarks.training.sparse_recompute                       # 0.5B shape, GPU
     python -m benchmarks.training.sparse_recompute --shape tiny --response-len 300 --budget 64 \\
@@ -33,6 +32,7 @@ import torch
 
 from benchmarks.common.report import emit, spread
 from benchmarks.training.train_step import SHAPES, build_trainer, nll_loss, sync, time_repeats
+from trainer.learner.flags import SPARSE_IMPLS, sparse_impl
 
 
 def rkv_like_record(L: int, H: int, prompt: int, n: int, budget: int, divide: int, window: int,
@@ -102,14 +102,8 @@ def build_masks_once(samples, group, arch, device) -> dict:
     with torch.enable_grad():
         _, layers = _timed_ms(lambda: masks.use().block_masks(arch.num_attention_heads))
     _, legacy = _timed_ms(lambda: legacy_block_masks(masks, arch))
-    _, gathered = _timed_ms(masks.gathered)
-    with torch.enable_grad():
-        _, gathered_layers = _timed_ms(
-            lambda: masks.use().gathered_block_masks(arch.num_attention_heads))
     return dict(records=records, tiles=tiles, layers=layers, total=records + tiles + layers,
-                legacy_layers=legacy, gathered=gathered, gathered_layers=gathered_layers,
-                gathered_total=records + gathered + gathered_layers,
-                gathered_slots=masks.gathered().slots)
+                legacy_layers=legacy)
 
 
 def legacy_block_masks(masks, arch) -> list:
@@ -154,22 +148,18 @@ def mask_build_ms(samples, arch, max_tokens: int, device, warm_builds: int = 6) 
     total = [w["total"] for w in warm]
     return dict(cold=round(cold["total"], 2), **spread(total),
                 **{f"{k}_median": round(statistics.median(w[k] for w in warm), 2)
-                   for k in ("records", "tiles", "layers", "legacy_layers", "gathered",
-                             "gathered_layers", "gathered_total")},
-                gathered_slots_max=max(w["gathered_slots"] for w in warm))
+                   for k in ("records", "tiles", "layers", "legacy_layers")})
 
 
 def tile_work(samples, arch, max_tokens: int) -> dict:
     """The 128 x 128 tiles each attention computes per layer and KV head, summed over the
     step's micro-batches (CPU-countable, what a kernel's time mostly follows): dense causal
-    (what the varlen kernel covers), FlexAttention replay over the pack's grid, and replay over
-    gathered keys; partial tiles are masked per element, full ones not. ``pairs``: the
-    (query, key) pairs replay really attends (the floor). ``gather_position_order``: the same
-    gathered keys with each block's slots in key order, not those every query sees first."""
+    (what the varlen kernel covers) and FlexAttention replay over the pack's grid; partial tiles
+    are masked per element, full ones not. ``pairs``: the (query, key) pairs replay really
+    attends (the floor)."""
     from trainer.learner.packing import split_by_token_budget
 
-    total = {"dense": [0, 0], "flex": [0, 0], "gather": [0, 0], "gather_position_order": [0, 0],
-             "pairs": [0]}
+    total = {"dense": [0, 0], "flex": [0, 0], "pairs": [0]}
     for group in split_by_token_budget([s.length for s in samples], max_tokens):
         for name, counts in pack_tiles([samples[i] for i in group], arch).items():
             total[name] = [a + b for a, b in zip(total[name], counts)]
@@ -177,8 +167,7 @@ def tile_work(samples, arch, max_tokens: int) -> dict:
     out = {name: dict(partial=round(p / per), full=round(f / per), total=round((p + f) / per))
            for name, (p, f) in ((k, v) for k, v in total.items() if k != "pairs")}
     out["pairs_per_tile_area"] = round(total["pairs"][0] / per / BLOCK_AREA)
-    for name in ("flex", "gather"):
-        out[f"{name}_over_dense"] = round(out[name]["total"] / out["dense"]["total"], 3)
+    out["flex_over_dense"] = round(out["flex"]["total"] / out["dense"]["total"], 3)
     return out
 
 
@@ -192,19 +181,9 @@ def pack_tiles(picked: list, arch) -> dict:
     dense = EvictionMasks.from_records([None] * len(picked), *args)
     out = {name: (int(t.kv[0].sum()), int(t.full_kv[0].sum()))
            for name, t in (("dense", dense.tiles()), ("flex", masks.tiles()))}
-    out["gather"] = tuple(int(x.sum()) for x in masks.gathered().tiles())
-    out["gather_position_order"] = tuple(int(x.sum())
-                                         for x in position_order(masks.gathered()).tiles())
     rows = torch.arange(masks.evict.shape[-1])
     out["pairs"] = (int((masks.evict - rows).clamp(min=0)[..., masks.real].sum()),)
     return out
-
-
-def position_order(keys):
-    """``GatheredKeys`` with each block's slots sorted by key position (unused slots, at
-    ``_NOWHERE``, stay last): the slot order before the keys every query sees came first."""
-    order = keys.pos.argsort(dim=-1, stable=True)
-    return type(keys)(keys.pos.gather(-1, order), keys.evict.gather(-1, order))
 
 
 BLOCK_AREA = 128 * 128
@@ -219,8 +198,8 @@ def compiled_graphs() -> int:
 
 def profile_phase(name: str, step) -> dict:
     """The top CUDA kernels and CPU ops of one call of ``step``, how busy the GPU was, and its
-    device time by kernel family (``profile_train_step.FAMILIES``: attention, the replay's
-    index_select / index_add, GEMMs, ...), which is returned."""
+    device time by kernel family (``profile_train_step.FAMILIES``: attention, GEMMs, gathers
+    and scatters, ...), which is returned."""
     from benchmarks.training.profile_train_step import kernel_families
 
     from torch.profiler import ProfilerActivity, profile
@@ -264,12 +243,13 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sparse-impl", nargs="+", default=None, choices=["auto", "mask", "flex", "gather"],
-                   help="the replay attention(s) to time against dense (default: flex and "
-                        "gather on CUDA, the mask path on the CPU); the first is reported as "
-                        "'sparse', the others as 'sparse_<impl>'")
+    p.add_argument("--sparse-impl", nargs="+", default=None, type=sparse_impl,
+                   choices=list(SPARSE_IMPLS),
+                   help="the replay attention(s) to time against dense (default: flex on CUDA, "
+                        "the mask path on the CPU); the first is reported as 'sparse', the "
+                        "others as 'sparse_<impl>'")
     p.add_argument("--tiles-only", action="store_true",
-                   help="count the attention tiles of dense, flex and gather replay on the "
+                   help="count the attention tiles of dense and flex replay on the "
                         "step's micro-batches (no model, no timing: runs anywhere)")
     p.add_argument("--json", default=None)
     p.add_argument("--profile", action="store_true",
@@ -361,7 +341,7 @@ def run(args) -> dict:
                   response_len=args.response_len, seqs_per_step=args.seqs_per_step,
                   mask_build_ms=mask_build_ms(samples, arch, args.max_tokens_per_gpu,
                                               cpu_megatron.default_device()))
-    impls = args.sparse_impl or (["flex", "gather"] if torch.cuda.is_available() else ["auto"])
+    impls = args.sparse_impl or (["flex"] if torch.cuda.is_available() else ["auto"])
     result["tile_work"] = tile_work(samples, arch, args.max_tokens_per_gpu)
     calls = {"dense": phases(trainer, samples, loss_fn, False)}
     for i, impl in enumerate(impls):

@@ -4,8 +4,8 @@
 #   1. training/profile_train_step.py: the run's update path against train_step.py's train step
 #      at --max-tokens-per-gpu 8192 and 16384 (0.5B shape, ~1.2k-token samples, 232-token prompt),
 #      the run's own perf/ metrics, and where an update's time goes (torch.profiler);
-#   2. training/sparse_recompute.py: replay with flex and with gather against dense (0.5B at 4k,
-#      budget 512), with the kernel families of each (--profile);
+#   2. training/sparse_recompute.py: replay (flex) against dense (0.5B at 4k, budget 512), with
+#      the kernel families of each (--profile);
 #   3. training/train_step.py at 8192 and 16384, the measurement (profile_train_step's
 #      "bench" numbers are the same train step on the same samples: the fallback if time cuts these);
 #   4. training/logprob_kernels.py: lm head + log-probs, the trainer's path against

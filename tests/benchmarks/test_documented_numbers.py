@@ -8,7 +8,8 @@ significant digits, a cell may be any rounding of the values those digits stand 
 What it found when written (fixed in the doc): the frontier's R-KV 192 response length (283 for
 282.45), the issue-29 R-KV 512 step ratio (1.69x for 1.685), call 4's ratio by the sum (2.39x
 for 2.384), call 3's GPU-busy figures (no samples kept) and the tile table's position-order row
-(no raw file; now ``benchmarks/training/sparse_recompute.py --tiles-only``'s ``gather_position_order``).
+(no raw file then; the JSON's ``gather_position_order``, from the gather path's tile count, deleted with
+that path on 2026-11-29).
 Mutation checks: each of those put back fails, and so does a median changed by 0.01 in either
 layouts table or a tile count changed by one."""
 

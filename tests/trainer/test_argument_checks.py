@@ -47,6 +47,14 @@ def test_missing_checkpoint(base, capsys):
     assert "--hf-checkpoint /nonexistent: no config.json there" in line
 
 
+def test_deleted_replay_path_is_refused_naming_the_flag_and_its_replacement(base, capsys):
+    line = _error(base + ["--sparse-attention", "gather"], capsys)
+    assert "argument --sparse-attention: 'gather' is no longer a choice" in line
+    assert "use flex" in line and "(choose from auto, mask, flex)" in line
+    assert parse_args(base + ["--sparse-attention", "flex"]).sparse_attention == "flex"
+    assert "invalid choice: 'gatherr'" in _error(base + ["--sparse-attention", "gatherr"], capsys)
+
+
 @pytest.mark.parametrize("extra,warned", [
     (["--max-staleness", "0", "--partial-rollout"], "--partial-rollout with --max-staleness 0"),
     (["--sparse-recompute"], "--sparse-recompute without --sglang-compress-algorithm"),

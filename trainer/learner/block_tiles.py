@@ -1,5 +1,5 @@
-"""FlexAttention ``BlockMask`` tensors built by hand (both replay attentions, ``sparse_attention``
-and ``gathered_replay``, classify their own tiles instead of evaluating ``create_block_mask``):
+"""FlexAttention ``BlockMask`` tensors built by hand (replay, ``sparse_attention``, classifies its
+own tiles instead of evaluating ``create_block_mask``):
 the tile size, BlockMask's ordered form, its argument names, and per-layer views that inductor
 takes without a copy."""
 

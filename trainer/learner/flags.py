@@ -13,7 +13,18 @@ from .checkpoint_policy import add_checkpoint_args
 from .settings import ModelConfig, OptimConfig, TrainConfig
 
 # --sparse-attention: how eviction replay attends (sparse_attention.py implements each)
-SPARSE_IMPLS = ("auto", "mask", "flex", "gather")
+SPARSE_IMPLS = ("auto", "mask", "flex")
+# deleted choices, with the reason a command line that still names one is told
+REMOVED_SPARSE_IMPLS = {"gather": "deleted on 2026-11-29 (flex was faster on an H200); use flex"}
+
+
+def sparse_impl(value: str) -> str:
+    """``--sparse-attention``'s value; a deleted choice gets its own message, not just the list."""
+    if value in REMOVED_SPARSE_IMPLS:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is no longer a choice: {REMOVED_SPARSE_IMPLS[value]} "
+            f"(choose from {', '.join(SPARSE_IMPLS)})")
+    return value
 
 
 def global_batch_size(args: argparse.Namespace) -> int:
@@ -46,11 +57,10 @@ def add_sparse_replay_args(parser: argparse.ArgumentParser) -> None:
                         "compressed policy itself, on-policy (implies --sparse-recompute; the "
                         "reference's log-probs are replayed too)")
     g.add_argument("--sparse-attention", default=TrainConfig.sparse_attention,
-                   choices=list(SPARSE_IMPLS),
+                   type=sparse_impl, choices=list(SPARSE_IMPLS),
                    help="how replay attends: flex (FlexAttention over the pack's 128 x 128 "
-                        "tiles; auto's choice on a GPU), gather (over the keys each block of 128 "
-                        "queries sees: far fewer tiles under small budgets), mask (one SDPA per "
-                        "sample with a dense mask; auto's choice on the CPU)")
+                        "tiles; auto's choice on a GPU), mask (one SDPA per sample with a dense "
+                        "mask; auto's choice on the CPU)")
 
 
 def add_learner_args(parser: argparse.ArgumentParser) -> None:

@@ -16,11 +16,9 @@ and ``flex`` (FlexAttention on CUDA, one ``BlockMask`` per layer, reused by the 
 rebuilding it per call cost 12-19 ms per layer at 16k tokens on an H100, against 1.1 ms for the
 dense varlen kernel). The block tiles of all layers are classified and ordered in one vectorised
 pass on the device, once per pack; within a rollout (``replay_cache``) the π_old recompute, the
-reference's forward and the update share them when they pack the same micro-batches. A third,
-``gather`` (``gathered_replay``), runs FlexAttention over the keys each block of 128 queries sees,
-gathered: about a third of the tiles of dense causal attention under R-KV 512 at 4k tokens
-(``benchmarks/training/sparse_recompute.py --tiles-only``), where ``flex`` covers the whole causal triangle with
-partial tiles; chosen by ``--sparse-attention``.
+reference's forward and the update share them when they pack the same micro-batches. (A third
+path over the keys each block of 128 queries sees, gathered, was deleted on 2026-11-29: on an
+H200 ``flex`` was faster on both the recompute and the update; docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -30,10 +28,8 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from . import gathered_replay
 from .block_tiles import BLOCK, aligned_layers, block_mask_tensors, ordered
 from .flags import SPARSE_IMPLS
-from .gathered_replay import GatheredKeys
 from .transfer import to_device
 
 
@@ -124,21 +120,6 @@ class EvictionMasks:
         key = (self.head_start, self.evict.shape[1], q_heads, backward)
         if key not in self.passes:
             self.passes[key] = self.tiles().block_masks(self.evict, self.seq_id, q_heads, backward)
-        return self.passes[key]
-
-    def gathered(self) -> "GatheredKeys":
-        """Every layer's gathered keys per query block (``gathered_replay``), once per pack."""
-        key = ("gathered", self.head_start, self.evict.shape[1])
-        if key not in self.shared:
-            self.shared[key] = GatheredKeys.build(self.evict)
-        return self.shared[key]
-
-    def gathered_block_masks(self, q_heads: int) -> list:
-        """This pass's ``BlockMask`` per layer over the gathered keys."""
-        backward = torch.is_grad_enabled()
-        key = ("gathered", self.head_start, self.evict.shape[1], q_heads, backward)
-        if key not in self.passes:
-            self.passes[key] = gathered_replay.block_masks(self.gathered(), q_heads, backward)
         return self.passes[key]
 
 
@@ -317,13 +298,6 @@ def _flex(q, k, v, masks: EvictionMasks, layer: int, scale: float) -> torch.Tens
     return torch.where(masks.real[:rows, None, None], out, 0.0)  # padding rows: zeros
 
 
-def _gather(q, k, v, masks: EvictionMasks, layer: int, scale: float) -> torch.Tensor:
-    bm = masks.gathered_block_masks(q.shape[1])[layer]
-    out = gathered_replay.gathered_attention(q, k, v, masks.gathered(), bm, layer, scale,
-                             _flex_attention(q.is_cuda))
-    return torch.where(masks.real[:q.shape[0], None, None], out, 0.0)  # padding rows: zeros
-
-
 def choose_sparse_impl(q: torch.Tensor, requested: str = "auto") -> str:
     if requested not in SPARSE_IMPLS:
         raise ValueError(f"unknown sparse attention {requested!r} ({', '.join(SPARSE_IMPLS)})")
@@ -339,8 +313,6 @@ def sparse_packed_attention(q, k, v, masks: EvictionMasks, layer: int, cu_host: 
     impl = choose_sparse_impl(q, impl)
     if impl == "flex":
         out = _flex(q, k, v, masks, layer, scale)
-    elif impl == "gather":
-        out = _gather(q, k, v, masks, layer, scale)
     else:
         out = _masked_loop(q, k, v, masks, layer, cu_host.tolist(), scale)
     return out.reshape(q.shape[0], -1)

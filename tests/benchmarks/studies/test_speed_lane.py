@@ -47,18 +47,20 @@ def test_summary_tables(tmp_path):
         "isolated": {"tokens_per_s": spread(99e3, 100e3, 101e3)},
         "in_loop_hbm": {"decode_hbm_tb_s": 1.2, "decode_hbm_fraction": 0.25}}))
     (tmp_path / "oom_3b.log").write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate\n")
-    # flex: 1.5x dense on the recompute; gather: 1.1x and 1.15x -> gather, within 1.2x
+    # flex: 1.5x dense on the recompute, 1.3x on the update -> not within 1.2x; the mask path
+    # timed beside it gets its own row
     (tmp_path / "replay.json").write_text(json.dumps({
-        "sparse_impls": ["flex", "gather"], "recompute_time_ratio": 1.5, "update_time_ratio": 1.3,
-        "rollout_time_ratio": 1.4, "gather_recompute_time_ratio": 1.1,
-        "gather_update_time_ratio": 1.15, "gather_rollout_time_ratio": 1.12}))
+        "sparse_impls": ["flex", "mask"], "recompute_time_ratio": 1.5, "update_time_ratio": 1.3,
+        "rollout_time_ratio": 1.4, "mask_recompute_time_ratio": 1.1,
+        "mask_update_time_ratio": 1.15, "mask_rollout_time_ratio": 1.12}))
     text = summary.main([str(tmp_path), "--lane-seconds", "500"]).read_text()
     assert "| ril_dense | qwen2.5-0.5b | 32768 |" in text
     assert "`oom_3b`: exit 1, **OOM**" in text
     assert "| dense | 70,000 / 80,000 / 90,000 | 99,000 / 1e+05 / 1.01e+05 | 0.8 | 1.20 TB/s (25%)" in text
     assert "| graph_captures | 1 |" in text
     assert "`long8k`: skipped" in text
-    assert "Faster replay here: **gather** (rollout ratio 1.12); <= 1.2x dense on recompute and update: yes" in text
+    assert "| flex | 1.5 | 1.3 | 1.4 |" in text and "| mask | 1.1 | 1.15 | 1.12 |" in text
+    assert "**flex** <= 1.2x dense on recompute and update: no (rollout ratio 1.4)." in text
 
 
 def test_a_cut_long_rollout_piece_keeps_its_finished_configs(tmp_path):

@@ -1,4 +1,4 @@
-"""The BlockMasks of both replay attentions, read tile by tile against the element mask.
+"""The BlockMasks of replay's attention (flex), read tile by tile against the element mask.
 
 FlexAttention on the CPU runs unfused: it applies the element mask everywhere and ignores the
 BlockMask's tile lists, so the CPU attention tests cannot see a wrong list. On a GPU a tile
@@ -13,12 +13,9 @@ and ``i < evict[j]``.
 - every tile not listed has none; no tile is listed twice;
 - the transposes (by key tile) list exactly the (query tile, key tile) pairs of the forward's.
 
-Mutation checks: swapping the partial and full lists in ``gathered_replay.block_masks``
-(``parts = [_kv_ordered(full), _kv_ordered(partial)]``) fails the gather tests (a partial tile
-listed full), and so does swapping the backward's pair alone or calling a gathered tile full
-when its keys end inside the query tile (``p.amax(-1) <= start + BLOCK``); the partial/full
-swap in ``sparse_attention.LayerTiles.build`` fails the flex tests. Under the first swap the
-19 CPU tests of ``test_gathered_replay.py`` and ``test_sparse_attention.py`` all pass.
+Mutation check: the partial/full swap in ``sparse_attention.LayerTiles.build`` fails these
+tests (a partial tile listed full), while the CPU attention tests of ``test_sparse_attention.py``
+all pass under it.
 """
 
 from __future__ import annotations
@@ -121,42 +118,3 @@ def test_flex_block_masks_list_tiles_as_the_element_mask_says(lengths, dense, ke
         _check_transposes(bm, partial[None], full[None], nb)
         kinds += torch.stack([full.sum(), partial.sum(), (~(partial | full)).sum()])
     assert bool((kinds > 0).all()), kinds  # full, partial and skipped tiles all occur
-
-
-def _gathered_visible(records, lengths, keys, rows):
-    """``[L, QB, Hkv, BLOCK q, U]``: the definition at each gathered slot (the key at pack row
-    ``pos``; an unused slot: nothing), query row ``BLOCK b + qi``."""
-    visible = _reference_visible(records, lengths, rows)  # [L, Hkv, rows, rows]
-    qb, slots = keys.pos.shape[1], keys.slots
-    out = torch.zeros(L, qb, HKV, BLOCK, slots, dtype=torch.bool)
-    for layer in range(L):
-        for b in range(qb):
-            for h in range(HKV):
-                pos = keys.pos[layer, b, h].long()
-                used = pos < rows
-                q_rows = visible[layer, h, b * BLOCK:(b + 1) * BLOCK]  # [BLOCK, rows]
-                out[layer, b, h][:, used] = q_rows[:, pos[used]]
-    return out
-
-
-@pytest.mark.parametrize("lengths,dense,kept,early", PACKS)
-def test_gather_block_masks_list_tiles_as_the_element_mask_says(lengths, dense, kept, early):
-    """Batch ``b`` is query tile ``b`` against its gathered keys (one query tile: the forward's
-    lists ``[QB, Hq, 1, KB]``, the transposes ``[QB, Hq, KB, 1]``)."""
-    records = _records(lengths, 31, dense, kept, early)
-    masks = EvictionMasks.from_records(records, lengths, L, HKV, sum(lengths) + 7).use()
-    rows = masks.seq_id.shape[0]
-    keys = masks.gathered()
-    kb = keys.slots // BLOCK
-    tiles = _gathered_visible(records, lengths, keys, rows).unflatten(-1, (kb, BLOCK)) \
-        .permute(0, 1, 2, 4, 3, 5)[:, :, :, None]  # [L, QB, Hkv, 1 q tile, KB, BLOCK, BLOCK]
-    with torch.enable_grad():
-        bms = masks.gathered_block_masks(HQ)
-    kinds = torch.zeros(3, dtype=torch.long)
-    for layer, bm in enumerate(bms):
-        assert bm.BLOCK_SIZE == (BLOCK, BLOCK) and bm.seq_lengths == (BLOCK, keys.slots)
-        partial, full = _forward_lists(bm, 1, kb)  # [QB, Hq, 1, KB]
-        _check_classes(tiles[layer].repeat_interleave(GROUP, dim=1), partial, full)
-        _check_transposes(bm, partial, full, 1)
-        kinds += torch.stack([full.sum(), partial.sum(), (~(partial | full)).sum()])
-    assert bool((kinds[:2] > 0).all()), kinds  # full and partial tiles both occur

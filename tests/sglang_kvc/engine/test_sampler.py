@@ -3,6 +3,7 @@ same tokens for the same seeds, ties included, whatever k_max the batch sets."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sglang_kvc.engine.sampler import Sampler, SamplingBatch
@@ -93,3 +94,21 @@ def test_zero_probability_tail_inside_k_max():
         want = _draws(logits, [row], step, None)
         assert want[0] in (10, 500, 999)
         assert _draws(logits, [row], step, 32)[0] == want[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_top_k_path_on_cuda_with_bf16_logits():
+    """On the GPU (its topk, sort and scan kernels), bf16 logits at Qwen's vocabulary size: the
+    same tokens as the full sort, and the same whatever k_max."""
+    torch.manual_seed(4)
+    rows = [(0.7, 0.8, 20, 0.0), (1.0, 1.0, 5, 0.0), (1.0, 0.9, 50, 0.02), (0.0, 1.0, 20, 0.0)] * 16
+    for step in range(20):
+        logits = (torch.randn(len(rows), 151936, device="cuda") * 4).bfloat16()
+        sb = [_batch(rows, step, k) for k in (None, 64, 256)]
+        for b in sb:
+            for name in ("temperatures", "top_p", "min_p", "top_k", "seeds", "steps", "filtered"):
+                setattr(b, name, getattr(b, name).cuda())
+        want = Sampler()(logits.clone(), sb[0]).ids
+        for b in sb[1:]:
+            assert torch.equal(Sampler()(logits.clone(), b).ids, want), (step, b.k_max)

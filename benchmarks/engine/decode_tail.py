@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common.checkpoint import build_checkpoint
-from benchmarks.engine.throughput import HBM_BW, SHAPES
+from benchmarks.engine.throughput import HBM_BW, SHAPES, UNFILTERED
 
 METRICS = ("step_ms", "host_ms", "replay_ms", "host_outside_replay_ms", "gpu_wait_ms")
 
@@ -88,7 +88,8 @@ def make_engine(path: str, args):
 
 
 def sampling(args, out_len: int) -> dict:
-    params = {"temperature": args.temperature, "max_new_tokens": out_len, "ignore_eos": True}
+    params = {"temperature": args.temperature, "max_new_tokens": out_len, "ignore_eos": True,
+              **UNFILTERED}  # not the checkpoint's top_p / top_k (throughput.UNFILTERED)
     if args.temperature > 0:
         params["sampling_seed"] = args.seed
     return params

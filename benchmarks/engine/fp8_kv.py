@@ -30,6 +30,7 @@ import torch
 from benchmarks.common.checkpoint import build_checkpoint
 from benchmarks.common.long_tail import LongTailLengths
 from benchmarks.common.report import emit
+from benchmarks.engine.throughput import UNFILTERED
 from trainer.learner.speed import device_name
 
 PROMPT_LEN = 64
@@ -84,7 +85,7 @@ def batch(args) -> tuple[list[list[int]], list[int], list[int]]:
 
 def rollout(engine, prompts, lengths, temperature: float, seed: int):
     sp = [{"max_new_tokens": m, "temperature": temperature, "ignore_eos": True,
-           "sampling_seed": seed + i} for i, m in enumerate(lengths)]
+           "sampling_seed": seed + i, **UNFILTERED} for i, m in enumerate(lengths)]
     start = time.perf_counter()
     outs = engine.generate(input_ids=prompts, sampling_params=sp, return_logprob=True)
     seconds = time.perf_counter() - start

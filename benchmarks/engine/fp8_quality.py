@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.engine.fp8_emulation import KVEmulation, layer_stats
+from benchmarks.engine.throughput import UNFILTERED
 
 CHAT = ["Explain why the sky is blue.", "Write a short poem about autumn leaves.",
         "What is 17 times 23? Show your steps.", "Give three tips for learning to cook.",
@@ -82,7 +83,7 @@ def sample(path: Path, prompts, kv_dtype: str, scales: Path | None, args):
                     skip_tokenizer_init=True, disable_radix_cache=True, random_seed=args.seed,
                     max_total_tokens=len(prompts) * (max(map(len, prompts)) + args.response_len + 8), **kw)
     sp = [{"max_new_tokens": args.response_len, "temperature": 1.0, "ignore_eos": True,
-           "sampling_seed": args.seed + i} for i in range(len(prompts))]
+           "sampling_seed": args.seed + i, **UNFILTERED} for i in range(len(prompts))]
     try:
         outs = engine.generate(input_ids=prompts, sampling_params=sp, return_logprob=True)
     finally:

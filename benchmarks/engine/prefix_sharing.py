@@ -36,6 +36,7 @@ import torch
 
 from benchmarks.common.checkpoint import build_checkpoint
 from benchmarks.common.long_tail import long_tail_length
+from benchmarks.engine.throughput import UNFILTERED
 from dataset.long_arith import chain_rows
 
 CONFIGS = ("dense", "dense+share", "rkv", "rkv+share")
@@ -103,8 +104,8 @@ def timed(engine, prompts: list[list[int]], n: int, lengths: list[int]) -> dict:
     engine.kv.allocator.peak_used = 0
     runner.prefill_tokens = 0
     ids = [p for p in prompts for _ in range(n)]  # a group's samples share a prompt
-    params = [{"max_new_tokens": m, "ignore_eos": True, "temperature": 1.0, "sampling_seed": i}
-              for i, m in enumerate(lengths)]
+    params = [{"max_new_tokens": m, "ignore_eos": True, "temperature": 1.0, "sampling_seed": i,
+               **UNFILTERED} for i, m in enumerate(lengths)]
     t0 = time.perf_counter()
     futures = engine.submit_generate({"input_ids": ids, "sampling_params": params})
     outs = [f.result() for f in futures]

@@ -73,10 +73,16 @@ SHAPES = {"qwen2.5-0.5b": qwen25_05b_config, "smollm2-135m": smollm2_135m_config
           "tiny": tiny_config}
 
 
+# Sent explicitly, as the trainer's rollouts do: the engine's sampling_defaults="model" otherwise
+# takes top_p / top_k from the checkpoint's generation_config.json (the random checkpoints carry
+# Qwen's top_p 0.8, top_k 20), and the filtered sampler path then sorts the vocabulary every step.
+UNFILTERED = {"top_p": 1.0, "top_k": -1, "min_p": 0.0}
+
+
 def sampling(args, out_len: int) -> dict:
     if args.temperature > 0:
         return {"temperature": args.temperature, "max_new_tokens": out_len, "ignore_eos": True,
-                "sampling_seed": args.seed}
+                "sampling_seed": args.seed, **UNFILTERED}
     return {"temperature": 0.0, "max_new_tokens": out_len, "ignore_eos": True}
 
 

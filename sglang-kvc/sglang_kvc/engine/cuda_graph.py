@@ -273,7 +273,7 @@ class DecodeGraphs:
             temperatures=f[0], top_p=f[1], min_p=f[2], top_k=i[0], seeds=i[1], steps=ints[2],
             all_greedy=mode.all_greedy, need_filter=mode.need_filter,
             need_logprobs=mode.need_logprobs, top_logprobs_num=mode.top_logprobs_num,
-            filtered=i[2] > 0, divisors=f[3], sampled=f[4] > 0)
+            filtered=i[2] > 0, divisors=f[3], sampled=f[4] > 0, k_max=mode.k_max)
 
     def _body(self, gbs: int, mode: SamplingMode) -> torch.Tensor:
         p = self.parts

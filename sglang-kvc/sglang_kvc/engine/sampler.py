@@ -12,6 +12,11 @@ Randomness is counter-based: a request's draw at output position i is a hash of
 distribution. A seeded request therefore samples the same tokens whatever else is in the batch,
 whatever the batch order, and after preemption and recompute.
 
+Filtered rows walk the tokens by probability descending, ties by lower id. When every filtered
+row has a top_k, the caller sets `k_max` (>= each of them) and only the k_max most probable
+tokens are selected (two torch.topk passes, exact under ties) instead of sorting the whole
+vocabulary every step; the tokens drawn are the full sort's.
+
 The common RL step (no top-k / top-p / min-p, no top log-probs; greedy rows allowed) runs as two
 Triton kernels on CUDA (layers/sampling_kernels.py): the logits are read once, in their dtype, with
 no fp32 [B, V] copies. Same semantics; the CDF is summed in another order, so a drawn token can
@@ -72,6 +77,9 @@ class SamplingBatch:
     # Precomputed once per batch by the engine (each saves kernel launches every step):
     divisors: torch.Tensor | None = None  # [B] float32, temperature with 0 -> 1
     sampled: torch.Tensor | None = None  # [B] bool, temperature > 0
+    # >= every filtered row's top_k (None: some filtered row has none): the filtered draw then
+    # looks at the k_max most probable tokens instead of sorting the vocabulary
+    k_max: int | None = None
 
 
 @dataclass
@@ -128,8 +136,8 @@ class Sampler:
         u = uniform_from_counter(sb.seeds, sb.steps).to(probs.dtype)
         if not sb.need_filter:
             return _inverse_cdf(probs, u)
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        rank = torch.arange(probs.shape[1], device=probs.device)[None, :]
+        sorted_probs, order = _descending(probs, sb.k_max)
+        rank = torch.arange(sorted_probs.shape[1], device=probs.device)[None, :]
         drop = rank >= sb.top_k[:, None]
         drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > sb.top_p[:, None]
         drop |= sorted_probs < sb.min_p[:, None] * sorted_probs[:, :1]
@@ -137,6 +145,28 @@ class Sampler:
         if sb.filtered is None:
             return ids
         return torch.where(sb.filtered, ids, _inverse_cdf(probs, u))
+
+
+def _descending(probs: torch.Tensor, k_max: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities, token ids) in one total order: probability descending, ties by lower id
+    first. Its first k columns never depend on k, so a row draws the same token whatever k_max
+    its batch-mates set (past its own top_k every column is dropped, hence zero)."""
+    if k_max is None or k_max >= probs.shape[1]:
+        return probs.sort(dim=-1, descending=True, stable=True)
+    ids = _first_k(probs, k_max).sort(dim=-1).values  # by id: the stable sort keeps ties so
+    top, pos = probs.gather(1, ids).sort(dim=-1, descending=True, stable=True)
+    return top, ids.gather(1, pos)
+
+
+def _first_k(probs: torch.Tensor, k: int) -> torch.Tensor:
+    """The ids of the order's first k tokens, without sorting the vocabulary. topk's k-th value
+    is exact, but which of the tokens tied at it topk returns is not specified (bf16 logits tie
+    often): all tokens above it are taken (fewer than k), then the lowest ids among the ties."""
+    edge = probs.topk(k, dim=-1).values[:, -1:]
+    neg_ids = -torch.arange(probs.shape[1], device=probs.device, dtype=probs.dtype)  # exact < 2**24
+    key = torch.where(probs == edge, neg_ids, float("-inf"))
+    key = torch.where(probs > edge, float("inf"), key)
+    return key.topk(k, dim=-1).indices
 
 
 def _fusable(sb: SamplingBatch) -> bool:

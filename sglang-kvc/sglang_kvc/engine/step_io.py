@@ -208,6 +208,18 @@ class SamplingMode(NamedTuple):
     need_filter: bool  # some row uses top-k / top-p / min-p
     need_logprobs: bool
     top_logprobs_num: int  # max over the batch
+    k_max: int | None = None  # sampler.SamplingBatch.k_max: a graph per value (top_k_bound)
+
+
+def top_k_bound(ints: list[list[int]], vocab: int) -> int | None:
+    """The sampler's k_max for sampling_columns' ints: the filtered rows' largest top_k, rounded
+    up to a power of two (few distinct captured modes); None when a filtered row has no top_k
+    (then the sampler sorts the vocabulary)."""
+    ks = [k for k, filtered in zip(ints[0], ints[2]) if filtered]
+    if not ks or max(ks) >= vocab:
+        return None
+    bound = 1 << (max(ks) - 1).bit_length()
+    return bound if bound < vocab else None
 
 
 class BatchTensors:
@@ -220,7 +232,8 @@ class BatchTensors:
         self.floats, self.ints = sampling_columns(seqs, vocab)
         self.mode = SamplingMode(all(s.params.greedy for s in seqs), any(self.ints[2]),
                                  any(s.return_logprob for s in seqs),
-                                 max(s.top_logprobs_num for s in seqs))
+                                 max(s.top_logprobs_num for s in seqs),
+                                 top_k_bound(self.ints, vocab))
         # (batch index, request) with min_new_tokens > 0
         self.min_new = [(i, s) for i, s in enumerate(seqs) if s.params.min_new_tokens > 0]
         # (batch index, token, bias) of the requests with a logit_bias
@@ -243,7 +256,8 @@ class BatchTensors:
             temperatures=fl[0], top_p=fl[1], min_p=fl[2], top_k=it[0], seeds=it[1], steps=None,
             all_greedy=m.all_greedy, need_filter=m.need_filter, need_logprobs=m.need_logprobs,
             top_logprobs_num=m.top_logprobs_num, divisors=fl[3], sampled=fl[4] > 0,
-            filtered=None if all(self.ints[2]) else it[2] > 0, **self._bias_tensors())
+            filtered=None if all(self.ints[2]) else it[2] > 0, k_max=m.k_max,
+            **self._bias_tensors())
 
     def _bias_tensors(self) -> dict:
         if not self.bias:

@@ -11,7 +11,7 @@ import torch
 from sglang_kvc.engine.cuda_graph import DecodeGraphs, GraphParts, graph_sizes, padded_size
 from sglang_kvc.engine.sampling_params import SamplingParams
 from sglang_kvc.engine.sequence import Sequence
-from sglang_kvc.engine.step_io import BatchTensors, PinnedStage, parse_outputs
+from sglang_kvc.engine.step_io import BatchTensors, PinnedStage, parse_outputs, top_k_bound
 from sglang_kvc.server_args import ServerArgs, parse_batch_sizes
 
 V = 1000
@@ -170,7 +170,8 @@ def test_numpy_parse_equals_the_torch_parse(has_lp, top_k):
 def test_batch_values_build_device_tensors_only_when_asked():
     batch = seqs(5)
     bt = BatchTensors((0, False, 5), batch, torch.device("cpu"), V)
-    assert bt.mode == (False, True, True, 2)  # all_greedy, need_filter, need_logprobs, top n
+    assert bt.mode == (False, True, True, 2, None)  # all_greedy, need_filter, logprobs, top n,
+    # k_max: None, as a filtered row has no top_k
     assert [i for i, _ in bt.min_new] == [1, 3]
     assert "rows" not in bt.__dict__ and "sampling" not in bt.__dict__  # graphed steps: never
     sb = bt.sampling
@@ -178,4 +179,14 @@ def test_batch_values_build_device_tensors_only_when_asked():
     assert torch.equal(bt.rows, torch.tensor([1, 2, 3, 4, 5]))
     assert torch.equal(sb.temperatures, want_f[0]) and torch.equal(sb.top_k, want_i[0])
     assert torch.equal(sb.filtered, want_i[2] > 0) and torch.equal(sb.sampled, want_f[4] > 0)
-    assert (sb.all_greedy, sb.need_filter, sb.need_logprobs, sb.top_logprobs_num) == bt.mode
+    assert (sb.all_greedy, sb.need_filter, sb.need_logprobs, sb.top_logprobs_num, sb.k_max) == bt.mode
+
+
+def test_top_k_bound_covers_every_filtered_row():
+    """ints = (top_k or the vocabulary, seed, filtered): the bound is the filtered rows' largest
+    top_k rounded up to a power of two; unfiltered rows (greedy, no filter) do not count."""
+    assert top_k_bound([[20, 5, 1000], [0, 0, 0], [1, 1, 0]], 1000) == 32
+    assert top_k_bound([[64, 3], [0, 0], [1, 1]], 1000) == 64
+    assert top_k_bound([[1, 1000], [0, 0], [1, 1]], 1000) is None  # a top-p-only row
+    assert top_k_bound([[600], [0], [1]], 1000) is None  # rounded up past the vocabulary
+    assert top_k_bound([[5], [0], [0]], 1000) is None  # nothing filtered

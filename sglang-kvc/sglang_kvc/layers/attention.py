@@ -14,12 +14,14 @@ Rotary then runs `forward`; the Triton backend's decode kernel ropes q and k, st
 attends in one kernel (triton_decode.NewTokenKV); its prefill, and decode steps that record
 queries for compression, rope and store in one fused kernel (fused_ops.rope_store_) first.
 
-Every SDPA call here runs with cuDNN attention off (`sdpa`): on sm90/sm100 torch 2.13 tries
-cuDNN first, and cuDNN builds and caches one execution graph per problem shape (batch, query and
-key lengths; tens of ms of host each). Prefill shapes change from step to step (a multi-turn
-continuation prefill: a few session turns, each some new tokens after its held KV), so every
-prefill step built new graphs (~134 ms a step on an H200, against ~1 ms of attention). Flash,
-memory-efficient and math attention plan nothing per shape.
+Every SDPA call here runs with cuDNN attention off (`sdpa`): on sm90/sm100 with cuDNN >= 9.15,
+torch 2.13 tries cuDNN first (sdp_utils.cpp check_prefer_cudnn_attention), and cuDNN builds and
+caches one execution graph per problem shape (batch, query and key lengths; tens of ms of host
+each). Prefill shapes change from step to step (a multi-turn continuation prefill: a few session
+turns, each some new tokens after its held KV), so each prefill step would build two new graphs
+(the causal call and the masked one): the cause read for the ~134 ms continuation prefill steps
+measured on an H200 (benchmarks/engine/prefill_sdpa.py times it). Flash, memory-efficient
+(masks and GQA on CUDA) and math attention plan nothing per shape.
 
 FP8 pools (kvcache/kv_quant.py): every store quantizes and decode reads dequantize (the Triton
 kernels in-kernel), so decode attends to FP8 K/V, the step's own token included. Prefill
@@ -122,16 +124,15 @@ class TorchAttention:
         m = self.meta
         # [B, L, H, D] -> [B, H, L, D]; right padding keeps causal attention exact for real rows.
         qp, kp, vp = (t[m.pad_index].transpose(1, 2) for t in (q, k, v))
-        out = sdpa(qp, kp, vp, is_causal=True, scale=self.scale,
-                                             enable_gqa=True)
+        out = sdpa(qp, kp, vp, is_causal=True, scale=self.scale, enable_gqa=True)
         return out.transpose(1, 2).flatten(0, 1)[m.pad_rows]  # integer index: no device sync
 
     def extend(self, layer: int, q, e: ExtendLayout) -> torch.Tensor:
         """[Te, H, D] attention of the new tokens of requests with a cached prefix."""
         slots = self.kv.req_to_token.table[e.rows, :e.mask.shape[-1]].long()  # [E, Lk]
         k, v = (t.transpose(1, 2) for t in self.kv.pool.read(layer, slots))  # dequantized
-        out = sdpa(q[e.q_index].transpose(1, 2), k, v, attn_mask=e.mask,
-                                             scale=self.scale, enable_gqa=True)
+        out = sdpa(q[e.q_index].transpose(1, 2), k, v, attn_mask=e.mask, scale=self.scale,
+                   enable_gqa=True)
         return out.transpose(1, 2).flatten(0, 1)[e.pad_rows]
 
     def decode(self, layer: int, q) -> torch.Tensor:
@@ -139,8 +140,8 @@ class TorchAttention:
         slots = self.kv.req_to_token.table[m.rows, :m.max_kv_len].long()  # [B, L]
         k, v = (t.transpose(1, 2) for t in self.kv.pool.read(layer, slots))  # dequantized
         mask = torch.arange(m.max_kv_len, device=q.device)[None, :] < m.kv_lens[:, None]
-        out = sdpa(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :],
-                                             scale=self.scale, enable_gqa=True)
+        out = sdpa(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :], scale=self.scale,
+                   enable_gqa=True)
         return out[:, :, 0, :]
 
 

@@ -87,7 +87,7 @@ def test_prefill_with_held_kv_runs_without_cudnn_and_matches_dense(recorder):
 
 def test_decode_runs_without_cudnn(recorder):
     counts, held = [1, 1], [4, 9]
-    kv, _, (q, k, v), _, starts = _prefill_with_held_kv(counts, held)
+    kv, _, (q, _, _), _, _ = _prefill_with_held_kv(counts, held)
     attn = TorchAttention(kv, HQ, D)
     attn.meta = AttentionMetadata(False, torch.tensor([0, 0]), rows=torch.tensor([1, 2]),
                                   kv_lens=torch.tensor([5, 10], dtype=torch.int32), max_kv_len=10)

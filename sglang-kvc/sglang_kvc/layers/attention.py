@@ -14,6 +14,15 @@ Rotary then runs `forward`; the Triton backend's decode kernel ropes q and k, st
 attends in one kernel (triton_decode.NewTokenKV); its prefill, and decode steps that record
 queries for compression, rope and store in one fused kernel (fused_ops.rope_store_) first.
 
+Every SDPA call here runs with cuDNN attention off (`sdpa`): on sm90/sm100 with cuDNN >= 9.15,
+torch 2.13 tries cuDNN first (sdp_utils.cpp check_prefer_cudnn_attention), and cuDNN builds and
+caches one execution graph per problem shape (batch, query and key lengths; tens of ms of host
+each). Prefill shapes change from step to step (a multi-turn continuation prefill: a few session
+turns, each some new tokens after its held KV), so each prefill step would build two new graphs
+(the causal call and the masked one): the cause read for the ~134 ms continuation prefill steps
+measured on an H200 (benchmarks/engine/prefill_sdpa.py times it). Flash, memory-efficient
+(masks and GQA on CUDA) and math attention plan nothing per shape.
+
 FP8 pools (kvcache/kv_quant.py): every store quantizes and decode reads dequantize (the Triton
 kernels in-kernel), so decode attends to FP8 K/V, the step's own token included. Prefill
 attends to the new tokens' K/V as computed, as SGLang's prefill does: only what later steps
@@ -29,6 +38,20 @@ import torch.nn.functional as F
 
 from .fused_ops import rope_store_
 from ..kvcache.kv_cache import KVCache
+
+
+def sdpa(*args, **kwargs) -> torch.Tensor:
+    """F.scaled_dot_product_attention with cuDNN attention off for this call (module docstring:
+    its per-shape graph builds). One flag flip each way; it is the process's flag, so another
+    thread's SDPA in the window skips cuDNN too (harmless: it only picks another kernel)."""
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    if was:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        return F.scaled_dot_product_attention(*args, **kwargs)
+    finally:
+        if was:
+            torch.backends.cuda.enable_cudnn_sdp(True)
 
 
 @dataclass
@@ -101,16 +124,15 @@ class TorchAttention:
         m = self.meta
         # [B, L, H, D] -> [B, H, L, D]; right padding keeps causal attention exact for real rows.
         qp, kp, vp = (t[m.pad_index].transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=self.scale,
-                                             enable_gqa=True)
+        out = sdpa(qp, kp, vp, is_causal=True, scale=self.scale, enable_gqa=True)
         return out.transpose(1, 2).flatten(0, 1)[m.pad_rows]  # integer index: no device sync
 
     def extend(self, layer: int, q, e: ExtendLayout) -> torch.Tensor:
         """[Te, H, D] attention of the new tokens of requests with a cached prefix."""
         slots = self.kv.req_to_token.table[e.rows, :e.mask.shape[-1]].long()  # [E, Lk]
         k, v = (t.transpose(1, 2) for t in self.kv.pool.read(layer, slots))  # dequantized
-        out = F.scaled_dot_product_attention(q[e.q_index].transpose(1, 2), k, v, attn_mask=e.mask,
-                                             scale=self.scale, enable_gqa=True)
+        out = sdpa(q[e.q_index].transpose(1, 2), k, v, attn_mask=e.mask, scale=self.scale,
+                   enable_gqa=True)
         return out.transpose(1, 2).flatten(0, 1)[e.pad_rows]
 
     def decode(self, layer: int, q) -> torch.Tensor:
@@ -118,8 +140,8 @@ class TorchAttention:
         slots = self.kv.req_to_token.table[m.rows, :m.max_kv_len].long()  # [B, L]
         k, v = (t.transpose(1, 2) for t in self.kv.pool.read(layer, slots))  # dequantized
         mask = torch.arange(m.max_kv_len, device=q.device)[None, :] < m.kv_lens[:, None]
-        out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :],
-                                             scale=self.scale, enable_gqa=True)
+        out = sdpa(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :], scale=self.scale,
+                   enable_gqa=True)
         return out[:, :, 0, :]
 
 

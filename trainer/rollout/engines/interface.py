@@ -174,10 +174,14 @@ class Backend:
         """Free what each session holds, all at once where the engine can; an id the engine no
         longer knows (it restarted) holds nothing and is skipped."""
         for session_id in session_ids:
-            try:
-                self.close_session(session_id)
-            except (ValueError, RuntimeError):
-                pass
+            self.close_session_quietly(session_id)
+
+    def close_session_quietly(self, session_id: str) -> None:
+        """``close_session``, skipping an id the engine no longer knows (it holds nothing)."""
+        try:
+            self.close_session(session_id)
+        except (ValueError, RuntimeError):
+            pass
 
 
 class Engines(Backend):

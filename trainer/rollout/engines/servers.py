@@ -192,13 +192,7 @@ class HTTPRollout(Engines):
 
     def close_sessions(self, session_ids: list[str]) -> None:
         """Closed concurrently; one a server no longer knows (it restarted) is skipped."""
-        _concurrently(self._close_quietly, session_ids)
-
-    def _close_quietly(self, session_id: str) -> None:
-        try:
-            self.close_session(session_id)
-        except (ValueError, RuntimeError):
-            pass
+        _concurrently(self.close_session_quietly, session_ids)
 
     def post(self, url: str, payload: dict, retries: int = 1) -> dict:
         """One control request to one server, retried there (no failover: it is about that one)."""

@@ -31,7 +31,7 @@ def settle(ws: WeightSyncConfig, server_gpus: list[str | None], trainer_gpu: str
     """``auto``'s order for servers on ``server_gpus`` (UUIDs; None: unknown) from a trainer on
     ``trainer_gpu`` (None: no GPU). Only ``auto`` on this host is settled here: it is the one
     whose fallbacks hold ``ipc``."""
-    if ws.mode != "distributed" or "ipc" not in ws.fallback:
+    if not _settles(ws):
         return Choice(ws, "as the flags give it")
     shared = [i for i, gpu in enumerate(server_gpus) if trainer_gpu and gpu == trainer_gpu]
     if not shared:
@@ -40,6 +40,11 @@ def settle(ws: WeightSyncConfig, server_gpus: list[str | None], trainer_gpu: str
     rest = tuple(m for m in ws.fallback if m != "ipc")
     return Choice(dataclasses.replace(ws, mode="ipc", fallback=rest),
                   f"server(s) {shared} run on the trainer's own GPU, where NCCL cannot pair two ranks")
+
+
+def _settles(ws: WeightSyncConfig) -> bool:
+    """``auto`` with servers on this host: NCCL first, CUDA IPC among its fallbacks."""
+    return ws.mode == "distributed" and "ipc" in ws.fallback
 
 
 def describe(choice: Choice) -> str:
@@ -59,7 +64,7 @@ def settle_for_servers(ws: WeightSyncConfig, door) -> WeightSyncConfig:
     """``settle`` with the servers behind ``door`` (this rank's weights door: None where it
     talks to none), decided on rank 0 and the same on every rank (the fallbacks are taken by
     every rank together)."""
-    if ws.mode != "distributed" or "ipc" not in ws.fallback:
+    if not _settles(ws):
         return ws
     choice = None
     if _rank() == 0:

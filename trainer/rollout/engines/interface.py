@@ -197,7 +197,8 @@ class Engines(Backend):
                   request (in-process: ``/update_weights_from_tensor`` with the tensors
                   themselves); returns the URLs lost. ``weight_sync.WeightSync`` buckets and
                   versions them through one of ``transports.TRANSPORTS``
-    info          ``pool()``, ``context_length()``, ``decode_counters()``, ``fault_metrics()``
+    info          ``pool()``, ``context_length()``, ``decode_counters()``, ``fault_metrics()``,
+                  ``gpu_uuids()``
     pause/resume  ``abort_all()`` (requests in flight end now), ``kv_memory()`` (the KV pool only
                   while generating), ``device_work(asynchronous)`` (the training thread's GPU work)
     health        ``on_engine_failure`` (the restart hook), ``wait_for_restarts()``
@@ -224,6 +225,12 @@ class Engines(Backend):
     def pool(self) -> dict | None:
         """The KV pool (``peak_used``, ``bytes_per_slot``, ``capacity``) or None (unknown)."""
         return None
+
+    def gpu_uuids(self) -> list[str | None]:
+        """The GPU of each server behind this door (None where one does not say): none here,
+        where there is no server (the engine is in this process, or there is none).
+        ``sync_choice`` keeps NCCL off a GPU the trainer holds too."""
+        return []
 
     def context_length(self) -> int | None:
         return None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from .config import WeightSyncConfig
+from .interface import Engines
 
 
 @dataclasses.dataclass
@@ -60,7 +61,7 @@ def trainer_gpu_uuid() -> str | None:
     return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
 
 
-def settle_for_servers(ws: WeightSyncConfig, door) -> WeightSyncConfig:
+def settle_for_servers(ws: WeightSyncConfig, door: Engines | None) -> WeightSyncConfig:
     """``settle`` with the servers behind ``door`` (this rank's weights door: None where it
     talks to none), decided on rank 0 and the same on every rank (the fallbacks are taken by
     every rank together)."""
@@ -68,7 +69,7 @@ def settle_for_servers(ws: WeightSyncConfig, door) -> WeightSyncConfig:
         return ws
     choice = None
     if _rank() == 0:
-        gpus = door.gpu_uuids() if door is not None and hasattr(door, "gpu_uuids") else []
+        gpus = door.gpu_uuids() if door is not None else []
         choice = settle(ws, gpus, trainer_gpu_uuid())
         print(describe(choice), flush=True)
     return _from_rank0(choice).sync

@@ -5,12 +5,18 @@ real sglang-kvc server process reporting its GPU (None on a CPU) through ``HTTPR
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
 from argparse import Namespace
 
 import pytest
 import torch
 
 import trainer.rollout.engines.config as config
+from trainer.rollout.engines.inprocess import EngineRollout
+from trainer.rollout.engines.interface import Engines, NoEngines
+from trainer.rollout.engines.servers import HTTPRollout
 from trainer.rollout.engines.sync_choice import describe, settle, settle_for_servers
 
 HERE = "http://127.0.0.1:30000"
@@ -62,7 +68,7 @@ def test_settle_for_servers_asks_the_door_once(monkeypatch, capsys):
     """On rank 0 (no process group here): the door's GPUs against this trainer's, one line."""
     import trainer.rollout.engines.sync_choice as sync_choice
 
-    class Door:
+    class Door(Engines):
         asked = 0
 
         def gpu_uuids(self):
@@ -79,6 +85,55 @@ def test_settle_for_servers_asks_the_door_once(monkeypatch, capsys):
     assert Door.asked == 1
 
 
+class _Info(http.server.BaseHTTPRequestHandler):
+    """``/get_server_info`` of a server that says its GPU (``gpu`` set) or not (stock SGLang)."""
+
+    gpu: str | None = None
+
+    def do_GET(self):
+        info = {"context_length": 64, **({"gpu_uuid": self.gpu} if self.gpu else {})}
+        body = json.dumps(info).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def info_servers():
+    """Two servers: one on GPU-aaa, one that does not say."""
+    handlers = [type("OnAaa", (_Info,), {"gpu": "GPU-aaa"}), _Info]
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), h) for h in handlers]
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    yield [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def test_every_door_kind_answers_gpu_uuids(info_servers):
+    """Servers say theirs; a door without servers (in-process engine, none) has none."""
+    assert HTTPRollout(info_servers).gpu_uuids() == ["GPU-aaa", None]
+    assert EngineRollout(engine=None).gpu_uuids() == []
+    assert NoEngines().gpu_uuids() == []
+
+
+def test_a_door_without_servers_keeps_the_flags_order(monkeypatch, capsys):
+    import trainer.rollout.engines.sync_choice as sync_choice
+
+    ws = from_flags(monkeypatch, [HERE])
+    monkeypatch.setattr(sync_choice, "trainer_gpu_uuid", lambda: "GPU-aaa")
+    for door in (NoEngines(), EngineRollout(engine=None), None):
+        got = settle_for_servers(ws, door)
+        assert (got.mode, *got.fallback) == ("distributed", "ipc", "disk")
+    assert capsys.readouterr().out.count("the servers run on other GPUs") == 3
+
+
 def test_gpu_uuid_names_the_device_not_its_index():
     from sglang_kvc.engine.info import gpu_uuid
 
@@ -90,7 +145,6 @@ def test_gpu_uuid_names_the_device_not_its_index():
 @pytest.mark.slow  # a server process on a CPU
 def test_a_server_reports_its_gpu(tiny_model_factory, tmp_path):
     from trainer.rollout.engines.fleet import EngineFleet, FleetConfig
-    from trainer.rollout.engines.servers import HTTPRollout
 
     flags = ["--device", "cpu", "--max-total-tokens", "2048", "--log-level", "warning"]
     cfg = FleetConfig(str(tiny_model_factory("qwen2.5")), 1, flags, start_timeout=180,

@@ -1,7 +1,7 @@
 """The in-process engine (SGLang's `Engine` API): builds the model runner, the scheduler and the
 engine thread (step_loop.py), and answers callers: generate / submit, abort, pause, memory
-control, weight updates (weights/updates.py) and server info. Every call that touches engine
-state runs on the engine thread between steps."""
+control (engine_memory.py), weight updates (engine_weights.py, then weights/updates.py) and
+server info. Every call that touches engine state runs on the engine thread between steps."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from ..server_args import ServerArgs, check_model_dir
 from ..weights.updates import WeightUpdater
 from .admission import Admission, Demand, QueueFull, check_n, counted, limits_from_args, token_shares
 from .detokenizer import Detokenizer
+from .engine_memory import EngineMemory
+from .engine_weights import EngineWeights
 from .finish import abort_reason
 from .info import server_info
 from .intake import IntakeLimits, UpdateFn, make_sequences, notifier
@@ -32,7 +34,6 @@ from .step_loop import StepLoop
 
 log = logging.getLogger(__name__)
 
-_MEMORY_TAGS = {"kv_cache", "weights", "cuda_graph"}
 # Tokens after which the reference's newline trigger fires (the last sub-token of each).
 _NEWLINE_STRINGS = ("\n", ".\n", ")\n", "\n\n", ".\n\n", ")\n\n")
 
@@ -95,7 +96,10 @@ def _freeze_startup_heap() -> None:
     gc.freeze()
 
 
-class Engine:
+class Engine(EngineWeights, EngineMemory):
+    """SGLang's in-process engine. Its weight-update calls come from ``EngineWeights``
+    (engine_weights.py), its memory release / resume from ``EngineMemory`` (engine_memory.py)."""
+
     def __init__(self, model_path: str | None = None, server_args: ServerArgs | None = None, **kwargs):
         from transformers import AutoConfig
 
@@ -255,54 +259,7 @@ class Engine:
         """Empty the prefix cache; succeeds only when idle, as SGLang's does."""
         return self.loop.call(self._flush)
 
-    # ================================================================ weights (weights/updates.py)
-
-    def update_weights_from_disk(self, model_path: str, load_format: str | None = None,
-                                 weight_version: str | None = None, abort_all_requests: bool = False,
-                                 flush_cache: bool = True) -> dict:
-        return self.weights.from_disk(model_path, load_format, weight_version, abort_all_requests)
-
-    def update_weights_from_tensor(self, named_tensors=None, serialized_named_tensors=None,
-                                   load_format: str | None = None, weight_version: str | None = None,
-                                   abort_all_requests: bool = False, flush_cache: bool = True) -> dict:
-        return self.weights.from_tensor(named_tensors, serialized_named_tensors, load_format,
-                                        weight_version, abort_all_requests)
-
-    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
-                                  world_size: int, group_name: str = "weight_update_group",
-                                  backend: str | None = None, timeout_s: float | None = None) -> dict:
-        return self.weights.init_group(master_address, master_port, rank_offset, world_size,
-                                       group_name, backend, timeout_s)
-
-    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                        group_name: str = "weight_update_group",
-                                        weight_version: str | None = None,
-                                        abort_all_requests: bool = False, flush_cache: bool = True,
-                                        load_format: str | None = None) -> dict:
-        return self.weights.from_distributed(names, dtypes, shapes, group_name, weight_version,
-                                             abort_all_requests, load_format)
-
-    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
-        return self.weights.rows_by_name(name, truncate_size)
-
-    def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict:
-        return self.weights.destroy_group(group_name)
-
-    @property
-    def weight_version(self) -> str:
-        return self.outputs.weight_version
-
-    @weight_version.setter
-    def weight_version(self, version: str) -> None:
-        self.outputs.weight_version = version
-
-    # ================================================================ memory, info, lifetime
-
-    def release_memory(self, tags: list[str] | None = None) -> None:
-        self.loop.call(self._release, set(tags or _MEMORY_TAGS))
-
-    def resume_memory(self, tags: list[str] | None = None) -> None:
-        self.loop.call(self._resume, set(tags or _MEMORY_TAGS))
+    # ================================================================ info, lifetime
 
     @property
     def device(self):
@@ -367,9 +324,6 @@ class Engine:
         self.kv.flush()
         return True
 
-    def _set_version(self, version: str) -> None:
-        self.outputs.weight_version = version
-
     def _pause(self, mode: str) -> None:
         if mode == "abort":
             self._abort_all("Aborted by pause_generation")
@@ -379,20 +333,3 @@ class Engine:
 
     def _continue(self) -> None:
         self.scheduler.paused = False
-
-    def _check_tags(self, tags: set[str]) -> None:
-        unknown = tags - _MEMORY_TAGS
-        if unknown:
-            raise ValueError(f"unknown memory tag(s): {sorted(unknown)}")
-
-    def _release(self, tags: set[str]) -> None:
-        self._check_tags(tags)
-        if self.scheduler.running or self.scheduler.waiting:
-            raise ValueError("cannot release memory while requests are in flight")
-        if "kv_cache" in tags:
-            self.sessions.drop_all()  # their next requests prefill their whole context
-        self.runner.release(tags)
-
-    def _resume(self, tags: set[str]) -> None:
-        self._check_tags(tags)
-        self.runner.resume(tags)

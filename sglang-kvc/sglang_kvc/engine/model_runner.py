@@ -28,6 +28,7 @@ from ..kvcache.kv_quant import FP8_DTYPES, check_device, load_scales
 from ..models.causal_lm import CausalLM
 from ..models.config import ModelConfig
 from .row_state import RowState
+from .runner_memory import RunnerMemory
 from .cuda_graph import DecodeGraphs, GraphParts
 from .sampler import Sampler, SamplingBatch
 from .scheduler import Batch
@@ -121,7 +122,10 @@ def prompt_logprobs(model: CausalLM, seq: Sequence, hidden: torch.Tensor, offset
     return lps, tops
 
 
-class ModelRunner:
+class ModelRunner(RunnerMemory):
+    """Loading weights and releasing / resuming memory come from ``RunnerMemory``
+    (runner_memory.py)."""
+
     def __init__(self, args: ServerArgs, cfg: ModelConfig, eos_ids: set[int],
                  newline_ids: set[int] | None = None, think_end_id: int | None = None):
         self.args, self.cfg, self.eos_ids = args, cfg, eos_ids
@@ -343,41 +347,7 @@ class ModelRunner:
                        ban_rows=torch.tensor(ban_rows, device=dev) if ban_rows else None,
                        ban_ids=torch.tensor(ban_ids, device=dev) if ban_ids else None)
 
-    # ------------------------------------------------------------------ weights & memory
-
-    @torch.inference_mode()
-    def load_weights(self, named) -> int:
-        # Cached KV was computed with the old weights: no request may match it again (a failed
-        # load may have changed some tensors, so this comes first).
-        self.kv.flush()
-        n = load_named_tensors(self.model, named)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return n
-
-    def release(self, tags: set[str]) -> None:
-        """Free the tagged memory. The decode graphs survive a KV-pool release (the trainer's
-        per-rollout offload): captured again only when the pool comes back at an address it
-        never had (cuda_graph.DecodeGraphs.follow_pool)."""
-        if "kv_cache" in tags and self.kv.pool.allocated:
-            self.kv.pool.release()
-        if "weights" in tags and self.device.type == "cuda":
-            self.model.to("cpu")
-        if self.graphs is not None and tags & {"weights", "cuda_graph"}:
-            self.graphs.clear()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def resume(self, tags: set[str]) -> None:
-        if "weights" in tags and self.device.type == "cuda":
-            self.model.to(self.device)
-        if "kv_cache" in tags and not self.kv.pool.allocated:
-            if self.device.type == "cuda":  # the trainer's cache to the driver first: the pool's
-                torch.cuda.empty_cache()  # best chance at its old address, graphs kept (issue 60)
-            self.kv.pool.allocate()
-            self.kv.reset()
-        if self.graphs is not None:  # the graphs of the pool's new address, kept or none yet
-            self.graphs.follow_pool()
+    # ------------------------------------------------------------------ lifetime
 
     def shutdown(self) -> None:
         """Drop device memory now rather than at garbage collection (engines may be recreated

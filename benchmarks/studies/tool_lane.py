@@ -69,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model-dir", type=Path, default=None, help="SmolLM2-135M-Instruct (HF), else built from the wheel")
     p.add_argument("--smoke", action="store_true", help="the tiny model on a CPU, 2 rollouts, 4 eval prompts")
     args = p.parse_args(argv)
+    # absolute: each run's folder links to its seed's import (a relative link would dangle)
+    args.out, args.work = args.out.resolve(), args.work.resolve()
     try:
         args.runs = parse_runs(args.configs, args.seeds)
     except ValueError as e:

@@ -5,7 +5,9 @@ allows (``tool_lane.sh`` runs it).
     python -m benchmarks.studies.tool_lane --out OUT --work runs/tool_lane --smollm2-wheel .gpu/<wheel> \\
         --total-s 540 [--seeds 1 2 3] [--configs dense rkv:64:sparse_rl@1] [--smoke]
 
-A config runs at every ``--seeds`` seed unless it names its own (``CONFIG@S,S``). Each seed has
+A config runs at every ``--seeds`` seed unless it names its own (``CONFIG@S,S``);
+``+pinturns`` after a compressed config pins every turn's prompt, tool responses included
+(``--sglang-compress-pin-turns``), e.g. ``rkv:64:sparse_rl+pinturns@1``. Each seed has
 one warm-up (the grid's, ``waves.prepare_seed``: on the GPU, rows of seed + 10000, the task's
 demos) and one set of training rows, shared by that seed's configs; each run is one
 ``trainer.train`` built as the grid builds it (``waves.job_argv``: the pool and micro-batch
@@ -39,6 +41,9 @@ TASK = "lookup-tool"
 ROLLOUT_KEYS = ("reward_mean", "rollout/turns_per_sample", "rollout/tool_calls_per_sample",
                 "rollout/tool_error_fraction", "kv_pool_peak_used", "rollout_tokens_per_s")
 SEED_WORKERS = 3  # seeds warmed up at once, each in a process of its own (as the grid's waves)
+# ``CONFIG+pinturns``: R-KV across turns that pins each turn's prompt (the tool responses) as
+# well as the first, so compression evicts only what the model generated (issue 66)
+VARIANTS = {**waves.VARIANTS, "pinturns": ("--sglang-compress-pin-turns",)}
 
 
 # the smoke's rollouts: 4 prompts x 8 samples (the tiny setup's 16 x 8 is minutes a rollout on
@@ -64,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model-dir", type=Path, default=None, help="SmolLM2-135M-Instruct (HF), else built from the wheel")
     p.add_argument("--smoke", action="store_true", help="the tiny model on a CPU, 2 rollouts, 4 eval prompts")
     args = p.parse_args(argv)
+    # absolute: each run's folder links to its seed's import (a relative link would dangle)
+    args.out, args.work = args.out.resolve(), args.work.resolve()
     try:
         args.runs = parse_runs(args.configs, args.seeds)
     except ValueError as e:
@@ -81,10 +88,16 @@ def parse_runs(configs: list[str], seeds: list[int]) -> list[grid.GridRun]:
     """Each ``CONFIG[@S,S...]`` at its own seeds, else at ``seeds``; a run named twice is an error."""
     runs = []
     for text in configs:
+        unknown = [v for v in text.partition("@")[0].split("+")[1:] if v not in VARIANTS]
+        if unknown:
+            raise ValueError(f"{text!r}: unknown variant {unknown[0]!r} (known: {', '.join(VARIANTS)})")
         config, at, own = text.partition("@")
         if at and not all(s.isdigit() for s in own.split(",")):
             raise ValueError(f"{text!r}: seeds after '@' are integers separated by commas (e.g. dense@1,2,3)")
         runs += [grid.parse_config(config, seed) for seed in ([int(s) for s in own.split(",")] if at else seeds)]
+    if any(r.algorithm == "none" and "pinturns" in r.variants for r in runs):
+        raise ValueError("+pinturns pins what compression would evict: dense evicts nothing "
+                         "(e.g. rkv:64:sparse_rl+pinturns)")
     names = [r.name for r in runs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -108,7 +121,7 @@ def grid_args(args) -> argparse.Namespace:
     return argparse.Namespace(
         out=args.work, model="tiny" if smoke else "smollm2", num_rollout=2 if smoke else args.num_rollout,
         lr=args.lr, eval_interval=1 if smoke else args.eval_interval, save_interval=0,
-        warmup_steps=args.warmup_steps or (4 if smoke else None), variant_flags=dict(waves.VARIANTS),
+        warmup_steps=args.warmup_steps or (4 if smoke else None), variant_flags=dict(VARIANTS),
         extra=SMOKE_BATCH if smoke else batch_flags(args.prompts), slots=len(args.runs))
 
 

@@ -15,7 +15,8 @@
 #   TOTAL_S=540     the lane's time from start (model, warm-ups and runs); the runs still going are
 #                   stopped at it and reported as far as they got
 #   SEEDS="1 2 3"   the seeds of every config that names none
-#   CONFIGS="dense rkv:64:sparse_rl@1"   CONFIG or CONFIG@S,S (its own seeds)
+#   CONFIGS="dense rkv:64:sparse_rl@1"   CONFIG or CONFIG@S,S (its own seeds); CONFIG+pinturns
+#                   pins every turn's prompt, tool responses included (e.g. rkv:64:sparse_rl+pinturns@1)
 #   PROMPTS=32  LR=2e-5  EVAL_INTERVAL=10  EVAL_PROMPTS=256  WARMUP_STEPS (default the task's 12)
 #   WORK=runs/tool_lane  run folders, the model (from .gpu/*smollm2*.whl or its .aa/.ab pieces)
 #   MODEL_DIR       an HF SmolLM2-135M-Instruct instead of the wheel
@@ -105,6 +106,6 @@ case "${1:-}" in
     "") echo "$USAGE" >&2; exit 2 ;;
     start) shift; start "$@" ;;
     poll) shift; poll "$@" ;;
-    -h|--help) sed -n '2,24p' "$0" ;;
+    -h|--help) sed -n '2,25p' "$0" ;;
     *) run_lane "$1" 2>&1 | tee -a "$(mkdir -p "$1" && cd "$1" && pwd)/lane.log"; exit "${PIPESTATUS[0]}" ;;
 esac

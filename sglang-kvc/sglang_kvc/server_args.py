@@ -160,6 +160,15 @@ class ServerArgs:
         False, "never evict the prompt's KV: only response tokens are scored and evicted, the "
                "budget B and buffer N count response tokens, so a request holds at most its "
                "prompt + B + N slots (incompatible with --compress-prompt)", negatable=True)
+    compress_pin_turns: bool = _arg(
+        False, "with --compress-keep-prompt, for a session's request (a multi-turn sample) pin "
+               "every turn's prompt, not only the chain's first: what the row holds after the "
+               "turn's prefill (the earlier turns' KV as adopted, compressed or not, plus the "
+               "new tokens, e.g. tool responses) is never evicted, and compression within a "
+               "turn evicts only that turn's generated tokens. Pool cost: each turn keeps up to "
+               "B + N of its generated tokens for good, so a chain of T turns holds up to its "
+               "prompts and observations + T x (B + N) slots, against first prompt + B + N "
+               "without it", negatable=True)
     compress_stop_after_think: bool = _arg(
         True, "stop compressing a request once it generated </think> (when the tokenizer has it)",
         negatable=True)
@@ -245,6 +254,9 @@ class ServerArgs:
         if self.compress_keep_prompt and self.compress_prompt:
             raise ValueError("--compress-keep-prompt never evicts the prompt and "
                              "--compress-prompt compresses it: pick one")
+        if self.compress_pin_turns and not self.compress_keep_prompt:
+            raise ValueError("--compress-pin-turns extends --compress-keep-prompt to every "
+                             "turn of a session: add --compress-keep-prompt")
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:

@@ -35,6 +35,7 @@ class CompressionConfig:
     num_sink: int = 4
     compress_prompt: bool = False
     keep_prompt: bool = False  # the prompt's KV is never evicted; B budgets the response
+    pin_turns: bool = False  # with keep_prompt: a session request pins its turn's prompt (trigger.py)
     stop_after_think: bool = True
     selection: str = "head"  # head | layer
     shared_selection: bool = False
@@ -78,6 +79,7 @@ class CompressionConfig:
             kernel_size=args.compress_kernel_size, pooling=args.compress_pooling,
             sim_threshold=float(args.compress_sim_threshold), num_sink=args.compress_num_sink,
             compress_prompt=args.compress_prompt, keep_prompt=args.compress_keep_prompt,
+            pin_turns=args.compress_pin_turns,
             stop_after_think=args.compress_stop_after_think,
             selection=args.compress_selection, shared_selection=args.compress_shared_selection)
 

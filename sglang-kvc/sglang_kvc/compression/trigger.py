@@ -18,6 +18,12 @@ unchanged (every N decode steps); prompt compression at prefill cannot be combin
 A session's request (engine/sessions.py) continues the KV its previous request left: the first
 prompt of the chain is what keep_prompt pins, and its new tokens (the observation) are held
 like decoded ones, compressed after their prefill once pinned + B + N are held.
+With pin_turns (--compress-pin-turns) a session request that adopted KV pins instead everything
+its row holds after its prefill (`Sequence.turn_head`, in slots: the adopted KV, compressed or
+not, plus its new tokens, e.g. a tool's response), so the observations are never evicted and
+each turn's compactions score that turn's generated tokens only; the turn holds at most
+turn_head + B + N. A request without adopted KV (a chain's first, one whose parked KV was
+dropped, one preempted and recomputed densely) pins its whole prompt, as keep_prompt does.
 """
 
 from __future__ import annotations
@@ -41,10 +47,14 @@ class Trigger:
                 seq.compress_stopped = True
 
     def pinned(self, seq) -> int:
-        """Slots at the head of the request's row that are never evicted (its prompt; for a
-        session's request, the first prompt of its chain: observations are evictable)."""
+        """Slots at the head of the request's row that are never evicted: its prompt; for a
+        session's request the first prompt of its chain (observations are evictable), or with
+        pin_turns its turn's head (the adopted KV and the observation)."""
         if not self.cfg.keep_prompt:
             return 0
+        if self.cfg.pin_turns:
+            # preemption clears adopted_kv: recomputed densely, the row's head is the prompt
+            return seq.turn_head if seq.adopted_kv else len(seq.prompt_ids)
         return seq.first_prompt_len if seq.first_prompt_len is not None else len(seq.prompt_ids)
 
     def budget(self, seq) -> int:

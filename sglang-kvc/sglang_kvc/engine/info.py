@@ -18,6 +18,7 @@ def pool_info(kv) -> dict:
 
 def compression_info(c) -> dict:
     return {"algorithm": c.cfg.algorithm, "budget": c.cfg.budget, "keep_prompt": c.cfg.keep_prompt,
+            "pin_turns": c.cfg.pin_turns,
             "divide_length": c.cfg.divide_length, "selection": c.cfg.mode,
             "num_compressions": c.num_compressions, "tokens_evicted": c.tokens_evicted,
             "query_ring_bytes": c.ring.bytes if c.ring is not None else 0}

@@ -70,11 +70,15 @@ class Sequence:
     # then that request's context plus the new tokens. `first_prompt_len`: the chain's first
     # prompt (what --compress-keep-prompt pins). `adopted_kv`: its row holds the KV the previous
     # request left (not dense KV of its prompt once compressed: never put in the prefix cache).
+    # `turn_head`: with adopted KV, the slots its row holds once its new tokens are prefilled
+    # (the adopted KV, fewer slots than positions once compressed, plus the new tokens): what
+    # --compress-pin-turns pins. Counted in slots, fixed at adoption.
     session_id: str | None = None
     parent_rid: str | None = None
     continued_len: int = 0  # tokens of the context it continues (the head of prompt_ids)
     first_prompt_len: int | None = None
     adopted_kv: bool = False
+    turn_head: int = 0
 
     finish_reason: dict | None = None
     num_preemptions: int = 0

@@ -10,7 +10,9 @@ says where its uncomputed tokens start, and the scheduler prefills only those (t
 request's last sampled token leads them when no step fed it). Under compression the adopted
 KV is the compressed KV: budgets span the whole context, the new tokens are scored and evicted
 like any other, the eviction tracker goes on over the whole context's positions, and
---compress-keep-prompt pins the chain's first prompt (`Sequence.first_prompt_len`).
+--compress-keep-prompt pins the chain's first prompt (`Sequence.first_prompt_len`); with
+--compress-pin-turns it pins each turn's prompt instead (`Sequence.turn_head`: the adopted KV
+and the new tokens), so only the turn's generated tokens are evicted.
 
 A parked KV goes when its session closes, when the KV pool is released, or when the scheduler
 needs its room (a waiting request that does not fit, a decode step short of slots: least
@@ -164,6 +166,7 @@ class Sessions:
         parent.row, parent.kv_len, parent.prefix_len, parent.prefix_node = None, 0, 0, None
         seq.adopted_kv = True
         seq.cached_tokens = seq.num_computed
+        seq.turn_head = seq.kv_len + len(seq.prompt_ids) - seq.num_computed
 
     def parked(self) -> list[Sequence]:
         """The finished requests that still hold KV (engine thread)."""

@@ -84,6 +84,27 @@ def test_configs_take_the_lane_seeds_or_their_own():
         parse_runs(["dense@one"], [1])
 
 
+def test_pinturns_config_adds_the_engine_flag(tmp_path):
+    """``+pinturns`` (--compress-pin-turns) on a compressed config; an unknown variant or one
+    on dense is refused before anything starts."""
+    import argparse
+
+    from benchmarks.grid import waves
+    from benchmarks.studies.tool_lane import grid_args, parse_runs
+
+    [run] = parse_runs(["rkv:64:sparse_rl+pinturns@1"], [1, 2])
+    assert run.name == "rkv-64-sparse_rl+pinturns-s1"
+    gargs = grid_args(argparse.Namespace(smoke=True, work=tmp_path, num_rollout=2, lr=2e-5,
+                                         eval_interval=1, warmup_steps=None, runs=[run], prompts=4))
+    setup = waves.SeedSetup(Path("m"), Path("d.jsonl"), [])
+    argv = waves.job_argv(waves.Job(run, "lookup-tool"), gargs, setup, Path("e.jsonl"))
+    assert "--sglang-compress-pin-turns" in argv and "--sglang-compress-keep-prompt" in argv
+    with pytest.raises(ValueError, match="unknown variant 'pinturn'"):
+        parse_runs(["rkv:64:sparse_rl+pinturn"], [1])
+    with pytest.raises(ValueError, match="dense evicts nothing"):
+        parse_runs(["dense+pinturns"], [1])
+
+
 def test_the_rollout_batch_is_32_prompts_and_a_pool_that_holds_them():
     from benchmarks.studies.tool_lane import batch_flags
 

@@ -1,8 +1,8 @@
 """Randomized sessions under memory pressure (issue 66): seeded rounds of new sessions, turns
 continued (the same turn twice: branches), plain requests sharing prompts, aborts and closes,
 on a pool small enough that parked KV is dropped, and retracts that preempt what runs, for dense /
-R-KV / SnapKV x keep-prompt x prefix cache. The engine checks the KV ownership invariant after
-every step and command (conftest.py turns it on); after each round `used` is what parked
+R-KV / SnapKV x keep-prompt (the chain's first prompt, or with --compress-pin-turns every turn's)
+x prefix cache. The engine checks the KV ownership invariant after every step and command (conftest.py turns it on); after each round `used` is what parked
 requests and the cache hold, and 0 once every session is closed. Every finished turn's
 log-probs match an HF forward over its context (dense) or the replay of its eviction record
 (compressed; a turn recomputed densely, or continuing a chain that was, replays dense up to
@@ -44,11 +44,13 @@ class Config:
     algo: str | None
     keep_prompt: bool
     prefix_cache: bool
+    pin_turns: bool = False  # --compress-pin-turns (with keep_prompt)
 
     def engine(self, path) -> Engine:
         comp = {} if self.algo is None else dict(
             compress_algorithm=self.algo, compress_max_prompt=B, compress_divide_length=N,
-            compress_max_window=W, compress_keep_prompt=self.keep_prompt)
+            compress_max_window=W, compress_keep_prompt=self.keep_prompt,
+            compress_pin_turns=self.pin_turns)
         return Engine(model_path=str(path), device="cpu", dtype="float32", max_total_tokens=POOL,
                       max_running_requests=6, disable_radix_cache=not self.prefix_cache,
                       disable_overlap_schedule=self.seed % 2 == 1, random_seed=self.seed, **comp)
@@ -183,6 +185,8 @@ def check_turn(drv: Driver, model, turn: Turn) -> bool:
     record = None
     if drv.compressed(turn):
         record = turn.out["meta_info"]["eviction_record"]
+        if drv.cfg.pin_turns:
+            check_pinned(turn, record)
         d = drv.dense_from(turn)
         if d == "?":
             return False
@@ -193,6 +197,16 @@ def check_turn(drv: Driver, model, turn: Turn) -> bool:
     assert err < 2e-4, f"{turn.rid} ({'recomputed' if turn.rid not in drv.adopted else 'adopted'}" \
                        f" continuation of {turn.parent and turn.parent.rid}): log-prob error {err}"
     return True
+
+
+def check_pinned(turn: Turn, record: torch.Tensor) -> None:
+    """--compress-pin-turns: no key of any turn's new tokens in the chain (the first prompt,
+    each observation) was ever evicted, whether the turn adopted, recomputed or was preempted."""
+    total, t = record.shape[-1], turn
+    while t is not None:
+        start = len(t.parent.context) if t.parent is not None else 0
+        assert (record[..., start:len(t.ids)] == total).all(), f"{turn.rid}: {t.rid}'s tokens evicted"
+        t = t.parent
 
 
 @pytest.fixture(scope="module")
@@ -224,14 +238,16 @@ def drive(cfg: Config, tiny_models, model, rounds: int) -> Driver:
 
 
 DEFAULT = [Config(0, "rkv", True, True), Config(1, "snapkv", True, True),
-           Config(2, None, False, True)]
+           Config(2, None, False, True), Config(3, "rkv", True, True, pin_turns=True)]
 SLOW = [Config(seed, algo, keep, cache) for seed in (10, 11)
         for algo, keep in [(None, False), ("rkv", False), ("rkv", True), ("snapkv", False),
                            ("snapkv", True)]
-        for cache in (True, False)]
+        for cache in (True, False)] + [Config(seed, algo, True, cache, pin_turns=True)
+                                       for seed in (12, 13) for algo in ("rkv", "snapkv")
+                                       for cache in (True, False)]
 
 
-@pytest.mark.parametrize("cfg", DEFAULT, ids=lambda c: f"{c.algo}-keep{c.keep_prompt}-cache{c.prefix_cache}-s{c.seed}")
+@pytest.mark.parametrize("cfg", DEFAULT, ids=lambda c: f"{c.algo}-keep{c.keep_prompt}{'-pin' * c.pin_turns}-cache{c.prefix_cache}-s{c.seed}")
 def test_random_sessions_keep_one_owner_per_slot(tiny_models, eager_model, cfg):
     drv = drive(cfg, tiny_models, eager_model, rounds=10)
     # the rounds reached what they are for: branches / dropped KV recomputed, and aborts
@@ -239,6 +255,6 @@ def test_random_sessions_keep_one_owner_per_slot(tiny_models, eager_model, cfg):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg", SLOW, ids=lambda c: f"{c.algo}-keep{c.keep_prompt}-cache{c.prefix_cache}-s{c.seed}")
+@pytest.mark.parametrize("cfg", SLOW, ids=lambda c: f"{c.algo}-keep{c.keep_prompt}{'-pin' * c.pin_turns}-cache{c.prefix_cache}-s{c.seed}")
 def test_random_sessions_more_seeds(tiny_models, eager_model, cfg):
     drive(cfg, tiny_models, eager_model, rounds=16)

@@ -1,7 +1,8 @@
 """A multi-turn training run as users launch it (``--env-path``): three turns per sample, the
 dense π_old recompute over the concatenated context equals the sampler on every model token
 (the mismatch metrics, over model tokens only, at the numerics floor); bad multi-turn flags
-fail at once, naming the flag."""
+fail at once, naming the flag; under R-KV across turns (the first prompt or every turn's
+pinned) the eviction record's replay equals the sampler."""
 
 from __future__ import annotations
 
@@ -69,3 +70,22 @@ def test_eviction_replay_over_turns_is_the_sampler(setup, tmp_path):  # noqa: F8
     assert abs(sparse["train/ppo_kl"]) < 1e-6, sparse["train/ppo_kl"]
     dense = _one_step(hf, data, tmp_path / "dense", *RKV)
     assert dense["train_rollout_logprob_abs_diff"] > 1e-3
+
+
+# each turn's budget counts that turn's outputs only (8 a turn here): B 4 + N 2 compress in turn
+PIN_TURNS = ["--sglang-compress-algorithm", "rkv", "--sglang-compress-max-prompt", "4",
+             "--sglang-compress-divide-length", "2", "--sglang-compress-max-window", "2",
+             "--sglang-compress-keep-prompt", "--sglang-compress-pin-turns"]
+
+
+@pytest.mark.launch
+def test_eviction_replay_with_pinned_turns_is_the_sampler(setup, tmp_path):  # noqa: F811
+    """--sglang-compress-pin-turns: every turn's prompt (observations included) is pinned, each
+    turn's outputs compressed; the replay of the record still recomputes the sampler's
+    log-probs exactly."""
+    hf, data, _ = setup
+    sparse = _one_step(hf, data, tmp_path, *PIN_TURNS, "--sparse-recompute", "--train-sparse-policy")
+    assert sparse["rollout/turns_per_sample"] == 3.0
+    assert sparse["kv_compressions_per_sample"] > 0
+    assert sparse["train_rollout_logprob_abs_diff"] < 1e-5, sparse["train_rollout_logprob_abs_diff"]
+    assert abs(sparse["train/ppo_kl"]) < 1e-6, sparse["train/ppo_kl"]

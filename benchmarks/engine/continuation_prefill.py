@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.engine.multiturn_probe import StepProbe, profiled
+from benchmarks.engine.multiturn_profile import one_look
 
 ONE = {"temperature": 0.0, "ignore_eos": True, "max_new_tokens": 1}
 
@@ -47,25 +48,36 @@ def _prefill(engine, probe, body, one_step: bool = True) -> dict:
     return {**steps[-1], "results": results}
 
 
-def one_context(engine, probe, context: int, args, rng, vocab: int) -> list[dict]:
+def one_context(engine, probe, context: int, args, rng, vocab: int, profile_dir=None) -> list[dict]:
+    """Turn 1 of C tokens in each of --rows sessions, then the repeats (profiled alone when
+    profile_dir is given: turn 1's long fresh prefill would swamp them)."""
     sids = engine.open_sessions(args.rows)
     try:
         first = _prefill(engine, probe, {
             "input_ids": [_ids(rng, context, vocab) for _ in sids], "sampling_params": ONE,
             "session_params": [{"id": s} for s in sids]}, one_step=False)
         rids = [r["meta_info"]["id"] for r in first["results"]]
-        out = []
-        for _ in range(args.repeats):
-            cont = _prefill(engine, probe, {
-                "input_ids": [_ids(rng, args.new, vocab) for _ in sids], "sampling_params": ONE,
-                "session_params": [{"id": s, "rid": r} for s, r in zip(sids, rids)]})
-            rids = [r["meta_info"]["id"] for r in cont["results"]]
-            fresh = _prefill(engine, probe, {
-                "input_ids": [_ids(rng, args.new, vocab) for _ in sids], "sampling_params": ONE})
-            out.append({"context": context, "continuation": _step(cont), "fresh": _step(fresh)})
-        return out
+        run = lambda: repeats(engine, probe, context, args, rng, vocab, sids, rids)  # noqa: E731
+        if profile_dir is None:
+            return run()
+        out, tables = profiled(engine.loop, run, profile_dir, args.device.startswith("cuda"))
+        return [{**r, "profile": tables} for r in out]
     finally:
         engine.close_sessions(sids)
+
+
+def repeats(engine, probe, context, args, rng, vocab, sids, rids) -> list[dict]:
+    """--repeats times: the sessions continue with --new tokens, then as many fresh rows."""
+    out = []
+    for _ in range(args.repeats):
+        cont = _prefill(engine, probe, {
+            "input_ids": [_ids(rng, args.new, vocab) for _ in sids], "sampling_params": ONE,
+            "session_params": [{"id": s, "rid": r} for s, r in zip(sids, rids)]})
+        rids = [r["meta_info"]["id"] for r in cont["results"]]
+        fresh = _prefill(engine, probe, {
+            "input_ids": [_ids(rng, args.new, vocab) for _ in sids], "sampling_params": ONE})
+        out.append({"context": context, "continuation": _step(cont), "fresh": _step(fresh)})
+    return out
 
 
 def _step(s: dict) -> dict:
@@ -112,7 +124,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default=None)
     p.add_argument("--profile", default=None, metavar="DIR",
-                   help="profile the largest context's steps (multiturn_profile tables)")
+                   help="profile the smallest and the largest context's repeats (their own "
+                        "runs, after the timed ones): DIR/context_<C>/ (multiturn_profile)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     try:
@@ -136,11 +149,11 @@ def run(args, model_dir: str) -> dict:
         rng = random.Random(0)
         one_context(engine, probe, min(args.contexts), args, rng, vocab)  # warm-up
         runs = [r for c in args.contexts for r in one_context(engine, probe, c, args, rng, vocab)]
-        tables = None
-        if args.profile:
-            _, tables = profiled(engine.loop, lambda: one_context(
-                engine, probe, max(args.contexts), args, rng, vocab), args.profile,
-                args.device.startswith("cuda"))
+        tables = {}
+        if args.profile:  # the smallest and the largest context: does any op grow with it?
+            for c in sorted({min(args.contexts), max(args.contexts)}):
+                folder = Path(args.profile) / f"context_{c}"
+                tables[c] = one_context(engine, probe, c, args, rng, vocab, folder)[0]["profile"]
     finally:
         engine.shutdown()
     return {"args": vars(args), "runs": runs, "rows": summarize(runs), "profile": tables}
@@ -151,6 +164,9 @@ def report(out: dict) -> None:
     print(" ".join(f"{c:>20}" for c in cols))
     for r in out["rows"]:
         print(" ".join(f"{v:20.3f}" if isinstance(v, float) else f"{v:>20}" for v in r.values()))
+    for context, tables in (out["profile"] or {}).items():
+        for kind in ("continuation", "fresh"):
+            print(f"held context {context}: {one_look(tables, kind)}")
 
 
 def main(argv=None) -> dict:

@@ -9,7 +9,8 @@ the interpreter lock, a sleep), the wait for the step before it and, once read, 
 outputs (the GPU's share), the requests taken in from the inbox (a continuation's session
 adoption) and the requests finished (parking, final outputs and their callbacks: the step
 before's), and what is left of the iteration (``other_ms``: output processing, compression). Each iteration is a profiler range, ``engine_step``, and each
-prefill launch inside it ``prefill_launch``, so a profile can be cut to the prefill steps.
+prefill launch inside it ``prefill_launch:continuation`` (a row continues a session) or
+``prefill_launch:fresh``, so a profile can be cut to the prefill steps of each kind.
 
 `profiled` runs a function under torch.profiler started on the engine thread (its CPU
 callbacks are per thread: started on the caller's thread, it would see none of the engine's
@@ -93,7 +94,8 @@ class StepProbe:
             return self._launch(batch)
         rec = PrefillStep.of(batch.seqs)
         t0 = time.perf_counter()
-        with record_function("prefill_launch"):
+        kind = "continuation" if rec.continuations else "fresh"
+        with record_function(f"prefill_launch:{kind}"):
             step = self._launch(batch)
         rec.launch_ms = 1e3 * (time.perf_counter() - t0)
         self._launched = rec

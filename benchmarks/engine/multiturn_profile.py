@@ -4,9 +4,9 @@ Written to the profile's folder:
     kernels.txt      top CUDA kernels by self GPU time, whole run (decode replays included)
     cpu_ops.txt      top CPU ops by self CPU time, whole run (engine thread)
     prefill_ops.txt  inside the prefill steps only (``engine_step`` ranges holding a
-                     ``prefill_launch``): CPU ops by self time with their share of those steps'
-                     wall, the Python between ops (``engine_step``'s own time), and the kernels
-                     those steps launched
+                     ``prefill_launch:<kind>``), continuation steps then fresh ones: CPU ops by
+                     self time with their share of those steps' wall, the Python between ops
+                     (``engine_step``'s own time), and the kernels those steps launched
 Times are in ms; shares in % of the total named in each table's title.
 """
 
@@ -55,10 +55,11 @@ def _descendants(evt):
         stack.extend(e.cpu_children)
 
 
-def prefill_steps(events) -> list:
-    """The engine_step ranges that launched a prefill."""
+def prefill_steps(events, kind: str) -> list:
+    """The engine_step ranges that launched a prefill of `kind` (continuation, fresh)."""
+    label = f"prefill_launch:{kind}"
     steps = [e for e in events if e.name == "engine_step"]
-    return [s for s in steps if any(d.name == "prefill_launch" for d in _descendants(s))]
+    return [s for s in steps if any(d.name == label for d in _descendants(s))]
 
 
 def prefill_split(steps) -> tuple[list, list, float]:
@@ -89,25 +90,39 @@ def write_tables(prof, out_dir) -> dict:
         if kernels else "no CUDA kernels recorded (CPU run)\n")
     (out / "cpu_ops.txt").write_text(table(
         f"CPU ops by self CPU time (whole run, engine thread: {cpu_ms:.1f} ms)", ops, cpu_ms))
-    steps = prefill_steps(prof.events())
-    p_ops, p_kernels, wall = prefill_split(steps)
-    p_gpu = sum(r[2] for r in p_kernels)
-    text = table(f"{len(steps)} prefill steps, {wall:.1f} ms of engine-thread wall: CPU ops by "
-                 "self time, share of that wall", p_ops, wall)
-    text += "\n" + table(f"kernels those steps launched ({p_gpu:.1f} ms of GPU time), share of "
-                         "the steps' wall", p_kernels, wall)
+    events = prof.events()
+    text, summary = "", {}
+    for kind in ("continuation", "fresh"):
+        section, numbers = kind_tables(prefill_steps(events, kind), kind)
+        text += section + "\n"
+        summary[kind] = numbers
     (out / "prefill_ops.txt").write_text(text)
-    summary = {"prefill_steps": len(steps), "prefill_wall_ms": wall, "prefill_kernel_ms": p_gpu,
-               "prefill_top_ops": [[n, round(ms, 3)] for n, _, ms in p_ops[:8]],
-               "prefill_top_kernels": [[n, round(ms, 3)] for n, _, ms in p_kernels[:5]],
-               "top_kernels": [[n, round(ms, 3)] for n, _, ms in kernels[:5]]}
+    summary["top_kernels"] = [[n, round(ms, 3)] for n, _, ms in kernels[:5]]
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 
-def one_look(s: dict) -> str:
-    """One line: where the profiled prefill steps' wall went (top ops and the GPU's share)."""
-    wall = s["prefill_wall_ms"] or 1.0
-    ops = ", ".join(f"{n} {100 * ms / wall:.0f}%" for n, ms in s["prefill_top_ops"][:5])
-    return (f"{s['prefill_steps']} prefill steps, {wall:.1f} ms wall (engine thread): {ops}; "
-            f"their kernels {s['prefill_kernel_ms']:.1f} ms of GPU")
+def kind_tables(steps, kind: str) -> tuple[str, dict]:
+    """The tables of one kind of prefill step, and their numbers for the summary."""
+    p_ops, p_kernels, wall = prefill_split(steps)
+    p_gpu = sum(r[2] for r in p_kernels)
+    text = table(f"{len(steps)} {kind} prefill steps, {wall:.1f} ms of engine-thread wall: CPU "
+                 "ops by self time, share of that wall", p_ops, wall)
+    text += "\n" + table(f"kernels those steps launched ({p_gpu:.1f} ms of GPU time), share of "
+                         "the steps' wall", p_kernels, wall)
+    return text, {"steps": len(steps), "wall_ms": wall, "kernel_ms": p_gpu,
+                  "top_ops": [[n, round(ms, 3)] for n, _, ms in p_ops[:8]],
+                  "top_kernels": [[n, round(ms, 3)] for n, _, ms in p_kernels[:5]]}
+
+
+def one_look(summary: dict, kind: str = "continuation") -> str:
+    """One line: where the profiled prefill steps of `kind` spent their wall (top ops, the
+    GPU's time of the kernels they launched)."""
+    s = summary.get(kind) or {}
+    if not s.get("steps"):
+        return f"no {kind} prefill steps profiled"
+    wall = s["wall_ms"] or 1.0
+    ops = ", ".join(f"{n} {100 * ms / wall:.0f}%" for n, ms in s["top_ops"][:6])
+    kern = ", ".join(f"{n[:60]} {ms:.1f} ms" for n, ms in s["top_kernels"][:3])
+    return (f"{s['steps']} {kind} prefill steps, {wall:.1f} ms wall (engine thread): {ops}; "
+            f"their kernels {s['kernel_ms']:.1f} ms of GPU" + (f" ({kern})" if kern else ""))

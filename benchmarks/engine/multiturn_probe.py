@@ -1,21 +1,23 @@
 """What the engine thread does in each prefill step, for benchmarks/engine/multiturn_throughput.py.
 
-`StepProbe` wraps one engine's step loop (`_iterate`) and model runner (`launch`) on the
-instance (the engine's code is unchanged) and records every prefill step while enabled: its
-rows (computed, continuing a session), new tokens, longest new run and held KV, and its
-milliseconds: the whole engine-thread iteration (what StepStats.prefill_s adds up), the launch
-alone (host: layouts, forward, sampling), the thread's CPU time (wall minus CPU = blocked:
-the interpreter lock, a sleep), the wait for the step before it and, once read, for its own
-outputs (the GPU's share), the requests taken in from the inbox (a continuation's session
-adoption), the scheduler's batch building, the requests finished (parking, final outputs and their callbacks: the step
-before's), and what is left of the iteration (``other_ms``: output processing, compression). Each iteration is a profiler range, ``engine_step``, and each
+`StepProbe` wraps one engine's step loop (`_iterate`, `_take`, `finish`), scheduler
+(`schedule`) and model runner (`launch`) on the instance (the engine's code is unchanged) and
+records every prefill step while enabled: its rows (computed, continuing a session), new
+tokens, longest new run and held KV, and its milliseconds: the whole engine-thread iteration
+(what StepStats.prefill_s adds up); the launch alone (host: layouts, forward, sampling); the
+thread's CPU time (wall minus CPU = blocked: the interpreter lock, a sleep; a CUDA sync that
+spins counts as CPU); the wait for the step before it and, once read, for its own outputs (the
+GPU's share); the requests taken in from the inbox (a continuation's session adoption); the
+scheduler's batch building; the requests finished (parking, final outputs and their
+callbacks: the step before's); and the rest of the iteration (``other_ms``: output
+processing, compression). Each iteration is a profiler range, ``engine_step``, and each
 prefill launch inside it ``prefill_launch:continuation`` (a row continues a session) or
 ``prefill_launch:fresh``, so a profile can be cut to the prefill steps of each kind.
 
 `profiled` runs a function under torch.profiler started on the engine thread (its CPU
 callbacks are per thread: started on the caller's thread, it would see none of the engine's
 ops) and writes the top CUDA kernels and CPU ops by self time, and the CPU ops inside prefill
-steps with their share of those steps (profile.py).
+steps with their share of those steps (multiturn_profile.py).
 """
 
 from __future__ import annotations

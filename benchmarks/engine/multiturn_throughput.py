@@ -307,6 +307,8 @@ def benchmark(args, model_dir: str) -> dict:
             rows += setting_rows(rollout, tokenizer, prompts, args, plan, probe)
             if args.profile:
                 profiles[args.setting] = profile_run(rollout, tokenizer, prompts, args, plan, probe)
+            save(args, {"args": vars(args), "rows": rows, "summary": summary(rows),
+                        "profiles": profiles})  # a run cut at its limit keeps the settings done
     finally:
         set_cudnn_sdp(default)
         rollout.close()
@@ -399,15 +401,19 @@ def _cell(v) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
+def save(args, out: dict) -> None:
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = tiny_model(Path(tmp)) if args.tiny else args.model_dir
         out = benchmark(args, model_dir)
     report(out)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    save(args, out)
     return out
 
 

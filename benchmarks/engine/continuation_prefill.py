@@ -10,9 +10,12 @@ C: medians of the step's launch ms (host, plus the device's time on the CPU), wh
 engine-thread iteration ms, for both, and continuation minus fresh. On the CPU the difference
 includes the attention over the held KV itself (real compute, O(rows x new x C)); host work
 that grows with C shows up as a difference far above that (``--profile`` splits it by op).
+``--cudnn-sdp off,on`` runs it all once per setting of the engine's cuDNN attention (the held
+context grows every repeat, so every continuation step has new attention shapes).
 
     python -m benchmarks.engine.continuation_prefill --tiny
     python -m benchmarks.engine.continuation_prefill --model-dir M --contexts 128,1024,4096
+    python -m benchmarks.engine.continuation_prefill --model-dir M --cudnn-sdp off,on
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ def repeats(engine, probe, context, args, rng, vocab, sids, rids) -> list[dict]:
         rids = [r["meta_info"]["id"] for r in cont["results"]]
         fresh = _prefill(engine, probe, {
             "input_ids": [_ids(rng, args.new, vocab) for _ in sids], "sampling_params": ONE})
-        out.append({"context": context, "continuation": _step(cont), "fresh": _step(fresh)})
+        out.append({"cudnn_sdp": args.setting, "context": context, "continuation": _step(cont),
+                    "fresh": _step(fresh)})
     return out
 
 
@@ -86,10 +90,10 @@ def _step(s: dict) -> dict:
 
 def summarize(runs: list[dict]) -> list[dict]:
     rows = []
-    for context in dict.fromkeys(r["context"] for r in runs):
-        mine = [r for r in runs if r["context"] == context]
+    for setting, context in dict.fromkeys((r["cudnn_sdp"], r["context"]) for r in runs):
+        mine = [r for r in runs if (r["cudnn_sdp"], r["context"]) == (setting, context)]
         med = lambda kind, key: statistics.median(r[kind][key] for r in mine)  # noqa: E731
-        row = {"context": context, "rows": mine[0]["continuation"]["rows"],
+        row = {"cudnn_sdp": setting, "context": context, "rows": mine[0]["continuation"]["rows"],
                "new_tokens": mine[0]["continuation"]["tokens"],
                "held_max": mine[0]["continuation"]["max_held"],
                "continuations": mine[0]["continuation"]["continuations"]}
@@ -126,8 +130,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="profile the smallest and the largest context's repeats (their own "
                         "runs, after the timed ones): DIR/context_<C>/ (multiturn_profile)")
+    p.add_argument("--cudnn-sdp", default="off",
+                   help="comma list of the engine's cuDNN attention settings (off, on), in order")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    args.settings = [v.strip() for v in args.cudnn_sdp.split(",")]
+    if any(v not in ("off", "on") for v in args.settings) or len(set(args.settings)) != len(args.settings):
+        p.error(f"--cudnn-sdp {args.cudnn_sdp!r}: a comma list of distinct off/on")
     try:
         args.contexts = [int(c) for c in args.contexts.split(",")]
     except ValueError:
@@ -142,21 +151,36 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run(args, model_dir: str) -> dict:
-    engine = start(args, model_dir)
+    from sglang_kvc import cudnn_sdp_allowed, set_cudnn_sdp
+
+    engine, default = start(args, model_dir), cudnn_sdp_allowed()
+    runs, tables = [], {}
     try:
         probe = StepProbe(engine.loop)
         vocab = engine.runner.cfg.vocab_size
         rng = random.Random(0)
-        one_context(engine, probe, min(args.contexts), args, rng, vocab)  # warm-up
-        runs = [r for c in args.contexts for r in one_context(engine, probe, c, args, rng, vocab)]
-        tables = {}
-        if args.profile:  # the smallest and the largest context: does any op grow with it?
-            for c in sorted({min(args.contexts), max(args.contexts)}):
-                folder = Path(args.profile) / f"context_{c}"
-                tables[c] = one_context(engine, probe, c, args, rng, vocab, folder)[0]["profile"]
+        for args.setting in args.settings:
+            set_cudnn_sdp(args.setting == "on")
+            one_context(engine, probe, min(args.contexts), args, rng, vocab)  # warm-up
+            runs += [r for c in args.contexts for r in one_context(engine, probe, c, args, rng, vocab)]
+            tables.update(profile_runs(engine, probe, args, rng, vocab))
     finally:
+        set_cudnn_sdp(default)
         engine.shutdown()
     return {"args": vars(args), "runs": runs, "rows": summarize(runs), "profile": tables}
+
+
+def profile_runs(engine, probe, args, rng, vocab) -> dict:
+    """The smallest and the largest context's repeats under the profiler (does any op grow
+    with the context?), after the timed ones: DIR/context_<C>_cudnn_<setting>/."""
+    if not args.profile:
+        return {}
+    out = {}
+    for c in sorted({min(args.contexts), max(args.contexts)}):
+        name = f"context_{c}_cudnn_{args.setting}"
+        runs = one_context(engine, probe, c, args, rng, vocab, Path(args.profile) / name)
+        out[name] = runs[0]["profile"]
+    return out
 
 
 def report(out: dict) -> None:
@@ -164,9 +188,9 @@ def report(out: dict) -> None:
     print(" ".join(f"{c:>20}" for c in cols))
     for r in out["rows"]:
         print(" ".join(f"{v:20.3f}" if isinstance(v, float) else f"{v:>20}" for v in r.values()))
-    for context, tables in (out["profile"] or {}).items():
+    for name, tables in (out["profile"] or {}).items():
         for kind in ("continuation", "fresh"):
-            print(f"held context {context}: {one_look(tables, kind)}")
+            print(f"{name}: {one_look(tables, kind)}")
 
 
 def main(argv=None) -> dict:

@@ -11,9 +11,9 @@
 #                  take-in, schedule, finish, other, thread CPU, its own GPU wait) and the ops
 #                  of the prefill steps by share; its JSON is written after each setting
 #   continuation   [120 s] the engine: 16 session rows continuing with 64 new tokens each
-#                  against 16 fresh rows of 64 tokens, held context 128 / 512 / 2048
-#                  (benchmarks/engine/continuation_prefill.py: per-step launch and iteration
-#                  ms; profiles of the smallest and largest context in OUT/cp_profile/)
+#                  against 16 fresh rows of 64 tokens, held context 128 / 512 / 2048, cuDNN
+#                  off and on (benchmarks/engine/continuation_prefill.py: per-step launch and
+#                  iteration ms; profiles of the smallest and largest context in OUT/cp_profile/)
 # OUT/summary.md is rewritten after every piece (a call cut short keeps what was done); the exit
 # status is 0 when every piece ran, 1 otherwise (the others still run), 2 without a model.
 #
@@ -105,7 +105,7 @@ piece multiturn 300 benchmarks.engine.multiturn_throughput "${MODEL[@]}" "${MULT
     --cudnn-sdp off,on --profile "$OUT/mt_profile" --json "$OUT/multiturn.json"
 summary
 piece continuation 120 benchmarks.engine.continuation_prefill "${MODEL[@]}" "${CONT[@]}" \
-    --profile "$OUT/cp_profile" --json "$OUT/continuation.json"
+    --cudnn-sdp off,on --profile "$OUT/cp_profile" --json "$OUT/continuation.json"
 log "done ($FAILED piece(s) failed); $OUT/summary.md:"
 "${PY[@]}" -m benchmarks.studies.multiturn_lane_summary "$OUT"
 ((FAILED == 0))

@@ -55,10 +55,9 @@ def continuation_section(out: Path) -> list[str]:
     cols = list(data["rows"][0]) if data["rows"] else []
     lines = ["## Continuation against fresh prefill, held context growing (continuation_prefill)",
              "", *md_table(data["rows"], cols), ""]
-    for context, tables in (data.get("profile") or {}).items():
+    for name, tables in (data.get("profile") or {}).items():
         for kind in ("continuation", "fresh"):
-            lines.append(f"- profile, held context {context} (cp_profile/context_{context}/): "
-                         f"{profile_look(tables, kind)}")
+            lines.append(f"- profile cp_profile/{name}/: {profile_look(tables, kind)}")
     return lines
 
 

@@ -67,6 +67,7 @@ def test_lane_smoke(tmp_path):
         assert (out / "mt_profile" / f"cudnn_{setting}" / "prefill_ops.txt").is_file()
         assert "error" not in multi["profiles"][setting]
     cont = json.loads((out / "continuation.json").read_text())
-    assert [r["context"] for r in cont["rows"]] == [32, 64]
+    assert [(r["cudnn_sdp"], r["context"]) for r in cont["rows"]] == [
+        ("off", 32), ("off", 64), ("on", 32), ("on", 64)]
     text = (out / "summary.md").read_text()
     assert "no JSON" not in text and "continuation prefill steps" in text

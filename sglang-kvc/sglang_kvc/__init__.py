@@ -39,6 +39,9 @@ _EXPORTS = {
     "create_weight_update_group": ("sglang_kvc.weights.transport", "create_weight_update_group"),
     # the trainer's side of the group's rendezvous, on a port it already listens on
     "weight_update_master_store": ("sglang_kvc.weights.transport", "master_store"),
+    # whether the engine's SDPA calls may use cuDNN attention (default off: its per-shape plans)
+    "set_cudnn_sdp": ("sglang_kvc.layers.attention", "set_cudnn_sdp"),
+    "cudnn_sdp_allowed": ("sglang_kvc.layers.attention", "cudnn_sdp_allowed"),
     # another thread's GPU work vs the engine thread's CUDA-graph captures
     "device_work": ("sglang_kvc.engine.cuda_graph", "device_work"),
     # tool calls in a model's text: the server's --tool-call-parser and the trainer's --tool-parser

@@ -98,7 +98,10 @@ def prefill_layout(counts: list[int], first_pos: list[int], device) -> tuple[tor
 
 def extend_layout(counts: list[int], prefix: list[int], rows: list[int], device) -> ExtendLayout | None:
     """The `ExtendLayout` of a prefill whose i-th request computes counts[i] new tokens after
-    prefix[i] cached ones (None when no request has a prefix)."""
+    prefix[i] cached ones (None when no request has a prefix). The host builds what grows with
+    the new tokens; the mask, [E, Lq, Lk] and so growing with the held context, is built on
+    the device from E lengths (on the host it cost ~80 ms and a 27 MB copy at 32 rows of 200
+    new tokens after 4k held)."""
     hit = [i for i, p in enumerate(prefix) if p]
     if not hit:
         return None
@@ -107,16 +110,21 @@ def extend_layout(counts: list[int], prefix: list[int], rows: list[int], device)
     lq, lk = int(n.max()), int((n + p).max())
     col = torch.arange(lq)[None, :]
     q_index = torch.where(col < n[:, None], start[hit][:, None] + col, 0)
-    key = torch.arange(lk)[None, None, :]
-    qpos = (p[:, None] + col)[:, :, None]  # [E, Lq, 1] each query's position in its row
-    mask = (key <= qpos) & (key < (p + n)[:, None, None])
     which = torch.zeros(len(counts), dtype=torch.int64)
     which[hit] = torch.arange(len(hit))
     tokens = torch.nonzero(torch.isin(seg, torch.tensor(hit)))[:, 0]
     pad_rows = which[seg[tokens]] * lq + offset[tokens]
-    t = [x.to(device, non_blocking=True) for x in
-         (torch.tensor([rows[i] for i in hit]), q_index, mask[:, None], tokens, pad_rows)]
-    return ExtendLayout(*t)
+    rows_t, q_index, tokens, pad_rows, n, p = (x.to(device, non_blocking=True) for x in (
+        torch.tensor([rows[i] for i in hit]), q_index, tokens, pad_rows, n, p))
+    return ExtendLayout(rows_t, q_index, extend_mask(n, p, lq, lk), tokens, pad_rows)
+
+
+def extend_mask(n: torch.Tensor, p: torch.Tensor, lq: int, lk: int) -> torch.Tensor:
+    """[E, 1, Lq, Lk] bool on n's device: request e's query i (at position p[e] + i of its
+    row) sees key j iff j <= p[e] + i and j < p[e] + n[e] (no padding query sees past its row)."""
+    key = torch.arange(lk, device=n.device)[None, None, :]
+    qpos = (p[:, None] + torch.arange(lq, device=n.device)[None, :])[:, :, None]  # [E, Lq, 1]
+    return ((key <= qpos) & (key < (p + n)[:, None, None]))[:, None]
 
 
 def sampling_columns(seqs: list[Sequence], vocab: int) -> tuple[list[list[float]], list[list[int]]]:

@@ -21,7 +21,9 @@ each). Prefill shapes change from step to step (a multi-turn continuation prefil
 turns, each some new tokens after its held KV), so each prefill step would build two new graphs
 (the causal call and the masked one): the cause read for the ~134 ms continuation prefill steps
 measured on an H200 (benchmarks/engine/prefill_sdpa.py times it). Flash, memory-efficient
-(masks and GQA on CUDA) and math attention plan nothing per shape.
+(masks and GQA on CUDA) and math attention plan nothing per shape. `set_cudnn_sdp(True)` (or
+SGLANG_KVC_CUDNN_SDP=1 at import) leaves torch's own choice, cuDNN included, so one process can
+A/B both (benchmarks/engine/multiturn_throughput.py --cudnn-sdp off,on).
 
 FP8 pools (kvcache/kv_quant.py): every store quantizes and decode reads dequantize (the Triton
 kernels in-kernel), so decode attends to FP8 K/V, the step's own token included. Prefill
@@ -31,6 +33,7 @@ read from the pool carries the FP8 rounding.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -40,10 +43,39 @@ from .fused_ops import rope_store_
 from ..kvcache.kv_cache import KVCache
 
 
+CUDNN_SDP_ENV = "SGLANG_KVC_CUDNN_SDP"
+
+
+def cudnn_sdp_from_env(environ=os.environ) -> bool:
+    """SGLANG_KVC_CUDNN_SDP: 1/on/true lets torch use cuDNN attention; unset, 0/off/false not."""
+    value = environ.get(CUDNN_SDP_ENV, "0").strip().lower()
+    if value not in ("0", "1", "on", "off", "true", "false", ""):
+        raise ValueError(f"{CUDNN_SDP_ENV}={value!r}: expected 0/1, on/off or true/false")
+    return value in ("1", "on", "true")
+
+
+# Module state, not a server argument: an A/B in one process flips it between runs; the engine
+# thread reads it at every call.
+_cudnn_sdp = cudnn_sdp_from_env()
+
+
+def set_cudnn_sdp(enabled: bool) -> None:
+    """Whether the engine's SDPA calls may use cuDNN attention (torch's own order) from now on."""
+    global _cudnn_sdp
+    _cudnn_sdp = bool(enabled)
+
+
+def cudnn_sdp_allowed() -> bool:
+    return _cudnn_sdp
+
+
 def sdpa(*args, **kwargs) -> torch.Tensor:
     """F.scaled_dot_product_attention with cuDNN attention off for this call (module docstring:
-    its per-shape graph builds). One flag flip each way; it is the process's flag, so another
-    thread's SDPA in the window skips cuDNN too (harmless: it only picks another kernel)."""
+    its per-shape graph builds) unless `set_cudnn_sdp(True)`. One flag flip each way; it is the
+    process's flag, so another thread's SDPA in the window skips cuDNN too (harmless: it only
+    picks another kernel)."""
+    if _cudnn_sdp:
+        return F.scaled_dot_product_attention(*args, **kwargs)
     was = torch.backends.cuda.cudnn_sdp_enabled()
     if was:
         torch.backends.cuda.enable_cudnn_sdp(False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from sglang_kvc.kvcache.kv_cache import KVCache, KVPool
-from sglang_kvc.engine.step_io import prefill_layout
+from sglang_kvc.engine.step_io import extend_layout, prefill_layout
 
 
 class Req:
@@ -73,3 +73,22 @@ def test_prefill_layout_matches_per_token_lists():
     assert torch.equal(padded.flatten(0, 1)[pad_rows], padded[torch.tensor(ref_valid)])
     flat = torch.randn(sum(counts), 3)  # pad then unpad: the flat tokens back, in order
     assert torch.equal(flat[pad_index].flatten(0, 1)[pad_rows], flat)
+
+
+def test_extend_layout_matches_per_token_lists():
+    """Requests 1 and 3 hold KV (7 and 2 slots): their queries and mask, built by hand per
+    token; request 0 and 2 hold none and stay on the plain causal path."""
+    counts, held, rows = [3, 4, 5, 2], [0, 7, 0, 2], [5, 6, 7, 8]
+    e = extend_layout(counts, held, rows, torch.device("cpu"))
+    starts = [0, 3, 7, 12]
+    hit = [1, 3]
+    lq, lk = 4, 11  # longest new run of the two, longest held + new
+    assert e.rows.tolist() == [6, 8]
+    assert e.q_index.tolist() == [[starts[i] + j if j < counts[i] else 0 for j in range(lq)]
+                                  for i in hit]
+    ref = [[[key <= held[i] + j and key < held[i] + counts[i] for key in range(lk)]
+            for j in range(lq)] for i in hit]
+    assert e.mask.shape == (2, 1, lq, lk) and e.mask[:, 0].tolist() == ref
+    assert e.tokens.tolist() == [3, 4, 5, 6, 12, 13]
+    assert e.pad_rows.tolist() == [0, 1, 2, 3, lq + 0, lq + 1]  # request e's j-th query: e*Lq+j
+    assert extend_layout([3, 1], [0, 0], [1, 2], torch.device("cpu")) is None

@@ -125,3 +125,49 @@ def test_a_session_continuation_prefills_without_cudnn(recorder, tiny_models):
         eng.close_session(sid)
     assert any(masked for _, masked in recorder)  # the continuation attended to its held KV
     assert not any(flag for flag, _ in recorder)
+
+
+@pytest.fixture
+def cudnn_allowed():
+    """set_cudnn_sdp(True) for one test, the default (off) given back after."""
+    attention.set_cudnn_sdp(True)
+    yield
+    attention.set_cudnn_sdp(False)
+
+
+def test_cudnn_on_leaves_torchs_flag_and_the_same_outputs(recorder, cudnn_allowed):
+    counts, held = [5, 3, 7], [0, 6, 11]
+    kv, meta, (q, k, v), (hk, hv), starts = _prefill_with_held_kv(counts, held)
+    attn = TorchAttention(kv, HQ, D)
+    attn.meta = meta
+    out = attn.forward(0, q, k, v)
+    assert recorder == [(True, False), (True, True)]  # torch's own choice, cuDNN allowed
+    for i, (st, n) in enumerate(zip(starts, counts)):
+        want = _dense_causal(q[st:st + n], k[st:st + n], v[st:st + n], hk[i], hv[i])
+        torch.testing.assert_close(out[st:st + n], want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_toggle_reaches_the_engine_thread(recorder, tiny_models, cudnn_allowed):
+    """set_cudnn_sdp from the caller's thread is what the engine thread's calls see."""
+    from sglang_kvc.engine.engine import Engine
+
+    greedy = {"temperature": 0.0, "ignore_eos": True, "max_new_tokens": 2}
+    with Engine(model_path=str(tiny_models["qwen2.5"]), device="cpu", dtype="float32") as eng:
+        eng.generate(input_ids=list(range(3, 9)), sampling_params=greedy)
+        attention.set_cudnn_sdp(False)
+        count = len(recorder)
+        eng.generate(input_ids=list(range(3, 9)), sampling_params=greedy)
+    assert recorder[:count] and all(flag for flag, _ in recorder[:count])
+    assert recorder[count:] and not any(flag for flag, _ in recorder[count:])
+
+
+@pytest.mark.parametrize("value, allowed", [(None, False), ("0", False), ("off", False),
+                                            ("1", True), ("On", True), ("true", True)])
+def test_the_environment_sets_the_default(value, allowed):
+    env = {} if value is None else {attention.CUDNN_SDP_ENV: value}
+    assert attention.cudnn_sdp_from_env(env) is allowed
+
+
+def test_a_bad_environment_value_names_the_variable():
+    with pytest.raises(ValueError, match="SGLANG_KVC_CUDNN_SDP"):
+        attention.cudnn_sdp_from_env({attention.CUDNN_SDP_ENV: "maybe"})

@@ -109,7 +109,9 @@ def captures(engine) -> int:
 def offload_cycle(engine, targs) -> bool:
     """Release and resume the KV pool between rollouts when the run offloads (the colocated
     trainer's kv_memory around each rollout); True when done."""
-    if not targs.offload_rollout:
+    from trainer.rollout.engines.config import engine_config_from_args
+
+    if not engine_config_from_args(targs).offloads():  # (the GPU default)
         return False
     engine.release_memory(["kv_cache"])
     engine.resume_memory(["kv_cache"])

@@ -98,3 +98,26 @@ def spread(values: list[float]) -> dict | None:
         return None
     return {"min": min(values), "median": statistics.median(values), "max": max(values),
             "sum": sum(values), "count": len(values)}
+
+
+@contextlib.contextmanager
+def gc_pauses():
+    """Seconds the garbage collector ran while active, by generation (any thread: the engine's
+    included), and the number of collections: yields a dict filled on exit."""
+    import gc
+
+    out: dict = {"collections": [0, 0, 0], "seconds": [0.0, 0.0, 0.0]}
+    began: list[float] = []
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            began.append(time.perf_counter())
+        elif began:
+            out["collections"][info["generation"]] += 1
+            out["seconds"][info["generation"]] += time.perf_counter() - began.pop()
+    gc.callbacks.append(callback)
+    try:
+        yield out
+    finally:
+        gc.callbacks.remove(callback)
+        out["total_s"] = sum(out["seconds"])

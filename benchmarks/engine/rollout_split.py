@@ -39,7 +39,7 @@ import torch
 
 from benchmarks.common.checkpoint import build_checkpoint
 from benchmarks.common.long_tail import LongTailLengths
-from benchmarks.engine.rollout_probes import recording_stats, spread, timing
+from benchmarks.engine.rollout_probes import gc_pauses, recording_stats, spread, timing
 from benchmarks.engine.step_probes import GraphTimer
 from benchmarks.engine.throughput import profile_steps, write_profile
 from benchmarks.studies import long_rollout
@@ -84,7 +84,8 @@ def requests(args, rcfg, prompts: list[list[int]], warmup: bool) -> list:
                            warmup_scale=args.warmup_scale)
     tail.rollouts = 0 if warmup else 1
     lengths = tail.lengths(args.prompts * args.samples)
-    return [SampleRequest.of(prompts[i // args.samples], rcfg, args.seed + i, max_new_tokens=n)
+    more = {"ignore_eos": True} if args.ignore_eos else {}
+    return [SampleRequest.of(prompts[i // args.samples], rcfg, args.seed + i, max_new_tokens=n, **more)
             for i, n in enumerate(lengths)]
 
 
@@ -139,6 +140,7 @@ def timed_rollout(engine, reqs: list, rcfg) -> tuple[dict, list]:
         stack.enter_context(timer.active())
         builds = stack.enter_context(timing(engine.loop.outputs, "build", False))
         events = stack.enter_context(_compression_timing(comp, cuda)) if comp else None
+        gc_s = stack.enter_context(gc_pauses())
         clock.start = time.perf_counter()
         futures = engine.submit_generate(batch_body(reqs, rcfg))
         clock.submitted = time.perf_counter()
@@ -147,7 +149,7 @@ def timed_rollout(engine, reqs: list, rcfg) -> tuple[dict, list]:
         gens = [parse_output(o, rcfg.eviction_record) for o in outs]
         clock.parsed = time.perf_counter()
     split = summarize(stats, clock, builds, events, timer)
-    split.update(preemptions=engine.scheduler.num_preemptions - preempted,
+    split.update(gc=gc_s, preemptions=engine.scheduler.num_preemptions - preempted,
                  graph_captures=captures(engine) - caps, samples=len(gens),
                  tokens=sum(len(g.response_ids) for g in gens),
                  longest=max(len(g.response_ids) for g in gens))
@@ -303,8 +305,8 @@ def report(results: dict) -> None:
           f"{results['dense_fraction']} of dense's need; seconds of ONE rollout:")
     print("| config | wall | prefill (steps) | decode steps | decode s | step ms | host ms | "
           "GPU wait ms | graph GPU ms | compressions: events, s host, ms GPU | last step -> "
-          "dicts | dicts -> Generations | other | builds: n, s | captures warm-up / timed / life |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|")
+          "dicts | dicts -> Generations | other | builds: n, s | GC s | captures warm-up / timed / life |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---|")
     for name, res in results["configs"].items():
         print(row(name, res))
 
@@ -322,7 +324,7 @@ def row(name: str, res: dict) -> str:
             f"| {med(r['graph_gpu_ms_per_step']):.3f} | {comp_s} | {r['last_step_to_dicts_s']:.3f} "
             f"| {r['dicts_to_generations_s']:.3f} | {r['other_s']:.3f} "
             f"| {(r['builds'] or {}).get('count', 0)}, {(r['builds'] or {}).get('sum', 0):.3f} "
-            f"| {res['warmup_graph_captures']} / {r['graph_captures']} / {life} |")
+            f"| {r['gc']['total_s']:.3f} | {res['warmup_graph_captures']} / {r['graph_captures']} / {life} |")
 
 
 def parse_args(argv=None):
@@ -340,6 +342,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup-scale", type=float, default=0.125, help="as long_rollout's")
     p.add_argument("--eviction-record", action="store_true",
                    help="ask for eviction records (what --sparse-recompute runs ask)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="every sample runs to its length (a CPU's tiny random model emits EOS early)")
     p.add_argument("--profile", default=None, metavar="DIR", help="kernel tables and traces here")
     p.add_argument("--profile-context", type=int, default=2048, help="tokens at the decode window")
     p.add_argument("--seed", type=int, default=0)

@@ -13,6 +13,7 @@ the trainer submits it and parsed as it parses it (`parse_output`). Reported:
 - compression events (after-step calls that compacted) with host seconds and GPU span;
 - assembly: from the end of the last decode step to the responses as dicts, then to the
   trainer's `Generation`s; the response dicts' build seconds on the engine thread;
+- the garbage collector's pauses during the rollout, by generation (any thread);
 - what is left of the wall (intake, idle, commands);
 - CUDA graph captures and pool addresses (`DecodeGraphs.stats`) in the warm-up and the timed
   rollout, and over the engine's life;

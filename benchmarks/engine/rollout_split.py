@@ -103,9 +103,10 @@ def graph_stats(engine) -> dict | None:
     return None if graphs is None else graphs.stats()
 
 
-def captures(engine) -> int:
+def captures(engine, key: str = "captures"):
+    """The engine's graph captures so far (or their seconds: key "capture_s"); 0 without graphs."""
     stats = graph_stats(engine)
-    return stats["captures"] if stats else 0
+    return stats[key] if stats else 0
 
 
 def offload_cycle(engine, targs) -> bool:
@@ -134,9 +135,9 @@ def timed_rollout(engine, reqs: list, rcfg) -> tuple[dict, list]:
     """One rollout with every probe on; returns its split and the Generations."""
     from trainer.rollout.engines.interface import batch_body, parse_output
 
-    cuda, comp = engine.runner.device.type == "cuda", engine.runner.compressor
+    cuda, comp, plain = engine.runner.device.type == "cuda", engine.runner.compressor, type(engine.step_stats)
     stats, timer, clock = recording_stats(engine), GraphTimer(engine), Clock()
-    preempted, caps = engine.scheduler.num_preemptions, captures(engine)
+    preempted, caps, caps_s = engine.scheduler.num_preemptions, captures(engine), captures(engine, "capture_s")
     with contextlib.ExitStack() as stack:
         stack.enter_context(timer.active())
         builds = stack.enter_context(timing(engine.loop.outputs, "build", False))
@@ -151,10 +152,11 @@ def timed_rollout(engine, reqs: list, rcfg) -> tuple[dict, list]:
         clock.parsed = time.perf_counter()
     split = summarize(stats, clock, builds, events, timer)
     split.update(gc=gc_s, preemptions=engine.scheduler.num_preemptions - preempted,
-                 graph_captures=captures(engine) - caps, samples=len(gens),
+                 graph_captures=captures(engine) - caps,
+                 graph_capture_s=captures(engine, "capture_s") - caps_s, samples=len(gens),
                  tokens=sum(len(g.response_ids) for g in gens),
                  longest=max(len(g.response_ids) for g in gens))
-    engine.loop.step_stats = type(engine.step_stats).__mro__[1]()  # plain counters again
+    engine.loop.step_stats = plain()  # the engine's own counters again
     return split, gens
 
 

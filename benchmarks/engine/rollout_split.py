@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -143,6 +144,7 @@ def timed_rollout(engine, reqs: list, rcfg) -> tuple[dict, list]:
         builds = stack.enter_context(timing(engine.loop.outputs, "build", False))
         events = stack.enter_context(_compression_timing(comp, cuda)) if comp else None
         gc_s = stack.enter_context(gc_pauses())
+        batches = stack.enter_context(_decode_batches(engine.runner))
         clock.start = time.perf_counter()
         futures = engine.submit_generate(batch_body(reqs, rcfg))
         clock.submitted = time.perf_counter()
@@ -151,6 +153,7 @@ def timed_rollout(engine, reqs: list, rcfg) -> tuple[dict, list]:
         gens = [parse_output(o, rcfg.eviction_record) for o in outs]
         clock.parsed = time.perf_counter()
     split = summarize(stats, clock, builds, events, timer)
+    split["by_batch"] = by_batch(batches, stats.steps, _synced(timer.pairs))
     split.update(gc=gc_s, preemptions=engine.scheduler.num_preemptions - preempted,
                  graph_captures=captures(engine) - caps,
                  graph_capture_s=captures(engine, "capture_s") - caps_s, samples=len(gens),
@@ -158,6 +161,42 @@ def timed_rollout(engine, reqs: list, rcfg) -> tuple[dict, list]:
                  longest=max(len(g.response_ids) for g in gens))
     engine.loop.step_stats = plain()  # the engine's own counters again
     return split, gens
+
+
+@contextlib.contextmanager
+def _decode_batches(runner):
+    """The running batch's size at every decode step launched (in launch order, as the step
+    counters add them)."""
+    launch, sizes = runner.launch, []
+
+    def counted(batch):
+        if not batch.is_prefill:
+            sizes.append(len(batch.seqs))
+        return launch(batch)
+    runner.launch = counted
+    try:
+        yield sizes
+    finally:
+        del runner.launch  # the class's method again
+
+
+# batch-size bands of the step table: is the step's time a fixed cost or the batch's?
+BANDS = ((193, 256), (129, 192), (65, 128), (17, 64), (1, 16))
+
+
+def by_batch(sizes: list[int], steps: list, pairs: list) -> list[dict]:
+    """Median step, host and graph GPU ms of the decode steps in each batch-size band (graph
+    GPU ms only when every step replayed a graph: then the pairs align with the steps)."""
+    gpu = [s.elapsed_time(e) for s, e in pairs] if len(pairs) == len(sizes) else None
+    rows = []
+    for lo, hi in BANDS:
+        idx = [i for i, n in enumerate(sizes[:len(steps)]) if lo <= n <= hi]
+        if idx:
+            rows.append({"batch": f"{lo}-{hi}", "steps": len(idx),
+                         "step_ms": 1e3 * statistics.median(steps[i][0] + steps[i][1] for i in idx),
+                         "host_ms": 1e3 * statistics.median(steps[i][0] for i in idx),
+                         "graph_gpu_ms": statistics.median(gpu[i] for i in idx) if gpu else None})
+    return rows
 
 
 def _compression_timing(comp, cuda: bool):
@@ -312,6 +351,11 @@ def report(results: dict) -> None:
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---|")
     for name, res in results["configs"].items():
         print(row(name, res))
+    print("\ndecode steps by batch size (medians): config | batch | steps | step ms | host ms | graph GPU ms")
+    for name, res in results["configs"].items():
+        for b in res["rollout"]["by_batch"]:
+            gpu = "-" if b["graph_gpu_ms"] is None else f"{b['graph_gpu_ms']:.3f}"
+            print(f"  {name} | {b['batch']} | {b['steps']} | {b['step_ms']:.3f} | {b['host_ms']:.3f} | {gpu}")
 
 
 def row(name: str, res: dict) -> str:

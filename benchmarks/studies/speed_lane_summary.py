@@ -272,6 +272,13 @@ def decode4k_section(out: Path, runs: dict) -> list[str]:
               "dicts, -> Generations) | other s | preemptions | captures warm-up / timed / life |",
               "|---|---:|---|---:|---|---|---|---|---:|---:|---|"]
     lines += [_split_row(name, c) for name, c in r.get("configs", {}).items()]
+    lines += ["", "Decode steps by batch size (medians; a step's time that does not fall with the "
+              "batch is a fixed cost):", "", "| config | batch | steps | step ms | host ms | graph GPU ms |",
+              "|---|---|---:|---:|---:|---:|"]
+    for name, c in r.get("configs", {}).items():
+        lines += [f"| {name} | {b['batch']} | {b['steps']} | {_fixed(b['step_ms'], 3)} | "
+                  f"{_fixed(b['host_ms'], 3)} | {_fixed(b['graph_gpu_ms'], 3)} |"
+                  for b in c.get("rollout", {}).get("by_batch", [])]
     return lines + [""] + _kernel_tables(out) + [""]
 
 

@@ -56,6 +56,10 @@ def test_probed_rollout_matches_the_plain_one(rkv_engine):
     assert 0 < split["compression"]["events"] <= per_sample  # an event compacts one or more
     assert split["compression"]["gpu_span_ms"] is None  # no CUDA on a CPU
     assert split["wall_s"] >= split["decode_s"] > 0
+    # every decode step in one band of its batch size (4 running, then fewer as samples end)
+    assert sum(b["steps"] for b in split["by_batch"]) == split["decode_steps"]
+    assert [b["batch"] for b in split["by_batch"]] == ["1-16"] and split["by_batch"][0]["graph_gpu_ms"] is None
+    assert "launch" not in vars(engine.runner)
 
 
 @pytest.mark.slow
@@ -75,3 +79,26 @@ def test_profile_writes_the_decode_window_and_one_compression(rkv_engine):
 def test_bad_config_names_the_flag(capsys):
     with pytest.raises(SystemExit):
         rollout_split.parse_args(["--configs", "rkv"])
+
+
+class FakeEvent:
+    def __init__(self, ms: float):
+        self.ms = ms
+
+    def elapsed_time(self, end) -> float:
+        return end.ms - self.ms
+
+
+def test_by_batch_bands_hand_computed():
+    sizes = [256, 200, 150, 100, 100, 10]
+    steps = [(0.001, 0.002, 0.0), (0.001, 0.001, 0.0), (0.002, 0.0, 0.0), (0.001, 0.0, 0.0),
+             (0.003, 0.0, 0.0), (0.0005, 0.0005, 0.0)]
+    pairs = [(FakeEvent(0.0), FakeEvent(ms)) for ms in (2.5, 2.0, 1.5, 1.0, 3.0, 0.5)]
+    rows = rollout_split.by_batch(sizes, steps, pairs)
+    assert [(r["batch"], r["steps"]) for r in rows] == [("193-256", 2), ("129-192", 1), ("65-128", 2),
+                                                        ("1-16", 1)]
+    assert rows[0]["step_ms"] == pytest.approx(2.5) and rows[0]["host_ms"] == pytest.approx(1.0)
+    assert rows[0]["graph_gpu_ms"] == pytest.approx(2.25)
+    assert rows[2]["step_ms"] == pytest.approx(2.0) and rows[2]["graph_gpu_ms"] == pytest.approx(2.0)
+    # a step without a graph replay: the pairs no longer align, no GPU column
+    assert all(r["graph_gpu_ms"] is None for r in rollout_split.by_batch(sizes, steps, pairs[:-1]))

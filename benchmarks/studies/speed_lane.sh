@@ -47,6 +47,9 @@
 #       long4k ~430 s (dense 2 x ~19 s, rkv:512 2 x ~14 s, dense+s1 and rkv:512+s1 4 steps each),
 #       weights_smollm2 ~60 s, replay (~120 s) if the lane has its 90 s left, else in the next
 #   PARTS="long8k replay" TOTAL_S=560 bash benchmarks/studies/speed_lane.sh OUT2   (~400 s)
+# Where the 4k rollout's step time goes (issue 68, 2026-11-29), one call of <= 300 s (estimate:
+# ~60 s of start-up and warm-up per config, the rollout ~11 s, the profiled one ~10 s):
+#   PARTS=decode4k TOTAL_S=300 bash benchmarks/studies/speed_lane.sh OUT3
 # Environment: PARTS (pieces, in order), TOTAL_S (560, SMOKE 1800: a piece starts only with its
 # least useful time left, 30 s to 240 s, and is cut at the lane's end), PYTHON (python3),
 # LONG_CONFIGS, LONG8K_CONFIGS (long4k's / long8k's configs), SMOKE=1 (tiny shapes on a CPU: the

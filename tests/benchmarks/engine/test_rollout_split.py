@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.common.checkpoint import build_checkpoint
-from benchmarks.engine import rollout_split
+from benchmarks.engine import rollout_profile, rollout_split
 from benchmarks.studies import long_rollout
 
 FLAGS = ["--shape", "tiny", "--prompts", "2", "--samples", "2", "--prompt-len", "16",
@@ -67,7 +67,7 @@ def test_profile_writes_the_decode_window_and_one_compression(rkv_engine):
     engine, targs, args, work = rkv_engine
     rcfg = rollout_split.rollout_config(targs, args)
     reqs = rollout_split.requests(args, rcfg, prompts(2, 16), warmup=False)
-    out = rollout_split.profile_rollout(engine, prompts(2, 16), reqs, args, "rkv")
+    out = rollout_profile.profile_rollout(engine, prompts(2, 16), reqs, args, "rkv")
     assert out["decode"]["steps"] == 16 and out["decode"]["torch_ops_per_step"] > 0
     assert out["compression"] == {"profiled": True}
     names = sorted(p.name for p in (work / "prof").glob("*_kernels.txt"))

@@ -269,8 +269,8 @@ def decode4k_section(out: Path, runs: dict) -> list[str]:
               f"answers up to {r.get('response_len')}; seconds (share of the wall):", "",
               "| config | wall s | prefill (steps) | decode steps | decode s | step / host / GPU-wait / "
               "graph GPU ms (medians) | compressions: events, host s, GPU ms | assembly s (last step -> "
-              "dicts, -> Generations) | other s | preemptions | captures warm-up / timed / life |",
-              "|---|---:|---|---:|---|---|---|---|---:|---:|---|"]
+              "dicts, -> Generations) | GC s | other s | preemptions | captures warm-up / timed / life |",
+              "|---|---:|---|---:|---|---|---|---|---:|---:|---:|---|"]
     lines += [_split_row(name, c) for name, c in r.get("configs", {}).items()]
     lines += ["", "Decode steps by batch size (medians; a step's time that does not fall with the "
               "batch is a fixed cost):", "", "| config | batch | steps | step ms | host ms | graph GPU ms |",
@@ -296,7 +296,7 @@ def _split_row(name: str, c: dict) -> str:
             f"| {med('step_ms')} / {med('host_ms_per_step')} / {med('gpu_wait_ms_per_step')} / "
             f"{med('graph_gpu_ms_per_step')} | {comp_s} | {share(r.get('assembly_s', 0))} "
             f"({_fixed(r.get('last_step_to_dicts_s'), 3)}, {_fixed(r.get('dicts_to_generations_s'), 3)}) "
-            f"| {share(r.get('other_s', 0))} | {r.get('preemptions')} "
+            f"| {_fixed((r.get('gc') or {}).get('total_s'), 3)} | {share(r.get('other_s', 0))} | {r.get('preemptions')} "
             f"| {c.get('warmup_graph_captures')} / {r.get('graph_captures')} / {life} |")
 
 

@@ -110,7 +110,7 @@ def test_decode4k_table(tmp_path):
                "gpu_wait_ms_per_step": ms(1.7), "graph_gpu_ms_per_step": ms(2.1),
                "compression": {"events": 31, "host_s": ms(0.09), "gpu_span_ms": ms(40.0)},
                "assembly_s": 0.2, "last_step_to_dicts_s": 0.05, "dicts_to_generations_s": 0.15,
-               "other_s": 0.3, "preemptions": 0, "graph_captures": 0,
+               "other_s": 0.3, "preemptions": 0, "graph_captures": 0, "gc": {"total_s": 0.04},
                "by_batch": [{"batch": "193-256", "steps": 900, "step_ms": 2.5, "host_ms": 0.6,
                              "graph_gpu_ms": 2.4}]}
     (tmp_path / "decode4k.json").write_text(json.dumps({
@@ -121,7 +121,7 @@ def test_decode4k_table(tmp_path):
     (tmp_path / "decode4k_profile" / "rkv_512_decode_kernels.txt").write_text("Name  CUDA total\nk  1ms\n")
     text = summary.main([str(tmp_path)]).read_text()
     assert ("| rkv:512 | 10.00 | 0.50 (5%) (2) | 4095 | 9.00 (90%) | 2.200 / 0.500 / 1.700 / 2.100 "
-            "| 31, 0.090, 40.0 | 0.20 (2%) (0.050, 0.150) | 0.30 (3%) | 0 | 1 / 0 / 1 |") in text
+            "| 31, 0.090, 40.0 | 0.20 (2%) (0.050, 0.150) | 0.040 | 0.30 (3%) | 0 | 1 / 0 / 1 |") in text
     assert "| rkv:512 | 193-256 | 900 | 2.500 | 0.600 | 2.400 |" in text
     assert "`decode4k_profile/rkv_512_decode_kernels.txt`:" in text and "k  1ms" in text
 

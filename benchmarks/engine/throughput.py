@@ -244,10 +244,12 @@ def summarize(runs: list[dict]) -> dict:
     return res
 
 
-def profile_steps(engine, ids, params, args, skip: int = 4, steps: int = 16) -> dict:
+def profile_steps(engine, ids, params, args, skip: int = 4, steps: int = 16, name: str = "engine",
+                  row_limit: int = 30) -> dict:
     """Kernels and device->host copies per decode step, profiled over `steps` decode steps of
     an unchanged batch (after `skip` warm steps; prefill excluded). On a CPU: the torch ops
-    per step (each one a kernel launch on the GPU's eager path)."""
+    per step (each one a kernel launch on the GPU's eager path). Writes DIR/NAME_trace.json and
+    the top `row_limit` kernels to DIR/NAME_kernels.txt (DIR: args.profile)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = engine.runner.device.type == "cuda"
@@ -269,14 +271,20 @@ def profile_steps(engine, ids, params, args, skip: int = 4, steps: int = 16) -> 
     engine.generate(input_ids=ids, sampling_params=dict(params, max_new_tokens=skip + steps + 8),
                     return_logprob=args.logprobs)
     engine.runner.launch = launch
-    Path(args.profile).mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(f"{args.profile}/engine_trace.json")
+    write_profile(prof, args.profile, name, cuda, row_limit)
+    return _per_step(prof, steps, cuda)
+
+
+def write_profile(prof, out_dir: str, name: str, cuda: bool, row_limit: int) -> str:
+    """The trace and the kernel table (by device time; CPU time on a CPU), printed too."""
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(f"{out_dir}/{name}_trace.json")
     sort = "self_device_time_total" if cuda else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=sort, row_limit=30)
-    with open(f"{args.profile}/engine_kernels.txt", "w") as f:
+    table = prof.key_averages().table(sort_by=sort, row_limit=row_limit)
+    with open(f"{out_dir}/{name}_kernels.txt", "w") as f:
         f.write(table)
     print(table)
-    return _per_step(prof, steps, cuda)
+    return table
 
 
 def _per_step(prof, steps: int, cuda: bool) -> dict:

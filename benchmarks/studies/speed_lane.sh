@@ -5,6 +5,12 @@
 #                        the ril_* shape, overlap and sequential on one engine per config (issue
 #                        68): step ms, host ms, graph GPU ms and syncs per decode step, graph
 #                        captures per engine life, each config's step over dense's (~2-3 min)
+#   decode4k             engine/rollout_split.py (issue 68): ONE rollout of 32 x 8 samples, answers
+#                        up to 4,096 (long4k's engine, pool, lengths and sampling), dense and R-KV
+#                        512, its wall split: prefill, decode steps with host / GPU ms a step,
+#                        compression events, assembly of the results, graph captures; kernel
+#                        tables (top 25) over 16 decode steps at ~2k context and over one
+#                        compression event in OUT/decode4k_profile (~2 min)
 #   ril_dense, ril_rkv   training/rollout_in_loop.py: the rollout phase inside the run (0.5B, 32 x 8
 #                        samples, ~128-token prompts, 512-token answers) against the same engine
 #                        alone on the same requests, broken down; the KV pool and the trainer's
@@ -41,6 +47,9 @@
 #       long4k ~430 s (dense 2 x ~19 s, rkv:512 2 x ~14 s, dense+s1 and rkv:512+s1 4 steps each),
 #       weights_smollm2 ~60 s, replay (~120 s) if the lane has its 90 s left, else in the next
 #   PARTS="long8k replay" TOTAL_S=560 bash benchmarks/studies/speed_lane.sh OUT2   (~400 s)
+# Where the 4k rollout's step time goes (issue 68, 2026-11-29), one call of <= 300 s (estimate:
+# ~60 s of start-up and warm-up per config, the rollout ~11 s, the profiled one ~10 s):
+#   PARTS=decode4k TOTAL_S=300 bash benchmarks/studies/speed_lane.sh OUT3
 # Environment: PARTS (pieces, in order), TOTAL_S (560, SMOKE 1800: a piece starts only with its
 # least useful time left, 30 s to 240 s, and is cut at the lane's end), PYTHON (python3),
 # LONG_CONFIGS, LONG8K_CONFIGS (long4k's / long8k's configs), SMOKE=1 (tiny shapes on a CPU: the
@@ -52,7 +61,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="${PYTHON:-python3}"
 SMOKE="${SMOKE:-0}"
 TOTAL_S="${TOTAL_S:-$([[ "$SMOKE" == 1 ]] && echo 1800 || echo 560)}"  # a shared CPU is slow
-PARTS="${PARTS:-long4k weights_smollm2 replay long8k engine_decode weights_3b ril_dense ril_rkv oom_3b engine_dense engine_rkv oom_1.5b}"
+PARTS="${PARTS:-decode4k long4k weights_smollm2 replay long8k engine_decode weights_3b ril_dense ril_rkv oom_3b engine_dense engine_rkv oom_1.5b}"
 PARTS="${PARTS//weights_servers/weights_smollm2 weights_3b}"
 START=$SECONDS
 mkdir -p "$OUT"
@@ -94,6 +103,8 @@ if [[ "$SMOKE" == 1 ]]; then  # tiny shapes and lengths: the lane's plumbing on 
             --max-tokens-per-gpu 1024 --steps 1 --repeats 2)
     LONG=(--shape tiny --prompts 2 --samples 2 --steps 2 --stale-steps 3 --max-tokens-per-gpu 0)
     CAPS=(64 128)
+    D4K=(--shape tiny --prompts 2 --samples 2 --prompt-len 16 --response-len 96 --profile-context 64
+         --configs dense rkv:16)
     POOL=()  # a CPU's pool is --sglang-max-total-tokens or 16k slots
     W_SMALL=(--shape tiny --pushes 1) W_BIG=(--shape tiny --pushes 1)
 else
@@ -104,6 +115,7 @@ else
     REPLAY=(--seqs-per-step 8 --steps 2 --repeats 3 --max-tokens-per-gpu 32768)
     LONG=(--shape qwen2.5-0.5b --steps 2 --stale-steps 4 --max-tokens-per-gpu 0)
     CAPS=(4096 8192)
+    D4K=(--shape qwen2.5-0.5b --response-len 4096 --profile-context 2048 --configs dense rkv:512)
     POOL=(--sglang-mem-fraction-static 0.7 --sglang-max-total-tokens 1000000000)
     W_SMALL=(--shape smollm2-135m --pushes 3) W_BIG=(--shape qwen2.5-3b --pushes 2)
 fi
@@ -146,6 +158,8 @@ piece() {
             "${ENG[@]}" --temperature 1 --logprobs --skip-hf --modes overlap \
             --compress rkv --kv-budget 128 --compress-divide-length 64 ;;
         replay) step replay 150 90 -m benchmarks.training.sparse_recompute "${REPLAY[@]}" ;;
+        decode4k) step decode4k 240 150 -m benchmarks.engine.rollout_split "${D4K[@]}" \
+            --profile "$OUT/decode4k_profile" --workdir "$OUT/work/decode4k" ;;
         long4k) step long4k 480 240 -m benchmarks.studies.long_rollout "${LONG[@]}" \
             --response-len "${CAPS[0]}" --configs "${LONG_CONFIGS[@]}" --workdir "$OUT/work/long" ;;
         long8k) step long8k 540 240 -m benchmarks.studies.long_rollout "${LONG[@]}" \
@@ -154,7 +168,7 @@ piece() {
             --modes "$W_MODES_SMALL" --workdir "$OUT/work/weights" ;;
         weights_3b) step weights_3b 300 120 -m benchmarks.engine.weight_sync "${W_BIG[@]}" \
             --modes "$W_MODES_BIG" --workdir "$OUT/work/weights" ;;
-        *) echo "=== $1: no such piece (PARTS: engine_decode replay weights_smollm2 weights_3b long4k long8k" \
+        *) echo "=== $1: no such piece (PARTS: decode4k engine_decode replay weights_smollm2 weights_3b long4k long8k" \
                 "ril_dense ril_rkv oom_3b engine_dense engine_rkv oom_1.5b)" ;;
     esac
 }

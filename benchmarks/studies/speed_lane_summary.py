@@ -258,6 +258,56 @@ def decode_section(out: Path, runs: dict) -> list[str]:
     return lines + [""]
 
 
+def decode4k_section(out: Path, runs: dict) -> list[str]:
+    """decode4k (engine/rollout_split.py): one 4k rollout's wall split per config, its graph
+    captures, and the kernel tables it wrote (OUT/decode4k_profile)."""
+    r = load(out, "decode4k")
+    lines = ["## 0b. Where a 4k rollout's wall goes (engine/rollout_split.py, one rollout)", ""]
+    if r is None:
+        return lines + [failure(out, "decode4k", runs.get("decode4k")), ""] if "decode4k" in runs else []
+    lines += [f"{r.get('device')}, {r.get('shape')}, {r.get('prompts')} x {r.get('samples')} samples, "
+              f"answers up to {r.get('response_len')}; seconds (share of the wall):", "",
+              "| config | wall s | prefill (steps) | decode steps | decode s | step / host / GPU-wait / "
+              "graph GPU ms (medians) | compressions: events, host s, GPU ms | assembly s (last step -> "
+              "dicts, -> Generations) | GC s | other s | preemptions | captures warm-up / timed / life |",
+              "|---|---:|---|---:|---|---|---|---|---:|---:|---:|---|"]
+    lines += [_split_row(name, c) for name, c in r.get("configs", {}).items()]
+    lines += ["", "Decode steps by batch size (medians; a step's time that does not fall with the "
+              "batch is a fixed cost):", "", "| config | batch | steps | step ms | host ms | graph GPU ms |",
+              "|---|---|---:|---:|---:|---:|"]
+    for name, c in r.get("configs", {}).items():
+        lines += [f"| {name} | {b['batch']} | {b['steps']} | {_fixed(b['step_ms'], 3)} | "
+                  f"{_fixed(b['host_ms'], 3)} | {_fixed(b['graph_gpu_ms'], 3)} |"
+                  for b in c.get("rollout", {}).get("by_batch", [])]
+    return lines + [""] + _kernel_tables(out) + [""]
+
+
+def _split_row(name: str, c: dict) -> str:
+    r = c.get("rollout", {})
+    wall = r.get("wall_s") or float("nan")
+    share = lambda s: f"{s:.2f} ({100 * s / wall:.0f}%)"  # noqa: E731
+    med = lambda k: _fixed((r.get(k) or {}).get("median"), 3)  # noqa: E731
+    comp = r.get("compression")
+    comp_s = "-" if comp is None else (f"{comp['events']}, {_fixed((comp.get('host_s') or {}).get('sum'), 3)}, "
+                                       f"{_fixed((comp.get('gpu_span_ms') or {}).get('sum'), 1)}")
+    life = (c.get("graphs_engine_life") or {}).get("captures", 0)
+    return (f"| {name} | {wall:.2f} | {share(r.get('prefill_s', 0))} ({r.get('prefill_steps')}) "
+            f"| {r.get('decode_steps')} | {share(r.get('decode_s', 0))} "
+            f"| {med('step_ms')} / {med('host_ms_per_step')} / {med('gpu_wait_ms_per_step')} / "
+            f"{med('graph_gpu_ms_per_step')} | {comp_s} | {share(r.get('assembly_s', 0))} "
+            f"({_fixed(r.get('last_step_to_dicts_s'), 3)}, {_fixed(r.get('dicts_to_generations_s'), 3)}) "
+            f"| {_fixed((r.get('gc') or {}).get('total_s'), 3)} | {share(r.get('other_s', 0))} | {r.get('preemptions')} "
+            f"| {c.get('warmup_graph_captures')} / {r.get('graph_captures')} / {life} |")
+
+
+def _kernel_tables(out: Path) -> list[str]:
+    """The kernel tables decode4k wrote, each in a block (top 25 by device time)."""
+    lines = []
+    for path in sorted((out / "decode4k_profile").glob("*_kernels.txt")):
+        lines += [f"`decode4k_profile/{path.name}`:", "", "```", path.read_text().rstrip(), "```", ""]
+    return lines
+
+
 def _fixed(v, digits: int) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
@@ -293,7 +343,8 @@ def main(argv=None) -> Path:
     out = Path(args.out)
     runs = pieces(out)
     args.parts = args.parts or list(runs)
-    text = [*header(out, args, runs), *decode_section(out, runs), *micro_batch_section(out, runs),
+    text = [*header(out, args, runs), *decode_section(out, runs), *decode4k_section(out, runs),
+            *micro_batch_section(out, runs),
             *rollout_section(out, runs), *long_section(out, runs), *replay_section(out, runs),
             *weights_section(out, runs)]
     path = out / "summary.md"

@@ -98,9 +98,37 @@ def test_weights_table(tmp_path):
     assert "`weights_3b`: exit 124 (cut at its limit)" in text
 
 
+def test_decode4k_table(tmp_path):
+    """engine/rollout_split.py's JSON: one row per config with each part's share of the wall
+    (hand computed: 10 s wall, 0.5 s prefill = 5%, 9 s decode = 90%, 0.2 s assembly = 2%), the
+    compression events, the captures, and the kernel tables it wrote."""
+    write_pieces(tmp_path, [{"piece": "decode4k", "exit": 0, "seconds": 150, "limit_s": 240,
+                             "command": ["-m", "benchmarks.engine.rollout_split"]}])
+    ms = lambda v: {"min": v, "median": v, "max": v, "sum": v, "count": 1}  # noqa: E731
+    rollout = {"wall_s": 10.0, "prefill_s": 0.5, "prefill_steps": 2, "decode_steps": 4095,
+               "decode_s": 9.0, "step_ms": ms(2.2), "host_ms_per_step": ms(0.5),
+               "gpu_wait_ms_per_step": ms(1.7), "graph_gpu_ms_per_step": ms(2.1),
+               "compression": {"events": 31, "host_s": ms(0.09), "gpu_span_ms": ms(40.0)},
+               "assembly_s": 0.2, "last_step_to_dicts_s": 0.05, "dicts_to_generations_s": 0.15,
+               "other_s": 0.3, "preemptions": 0, "graph_captures": 0, "gc": {"total_s": 0.04},
+               "by_batch": [{"batch": "193-256", "steps": 900, "step_ms": 2.5, "host_ms": 0.6,
+                             "graph_gpu_ms": 2.4}]}
+    (tmp_path / "decode4k.json").write_text(json.dumps({
+        "device": "NVIDIA H200", "shape": "qwen2.5-0.5b", "prompts": 32, "samples": 8,
+        "response_len": 4096, "configs": {"rkv:512": {
+            "rollout": rollout, "warmup_graph_captures": 1, "graphs_engine_life": {"captures": 1}}}}))
+    (tmp_path / "decode4k_profile").mkdir()
+    (tmp_path / "decode4k_profile" / "rkv_512_decode_kernels.txt").write_text("Name  CUDA total\nk  1ms\n")
+    text = summary.main([str(tmp_path)]).read_text()
+    assert ("| rkv:512 | 10.00 | 0.50 (5%) (2) | 4095 | 9.00 (90%) | 2.200 / 0.500 / 1.700 / 2.100 "
+            "| 31, 0.090, 40.0 | 0.20 (2%) (0.050, 0.150) | 0.040 | 0.30 (3%) | 0 | 1 / 0 / 1 |") in text
+    assert "| rkv:512 | 193-256 | 900 | 2.500 | 0.600 | 2.400 |" in text
+    assert "`decode4k_profile/rkv_512_decode_kernels.txt`:" in text and "k  1ms" in text
+
+
 @pytest.mark.launch  # the lane through its shell script on a CPU, tiny shapes: ~3 min on 2 idle cores
 def test_lane_smoke(tmp_path):
-    env = {**os.environ, "SMOKE": "1", "PARTS": "ril_dense long4k weights_smollm2",
+    env = {**os.environ, "SMOKE": "1", "PARTS": "decode4k ril_dense long4k weights_smollm2",
            "PYTHON": sys.executable,
            "PYTHONWARNINGS": "ignore"}
     out = tmp_path / "lane"
@@ -108,8 +136,11 @@ def test_lane_smoke(tmp_path):
                           env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     pieces = [json.loads(line) for line in (out / "pieces.jsonl").read_text().splitlines()]
-    assert [(p["piece"], p["exit"]) for p in pieces] == [("ril_dense", 0), ("long4k", 0),
-                                                         ("weights_smollm2", 0)]
+    assert [(p["piece"], p["exit"]) for p in pieces] == [("decode4k", 0), ("ril_dense", 0),
+                                                         ("long4k", 0), ("weights_smollm2", 0)]
+    split = json.loads((out / "decode4k.json").read_text())["configs"]
+    assert list(split) == ["dense", "rkv:16"] and split["rkv:16"]["rollout"]["compression"]["events"] > 0
+    assert (out / "decode4k_profile" / "rkv_16_compression_kernels.txt").exists()
     ril = json.loads((out / "ril_dense.json").read_text())
     assert ril["max_tokens_per_gpu"] > 0 and ril["in_loop_over_isolated"] > 0
     assert ril["in_loop"]["decode_steps"]["median"] > 0
@@ -123,7 +154,7 @@ def test_lane_smoke(tmp_path):
     assert all(row["verified"] for row in weights.values())
     assert weights["auto"]["mode_used"] == "tensor"  # a CPU: auto is tensors over HTTP
     text = (out / "summary.md").read_text()
-    assert "| ril_dense | tiny |" in text and "| 64 | rkv:512+s1 |" in text
+    assert "| rkv:16 |" in text and "| ril_dense | tiny |" in text and "| 64 | rkv:512+s1 |" in text
     assert "| tiny | distributed | gloo |" in text
     assert not (out / "work").exists()  # checkpoints removed, results kept
 

@@ -22,6 +22,9 @@ steps with their share of those steps (multiturn_profile.py).
 
 from __future__ import annotations
 
+import cProfile
+import io
+import pstats
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -61,6 +64,7 @@ class StepProbe:
         self.steps: list[PrefillStep] = []
         self._pending: list = []  # (PrefillStep, PendingStep): own wait known once read
         self._launched = None
+        self.python_profile: cProfile.Profile | None = None  # set: prefill launches under cProfile
         self._take_s = self._finish_s = self._schedule_s = 0.0
         self._iterate, self._launch = loop._iterate, loop.runner.launch
         self._take, self._finish = loop._take, loop.finish
@@ -110,11 +114,22 @@ class StepProbe:
         t0 = time.perf_counter()
         kind = "continuation" if rec.continuations else "fresh"
         with record_function(f"prefill_launch:{kind}"):
-            step = self._launch(batch)
+            step = self._profiled_launch(batch)
         rec.launch_ms = 1e3 * (time.perf_counter() - t0)
         self._launched = rec
         self._pending.append((rec, step))
         return step
+
+    def _profiled_launch(self, batch):
+        # cProfile counts the engine thread only when enabled on it: this is that thread. Where a
+        # launch's host milliseconds go by Python function (torch.profiler names only ops).
+        if self.python_profile is None:
+            return self._launch(batch)
+        self.python_profile.enable()
+        try:
+            return self._launch(batch)
+        finally:
+            self.python_profile.disable()
 
     def take(self) -> list[dict]:
         """The prefill steps recorded since the last take (own waits filled in)."""
@@ -155,6 +170,16 @@ def one_look(s: dict, kind: str = "continuation") -> str:
             f"{m('finish_ms'):.1f} + other {m('other_ms'):.1f} "
             f"(medians, not additive); thread CPU {m('thread_cpu_ms'):.1f} ms; its own GPU wait "
             f"after {m('own_wait_ms'):.1f} ms")
+
+
+def python_profile_text(prof: cProfile.Profile, top: int = 45) -> str:
+    """The prefill launches' Python functions: by cumulative time, then by own time."""
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf).strip_dirs()
+    for key in ("cumulative", "tottime"):
+        buf.write(f"== prefill launches, by {key} ==\n")
+        stats.sort_stats(key).print_stats(top)
+    return buf.getvalue()
 
 
 def profiled(loop, fn, out_dir, cuda: bool):

@@ -27,8 +27,13 @@ def _self_device_us(avg) -> float:
     return 0.0
 
 
+def _name(evt) -> str:
+    # a FunctionEvent has .name, a FunctionEventAvg (key_averages) only .key
+    return getattr(evt, "name", None) or evt.key
+
+
 def _is_kernel(evt) -> bool:
-    return "CUDA" in str(getattr(evt, "device_type", "")) and not evt.name.startswith("cuda")
+    return "CUDA" in str(getattr(evt, "device_type", "")) and not _name(evt).startswith("cuda")
 
 
 def table(title: str, rows: list[tuple[str, int, float]], total_ms: float) -> str:

@@ -40,13 +40,15 @@ the prefill steps' wall each op took.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import random
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.engine.multiturn_probe import StepProbe, one_look as step_look, profiled, step_summary
+from benchmarks.engine.multiturn_probe import (StepProbe, one_look as step_look, profiled,
+                                              python_profile_text, step_summary)
 from benchmarks.engine.multiturn_profile import one_look
 from trainer.rollout.engines.interface import Backend, RolloutConfig
 from trainer.rollout.multiturn.environment import Step
@@ -331,11 +333,18 @@ def profile_run(rollout, tokenizer, prompts, args, plan, probe) -> dict:
     folder = Path(args.profile) / f"cudnn_{args.setting}"
     print(f"cudnn_sdp {args.setting}: profiled multi-turn run -> {folder}", flush=True)
     run = lambda: run_mode("multi-turn", rollout, tokenizer, prompts, args, plan, probe)
+    probe.python_profile = cProfile.Profile()
     try:
         row, tables = profiled(rollout.engine.loop, run, folder, args.device.startswith("cuda"))
     except Exception as e:  # noqa: BLE001 - the timed numbers matter more than the profile
         print(f"profile failed: {e!r}", flush=True)
         return {"error": repr(e)}
+    finally:
+        folder.mkdir(parents=True, exist_ok=True)
+        text = python_profile_text(probe.python_profile)
+        (folder / "launch_python.txt").write_text(text)
+        print(text[:3000], flush=True)
+        probe.python_profile = None
     (folder / "prefill_steps.json").write_text(json.dumps(row["prefill_step_log"], indent=1))
     return {"row": {k: v for k, v in row.items() if k != "prefill_step_log"}, "tables": tables}
 

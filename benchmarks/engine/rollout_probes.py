@@ -1,4 +1,4 @@
-"""Probes of one rollout's wall time for engine/rollout_split.py: every decode step's host and
+"""Probes of one rollout's wall time for studies/rollout_split.py: every decode step's host and
 GPU-wait seconds and when it ended, every compression event's host and GPU time, every response
 dict the engine thread built (its seconds, and when the last one was). They wrap an engine's
 attributes for the probe's life and put them back after; none adds a device sync to the path

@@ -1,4 +1,4 @@
-"""Kernel tables of one long rollout for engine/rollout_split.py: torch.profiler over 16 decode
+"""Kernel tables of one long rollout for studies/rollout_split.py: torch.profiler over 16 decode
 steps at a given context (engine/throughput.py's profile_steps) and over one compression event
 before that window (CompressionProfile). Top 25 kernels by device time (CPU time on a CPU)."""
 

@@ -5,7 +5,7 @@
 #                        the ril_* shape, overlap and sequential on one engine per config (issue
 #                        68): step ms, host ms, graph GPU ms and syncs per decode step, graph
 #                        captures per engine life, each config's step over dense's (~2-3 min)
-#   decode4k             engine/rollout_split.py (issue 68): ONE rollout of 32 x 8 samples, answers
+#   decode4k             studies/rollout_split.py (issue 68): ONE rollout of 32 x 8 samples, answers
 #                        up to 4,096 (long4k's engine, pool, lengths and sampling), dense and R-KV
 #                        512, its wall split: prefill, decode steps with host / GPU ms a step,
 #                        compression events, assembly of the results, graph captures; kernel
@@ -158,7 +158,7 @@ piece() {
             "${ENG[@]}" --temperature 1 --logprobs --skip-hf --modes overlap \
             --compress rkv --kv-budget 128 --compress-divide-length 64 ;;
         replay) step replay 150 90 -m benchmarks.training.sparse_recompute "${REPLAY[@]}" ;;
-        decode4k) step decode4k 240 150 -m benchmarks.engine.rollout_split "${D4K[@]}" \
+        decode4k) step decode4k 240 150 -m benchmarks.studies.rollout_split "${D4K[@]}" \
             --profile "$OUT/decode4k_profile" --workdir "$OUT/work/decode4k" ;;
         long4k) step long4k 480 240 -m benchmarks.studies.long_rollout "${LONG[@]}" \
             --response-len "${CAPS[0]}" --configs "${LONG_CONFIGS[@]}" --workdir "$OUT/work/long" ;;

@@ -259,10 +259,10 @@ def decode_section(out: Path, runs: dict) -> list[str]:
 
 
 def decode4k_section(out: Path, runs: dict) -> list[str]:
-    """decode4k (engine/rollout_split.py): one 4k rollout's wall split per config, its graph
+    """decode4k (studies/rollout_split.py): one 4k rollout's wall split per config, its graph
     captures, and the kernel tables it wrote (OUT/decode4k_profile)."""
     r = load(out, "decode4k")
-    lines = ["## 0b. Where a 4k rollout's wall goes (engine/rollout_split.py, one rollout)", ""]
+    lines = ["## 0b. Where a 4k rollout's wall goes (studies/rollout_split.py, one rollout)", ""]
     if r is None:
         return lines + [failure(out, "decode4k", runs.get("decode4k")), ""] if "decode4k" in runs else []
     lines += [f"{r.get('device')}, {r.get('shape')}, {r.get('prompts')} x {r.get('samples')} samples, "

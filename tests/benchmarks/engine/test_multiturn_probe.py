@@ -77,3 +77,34 @@ def test_probe_records_each_prefill_as_computed_by_hand(engine, tmp_path):
     text = (tmp_path / "prof" / "prefill_ops.txt").read_text()
     assert "1 continuation prefill steps" in text and "0 fresh prefill steps" in text
     assert "aten::" in (tmp_path / "prof" / "cpu_ops.txt").read_text()
+
+
+def test_python_profile_of_launches_names_the_forward(engine):
+    """With a cProfile set, the probe profiles the prefill launches (on the engine thread) and
+    its text names the model's forward, which every prefill launch calls."""
+    from benchmarks.engine.multiturn_probe import python_profile_text
+    import cProfile
+
+    with engine() as eng:
+        probe = StepProbe(eng.loop)
+        probe.python_profile = cProfile.Profile()
+        _two_turns(eng, probe)
+        text = python_profile_text(probe.python_profile)
+    assert "by cumulative" in text and "by tottime" in text
+    assert "forward" in text
+
+
+def test_kernel_rows_of_key_averages_use_their_key():
+    """key_averages() rows (FunctionEventAvg) carry .key and no .name; CUDA rows are kernels
+    unless they are CUDA runtime calls."""
+    from types import SimpleNamespace
+
+    from benchmarks.engine.multiturn_profile import whole_run
+
+    avg = lambda key, dev, us: SimpleNamespace(key=key, device_type=dev, count=2,  # noqa: E731
+                                               self_device_time_total=us, self_cpu_time_total=us)
+    kernels, ops = whole_run([avg("_stage1", "DeviceType.CUDA", 3000.0),
+                              avg("cudaLaunchKernel", "DeviceType.CUDA", 10.0),
+                              avg("aten::mm", "DeviceType.CPU", 500.0)])
+    assert kernels == [("_stage1", 2, 3.0)]
+    assert [name for name, _, _ in ops] == ["aten::mm", "cudaLaunchKernel"]

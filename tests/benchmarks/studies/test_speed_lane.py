@@ -99,11 +99,11 @@ def test_weights_table(tmp_path):
 
 
 def test_decode4k_table(tmp_path):
-    """engine/rollout_split.py's JSON: one row per config with each part's share of the wall
+    """studies/rollout_split.py's JSON: one row per config with each part's share of the wall
     (hand computed: 10 s wall, 0.5 s prefill = 5%, 9 s decode = 90%, 0.2 s assembly = 2%), the
     compression events, the captures, and the kernel tables it wrote."""
     write_pieces(tmp_path, [{"piece": "decode4k", "exit": 0, "seconds": 150, "limit_s": 240,
-                             "command": ["-m", "benchmarks.engine.rollout_split"]}])
+                             "command": ["-m", "benchmarks.studies.rollout_split"]}])
     ms = lambda v: {"min": v, "median": v, "max": v, "sum": v, "count": 1}  # noqa: E731
     rollout = {"wall_s": 10.0, "prefill_s": 0.5, "prefill_steps": 2, "decode_steps": 4095,
                "decode_s": 9.0, "step_ms": ms(2.2), "host_ms_per_step": ms(0.5),

@@ -21,8 +21,8 @@ the trainer submits it and parsed as it parses it (`parse_output`). Reported:
   at --profile-context tokens, and one over one compression event (engine/throughput.py's
   profile_steps).
 
-    python -m benchmarks.engine.rollout_split --configs dense rkv:512 --profile DIR --json OUT
-    python -m benchmarks.engine.rollout_split --shape tiny --prompts 8 --samples 8 \\
+    python -m benchmarks.studies.rollout_split --configs dense rkv:512 --profile DIR --json OUT
+    python -m benchmarks.studies.rollout_split --shape tiny --prompts 8 --samples 8 \\
         --response-len 1024 --configs dense rkv:128 --eviction-record   # CPU: the host costs
 """
 

@@ -1,4 +1,4 @@
-"""benchmarks.engine.rollout_split on a CPU (tiny shape, long_rollout's R-KV engine): the probed
+"""benchmarks.studies.rollout_split on a CPU (tiny shape, long_rollout's R-KV engine): the probed
 rollout gives the same tokens and log-probs as the same requests unprobed, its split counts what
 the requests imply (one prefill step for samples admitted together, the longest sample's decode
 steps, every response built once, compactions at the divide length), the probes are put back,
@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.common.checkpoint import build_checkpoint
-from benchmarks.engine import rollout_profile, rollout_split
+from benchmarks.engine import rollout_profile
+from benchmarks.studies import rollout_split
 from benchmarks.studies import long_rollout
 
 FLAGS = ["--shape", "tiny", "--prompts", "2", "--samples", "2", "--prompt-len", "16",

@@ -82,7 +82,16 @@ class Compressor:
         pool = self.kv.pool
         L, _, hkv, d = pool.shape
         m = n - self.cfg.window
-        return L * hkv * (self.policy.scratch_elems(m) + 2 * n * d + m * 8)
+        return L * hkv * (self.policy.scratch_elems(m, d, pool.device) + 2 * n * d + m * 8)
+
+    def _keys(self, slots: torch.Tensor) -> torch.Tensor:
+        """The keys the policy scores. A position-only policy reads just their shape: a
+        zero-stride stand-in spares gathering every held key of every layer."""
+        if self.policy.needs_keys:
+            return self.kv.pool.keys(slots)
+        L, _, hkv, d = self.kv.pool.shape
+        stub = torch.empty((), dtype=self.kv.pool.compute_dtype, device=slots.device)
+        return stub.expand(slots.shape[0], L, hkv, slots.shape[1], d)
 
     @torch.inference_mode()
     def compress(self, seqs: list) -> torch.Tensor:
@@ -93,7 +102,7 @@ class Compressor:
         n, pinned, keep = first.kv_len, self.trigger.pinned(first), self.trigger.budget(first)
         rows = _to_device([s.row for s in seqs], kv.pool.device)
         slots = kv.req_to_token.table[rows, pinned:n].long()  # [R, n - P]: the evictable slots
-        keys = kv.pool.keys(slots).permute(1, 0, 3, 2, 4)  # [R, L, Hkv, n - P, D], dequantized
+        keys = self._keys(slots)  # [R, L, Hkv, n - P, D], dequantized
         queries = self.ring.gather(rows) if self.policy.needs_queries else None
         idx = self.policy.select(keys, queries, keep)
         del keys, queries

@@ -82,7 +82,10 @@ class Compressor:
         pool = self.kv.pool
         L, _, hkv, d = pool.shape
         m = n - self.cfg.window
-        return L * hkv * (self.policy.scratch_elems(m, d, pool.device) + 2 * n * d + m * 8)
+        scratch = self.policy.scratch_elems(m, d, pool.device)
+        if self.policy.needs_queries:  # window importance: fp32 logits and their softmax
+            scratch += 2 * (self.ring.buf.shape[3] // hkv) * self.cfg.window * m
+        return L * hkv * (scratch + 2 * n * d + m * 8)
 
     def _keys(self, slots: torch.Tensor) -> torch.Tensor:
         """The keys the policy scores. A position-only policy reads just their shape: a

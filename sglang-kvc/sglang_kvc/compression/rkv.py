@@ -10,9 +10,9 @@ from .scoring import fused_redundancy, key_redundancy, pool1d, window_importance
 
 class RKVPolicy(CompressionPolicy):
     def scratch_elems(self, m: int, head_dim: int, device: torch.device) -> int:
-        # The torch path builds the m x m key similarity matrix; the fused Triton pass does not,
-        # and counting it there cut a 256-request round into 24 chunks (24x the launches and
-        # host work of one) where 4 fit the same memory.
+        # The torch path builds the m x m key similarity matrix; the fused Triton pass does not.
+        # Counting it there cut the 0.5B model's 256-request round into 24 chunks (24x the
+        # launches and host work of one); without it, 8.
         return 0 if fused_redundancy(device, head_dim) else m * m
 
     def score(self, keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,11 @@ def window_importance(keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor
     *lead, hkv, m, d = keys.shape
     hq, w = queries.shape[-3], queries.shape[-2]
     g = hq // hkv
-    q = queries.float().reshape(*lead, hkv, g * w, d)
-    logits = q @ keys.float().transpose(-1, -2) * d ** -0.5  # [..., Hkv, g*w, m]
+    # One fp32 copy of each, contiguous, so the reshape and the batched matmul are views: the
+    # ring's permuted queries otherwise got copied twice (.float(), then reshape).
+    q = queries.to(torch.float32, memory_format=torch.contiguous_format).reshape(*lead, hkv, g * w, d)
+    k = keys.to(torch.float32, memory_format=torch.contiguous_format)
+    logits = (q @ k.transpose(-1, -2)).mul_(d ** -0.5)  # [..., Hkv, g*w, m], scaled in place
     probs = logits.softmax(dim=-1).reshape(*lead, hkv, g, w, m)
     return probs.mean(dim=-2).amax(dim=-2)
 

@@ -136,3 +136,27 @@ def test_pool_keys_read_the_scoring_layout():
     keys = kv.pool.keys(slots)
     assert keys.is_contiguous() and keys.shape == (R, L, HKV, n, D)
     assert torch.equal(keys, kv.pool.k[:, slots].permute(1, 0, 3, 2, 4))
+
+
+def _importance_before_issue_68(keys, queries):
+    """window_importance as it was written before the copies were cut (bit-for-bit target)."""
+    *lead, hkv, m, d = keys.shape
+    hq, w = queries.shape[-3], queries.shape[-2]
+    q = queries.float().reshape(*lead, hkv, (hq // hkv) * w, d)
+    logits = q @ keys.float().transpose(-1, -2) * d ** -0.5
+    probs = logits.softmax(dim=-1).reshape(*lead, hkv, hq // hkv, w, m)
+    return probs.mean(dim=-2).amax(dim=-2)
+
+
+@pytest.mark.parametrize("d", [16, 24])  # power-of-two and not: the scale is applied as before
+def test_window_importance_is_bit_identical_to_before(d):
+    from sglang_kvc.compression.scoring import window_importance
+
+    g = torch.Generator().manual_seed(d)
+    pool_keys = torch.randn(L, R, 40, HKV, d, generator=g).bfloat16()
+    keys = pool_keys.permute(1, 0, 3, 2, 4)[..., :32, :]  # the old gather's strided view
+    ring = torch.randn(L, R, 4, HQ, d, generator=g).bfloat16()
+    queries = ring.permute(1, 0, 3, 2, 4)  # QueryRing.gather's view
+    want = _importance_before_issue_68(keys, queries)
+    assert torch.equal(window_importance(keys.contiguous(), queries), want)
+    assert torch.equal(window_importance(keys, queries), want)

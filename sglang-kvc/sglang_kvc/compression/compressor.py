@@ -83,7 +83,7 @@ class Compressor:
         L, _, hkv, d = pool.shape
         m = n - self.cfg.window
         scratch = self.policy.scratch_elems(m, d, pool.device)
-        if self.policy.needs_queries:  # window importance: fp32 logits and their softmax
+        if self.ring is not None:  # window importance: fp32 logits and their softmax
             scratch += 2 * (self.ring.buf.shape[3] // hkv) * self.cfg.window * m
         return L * hkv * (scratch + 2 * n * d + m * 8)
 

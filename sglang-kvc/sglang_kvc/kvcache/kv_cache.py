@@ -111,7 +111,8 @@ class KVPool:
         if base is None:
             L, S, hkv, _ = self.shape
             layer = torch.arange(L, device=slots.device)[:, None] * (S * hkv)
-            base = self._entry_base[slots.device] = (layer + torch.arange(hkv, device=slots.device))[..., None]
+            base = (layer + torch.arange(hkv, device=slots.device))[..., None]
+            self._entry_base[slots.device] = base
         return base + slots.long() * self.shape[2]
 
     def layer_buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

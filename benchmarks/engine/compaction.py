@@ -12,7 +12,8 @@ the host pays per event: chunks, torch ops (every aten call, views included), de
             compact (move kept K/V, free the rest); `total` is compress() end to end
 
     PYTHONPATH=sglang-kvc:. python -m benchmarks.engine.compaction [--requests 256] [--repeats 5]
-    (CPU, small: --requests 16 --layers 4 --budget 96 --divide-length 32)
+    (CPU, small: --requests 16 --layers 4 --budget 96 --divide-length 32; the event table
+    also says in how many chunks the engine would split the round on CUDA)
 
 Internals timed (a component micro-benchmark, tests/test_layout.py): `sglang_kvc.compression`'s
 `Compressor`, `QueryRing`, `Trigger` and `kvcache.kv_cache`'s `KVCache` / `KVPool`, without an
@@ -25,7 +26,6 @@ import argparse
 import dataclasses
 import statistics
 import time
-from types import SimpleNamespace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -51,15 +51,34 @@ def make_round(args, algo: str, device: torch.device):
     return comp, kv, n
 
 
+@dataclasses.dataclass(eq=False)  # hashable by identity: the compressor caches per request
+class EventSeq:
+    """What `Compressor.after_step` and `Trigger` read of a decoding request."""
+    row: int | None = None
+    prefix_len: int = 0
+    kv_len: int = 0
+    peak_kv: int = 0
+    num_compressions: int = 0
+    tokens_evicted: int = 0
+    num_computed: int = 0
+    prompt_ids: list = dataclasses.field(default_factory=lambda: [0])
+    output_ids: list = dataclasses.field(default_factory=lambda: [0])
+    first_prompt_len: int | None = None
+    compress_budget: int | None = None
+    compress_stopped: bool = False
+    eviction: object = None
+
+
 def fresh_seqs(kv: KVCache, R: int, n: int) -> list:
     """R requests holding n slots each (slots handed out in a shuffled order, as in a real pool)."""
     kv.reset()
-    seqs = [SimpleNamespace(row=None, kv_len=0, peak_kv=0, num_compressions=0, tokens_evicted=0)
-            for _ in range(R)]
+    seqs = [EventSeq() for _ in range(R)]
     for s in seqs:
         kv.attach(s)
     kv.allocator.free_slots = kv.allocator.free_slots[torch.randperm(kv.capacity, device=kv.pool.device)]
     kv.extend(seqs, [n] * R)
+    for s in seqs:
+        s.num_computed = n
     return seqs
 
 
@@ -98,9 +117,9 @@ def timed_compress(comp: Compressor, seqs: list, timer: StageTimer) -> None:
         timer.mark("score")
         return s
 
-    def compact(*a):
+    def compact(*a, **kw):
         timer.mark("select")
-        orig_compact(*a)
+        orig_compact(*a, **kw)
         timer.mark("compact")
 
     policy.score, kv.compact = score, compact
@@ -129,24 +148,6 @@ def bench(args, algo: str, device: torch.device) -> dict[str, list[float]]:
     return per_stage
 
 
-@dataclasses.dataclass(eq=False)  # hashable by identity: the compressor caches per request
-class EventSeq:
-    """What `Compressor.after_step` and `Trigger` read of a decoding request."""
-    row: int | None = None
-    prefix_len: int = 0
-    kv_len: int = 0
-    peak_kv: int = 0
-    num_compressions: int = 0
-    tokens_evicted: int = 0
-    num_computed: int = 0
-    prompt_ids: list = dataclasses.field(default_factory=lambda: [0])
-    output_ids: list = dataclasses.field(default_factory=lambda: [0])
-    first_prompt_len: int | None = None
-    compress_budget: int | None = None
-    compress_stopped: bool = False
-    eviction: object = None
-
-
 class OpCounter(TorchDispatchMode):
     """Counts aten calls (what the host dispatches: launches, views, allocations)."""
 
@@ -159,14 +160,6 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def event_seqs(kv: KVCache, R: int, n: int) -> list:
-    seqs = [EventSeq() for _ in range(R)]
-    fresh = fresh_seqs(kv, R, n)
-    for s, f in zip(seqs, fresh):
-        s.row, s.kv_len, s.num_computed = f.row, f.kv_len, f.kv_len
-    return seqs
-
-
 def event_costs(args, algo: str, device: torch.device) -> dict[str, float]:
     """Host cost of one engine compaction event (`after_step` after a decode step), median over
     the repeats: wall ms of the call without a final sync (on the GPU: the host's share)."""
@@ -177,33 +170,35 @@ def event_costs(args, algo: str, device: torch.device) -> dict[str, float]:
     comp.compress = lambda group: (calls.__setitem__(0, calls[0] + 1), compress(group))[1]
     host, ops, syncs = [], [], []
     for i in range(args.warmup + args.repeats):
-        seqs, counter = event_seqs(kv, args.requests, n), OpCounter()
+        seqs, counter = fresh_seqs(kv, args.requests, n), OpCounter()
         if device.type == "cuda":
             torch.cuda.synchronize()
         calls[0], t0 = 0, time.perf_counter()
         comp.after_step(seqs, is_prefill=False)
         host.append((time.perf_counter() - t0) * 1e3)
         with counter:
-            comp.after_step(event_seqs(kv, args.requests, n), is_prefill=False)
+            comp.after_step(fresh_seqs(kv, args.requests, n), is_prefill=False)
         ops.append(counter.ops)
         if device.type == "cuda":
             with count_syncs() as seen:
-                comp.after_step(event_seqs(kv, args.requests, n), is_prefill=False)
+                comp.after_step(fresh_seqs(kv, args.requests, n), is_prefill=False)
             syncs.append(seen[0])
     tail = slice(args.warmup, None)
-    return {"chunks": calls[0] // (3 if device.type == "cuda" else 2),
+    cuda_chunks = -(-args.requests // comp.chunk_requests(n, torch.device("cuda")))
+    return {"chunks": calls[0] // (3 if device.type == "cuda" else 2), "cuda_chunks": cuda_chunks,
             "ops": statistics.median(ops[tail]),
             "syncs": statistics.median(syncs[tail]) if syncs else None,
             "host_ms": statistics.median(host[tail])}
 
 
 def print_events(args, device: torch.device) -> None:
-    print("\n| algorithm | chunks / event | torch ops / event | device syncs / event | "
+    print("\n| algorithm | chunks / event (here, on CUDA) | torch ops / event | device syncs / event | "
           "host ms / event |\n|---|---:|---:|---:|---:|")
     for algo in args.algorithms.split(","):
         e = event_costs(args, algo, device)
         syncs = "-" if e["syncs"] is None else f"{e['syncs']:.0f}"
-        print(f"| {algo} | {e['chunks']} | {e['ops']:.0f} | {syncs} | {e['host_ms']:.2f} |", flush=True)
+        print(f"| {algo} | {e['chunks']} ({e['cuda_chunks']}) | {e['ops']:.0f} | {syncs} | "
+              f"{e['host_ms']:.2f} |", flush=True)
 
 
 def main() -> None:

@@ -52,8 +52,7 @@ class Compressor:
             if s.kv_len > trigger.floor(s) and trigger.should_compress(s, is_prefill):
                 groups[s.kv_len, trigger.pinned(s), trigger.budget(s)].append(s)
         for (n, pinned, _), group in groups.items():
-            per_req = self._elems_per_request(n - pinned)
-            step = max(1, self.chunk_elems // per_req)
+            step = self.chunk_requests(n - pinned)
             for i in range(0, len(group), step):
                 self.compress(group[i:i + step])
 
@@ -78,11 +77,15 @@ class Compressor:
                 out.append(s)
         return out
 
-    def _elems_per_request(self, n: int) -> int:
-        pool = self.kv.pool
-        L, _, hkv, d = pool.shape
+    def chunk_requests(self, n: int, device: torch.device | None = None) -> int:
+        """Requests scored together when each has n evictable slots: as many as fit in
+        `chunk_elems` floats (on `device`, the pool's by default: the R-KV scratch differs)."""
+        return max(1, self.chunk_elems // self._elems_per_request(n, device or self.kv.pool.device))
+
+    def _elems_per_request(self, n: int, device: torch.device) -> int:
+        L, _, hkv, d = self.kv.pool.shape
         m = n - self.cfg.window
-        scratch = self.policy.scratch_elems(m, d, pool.device)
+        scratch = self.policy.scratch_elems(m, d, device)
         if self.ring is not None:  # window importance: fp32 logits and their softmax
             scratch += 2 * (self.ring.buf.shape[3] // hkv) * self.cfg.window * m
         return L * hkv * (scratch + 2 * n * d + m * 8)

@@ -7,6 +7,7 @@ loops, scored by the policy, and the moved K/V compared with the pre-compaction 
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -106,7 +107,7 @@ def test_event_keeps_and_moves_what_per_request_scoring_keeps(algo, keep_prompt)
 def test_chunked_event_keeps_the_same_as_one_chunk(algo):
     """after_step splits a round into memory-sized chunks; the split changes nothing kept."""
     whole, kv1, seqs1, n = _engine(algo, True)
-    per_req = whole._elems_per_request(n - whole.trigger.pinned(seqs1[0]))
+    per_req = whole.chunk_elems // whole.chunk_requests(n - whole.trigger.pinned(seqs1[0]))
     chunked, kv2, seqs2, _ = _engine(algo, True, chunk_elems=2 * per_req)
     calls = []
     compress = chunked.compress
@@ -128,6 +129,17 @@ def test_rkv_chunks_count_the_similarity_matrix_only_where_it_is_built():
     assert policy.scratch_elems(632, 64, torch.device("cpu")) == 632 * 632
     assert policy.scratch_elems(632, 48, torch.device("cuda")) == 632 * 632  # torch fallback
     assert policy.scratch_elems(632, 64, torch.device("cuda")) == 0
+
+
+def test_a_round_of_the_05b_model_splits_into_8_chunks_on_cuda_not_24():
+    """The chunk sizing the H200 profile hit: 256 requests holding 640 evictable slots, 24
+    layers, 2 KV heads, 14 query heads, head dim 64 (sizes only: no CUDA needed)."""
+    cfg = CompressionConfig(algorithm="rkv", budget=512, divide_length=128)
+    pool = SimpleNamespace(shape=(24, 1, 2, 64), device=torch.device("cpu"))
+    ring = SimpleNamespace(buf=torch.empty(24, 0, 8, 14, 64))
+    comp = Compressor(cfg, SimpleNamespace(pool=pool), ring, Trigger(cfg))
+    chunks = lambda device: -(-256 // comp.chunk_requests(640, torch.device(device)))
+    assert (chunks("cuda"), chunks("cpu")) == (8, 26)  # cpu: the torch path's m x m matrix
 
 
 def test_pool_keys_read_the_scoring_layout():

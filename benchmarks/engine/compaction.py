@@ -23,6 +23,7 @@ engine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -155,6 +156,10 @@ class OpCounter(TorchDispatchMode):
         super().__init__()
         self.ops = 0
 
+    def __enter__(self):
+        super().__enter__()
+        return self
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops += 1
         return func(*args, **(kwargs or {}))
@@ -162,30 +167,33 @@ class OpCounter(TorchDispatchMode):
 
 def event_costs(args, algo: str, device: torch.device) -> dict[str, float]:
     """Host cost of one engine compaction event (`after_step` after a decode step), median over
-    the repeats: wall ms of the call without a final sync (on the GPU: the host's share)."""
+    the repeats: wall ms of the call without a final sync (on the GPU: the host's share), then
+    the same event again under an op counter and (CUDA) a sync counter."""
     from benchmarks.engine.step_probes import count_syncs
 
     comp, kv, n = make_round(args, algo, device)
-    calls, compress = [0], comp.compress
-    comp.compress = lambda group: (calls.__setitem__(0, calls[0] + 1), compress(group))[1]
-    host, ops, syncs = [], [], []
-    for i in range(args.warmup + args.repeats):
-        seqs, counter = fresh_seqs(kv, args.requests, n), OpCounter()
+    chunks, compress = [], comp.compress
+    comp.compress = lambda group: chunks.append(len(group)) or compress(group)
+
+    def event(probe):
+        seqs = fresh_seqs(kv, args.requests, n)  # set up outside the probe
         if device.type == "cuda":
             torch.cuda.synchronize()
-        calls[0], t0 = 0, time.perf_counter()
-        comp.after_step(seqs, is_prefill=False)
-        host.append((time.perf_counter() - t0) * 1e3)
-        with counter:
-            comp.after_step(fresh_seqs(kv, args.requests, n), is_prefill=False)
-        ops.append(counter.ops)
+        chunks.clear()
+        with probe as seen:
+            t0 = time.perf_counter()
+            comp.after_step(seqs, is_prefill=False)
+            return (time.perf_counter() - t0) * 1e3, seen
+
+    host, ops, syncs = [], [], []
+    for _ in range(args.warmup + args.repeats):
+        host.append(event(contextlib.nullcontext())[0])
+        ops.append(event(OpCounter())[1].ops)
         if device.type == "cuda":
-            with count_syncs() as seen:
-                comp.after_step(fresh_seqs(kv, args.requests, n), is_prefill=False)
-            syncs.append(seen[0])
+            syncs.append(event(count_syncs())[1][0])
     tail = slice(args.warmup, None)
-    cuda_chunks = -(-args.requests // comp.chunk_requests(n, torch.device("cuda")))
-    return {"chunks": calls[0] // (3 if device.type == "cuda" else 2), "cuda_chunks": cuda_chunks,
+    per_chunk_on_cuda = comp.chunk_requests(n, torch.device("cuda"))
+    return {"chunks": len(chunks), "cuda_chunks": -(-args.requests // per_chunk_on_cuda),
             "ops": statistics.median(ops[tail]),
             "syncs": statistics.median(syncs[tail]) if syncs else None,
             "host_ms": statistics.median(host[tail])}

@@ -88,15 +88,13 @@ class CompressionPolicy(abc.ABC):
     """Scores the non-window tokens; `select` turns scores into kept positions."""
 
     needs_queries = True  # whether the engine must keep the query ring for this policy
-    needs_keys = True  # False: `score` reads only the keys' shape and device
 
     def __init__(self, cfg: CompressionConfig):
         self.cfg = cfg
 
-    def scratch_elems(self, m: int, head_dim: int, device: torch.device) -> int:
+    def scratch_elems(self, m: int) -> int:
         """Extra elements scoring m tokens needs per (layer, KV head), beyond keys, queries and
-        scores, for keys of `head_dim` on `device`: the compressor sizes its chunks of requests
-        with it."""
+        scores: the compressor sizes its chunks of requests with it."""
         return 0
 
     @abc.abstractmethod

@@ -52,7 +52,8 @@ class Compressor:
             if s.kv_len > trigger.floor(s) and trigger.should_compress(s, is_prefill):
                 groups[s.kv_len, trigger.pinned(s), trigger.budget(s)].append(s)
         for (n, pinned, _), group in groups.items():
-            step = self.chunk_requests(n - pinned)
+            per_req = self._elems_per_request(n - pinned)
+            step = max(1, self.chunk_elems // per_req)
             for i in range(0, len(group), step):
                 self.compress(group[i:i + step])
 
@@ -77,27 +78,11 @@ class Compressor:
                 out.append(s)
         return out
 
-    def chunk_requests(self, n: int, device: torch.device | None = None) -> int:
-        """Requests scored together when each has n evictable slots: as many as fit in
-        `chunk_elems` floats (on `device`, the pool's by default: the R-KV scratch differs)."""
-        return max(1, self.chunk_elems // self._elems_per_request(n, device or self.kv.pool.device))
-
-    def _elems_per_request(self, n: int, device: torch.device) -> int:
-        L, _, hkv, d = self.kv.pool.shape
+    def _elems_per_request(self, n: int) -> int:
+        pool = self.kv.pool
+        L, _, hkv, d = pool.shape
         m = n - self.cfg.window
-        scratch = self.policy.scratch_elems(m, d, device)
-        if self.ring is not None:  # window importance: fp32 logits and their softmax
-            scratch += 2 * (self.ring.buf.shape[3] // hkv) * self.cfg.window * m
-        return L * hkv * (scratch + 2 * n * d + m * 8)
-
-    def _keys(self, slots: torch.Tensor) -> torch.Tensor:
-        """The keys the policy scores. A position-only policy reads just their shape: a
-        zero-stride stand-in spares gathering every held key of every layer."""
-        if self.policy.needs_keys:
-            return self.kv.pool.keys(slots)
-        L, _, hkv, d = self.kv.pool.shape
-        stub = torch.empty((), dtype=self.kv.pool.compute_dtype, device=slots.device)
-        return stub.expand(slots.shape[0], L, hkv, slots.shape[1], d)
+        return L * hkv * (self.policy.scratch_elems(m) + 2 * n * d + m * 8)
 
     @torch.inference_mode()
     def compress(self, seqs: list) -> torch.Tensor:
@@ -108,7 +93,7 @@ class Compressor:
         n, pinned, keep = first.kv_len, self.trigger.pinned(first), self.trigger.budget(first)
         rows = _to_device([s.row for s in seqs], kv.pool.device)
         slots = kv.req_to_token.table[rows, pinned:n].long()  # [R, n - P]: the evictable slots
-        keys = self._keys(slots)  # [R, L, Hkv, n - P, D], dequantized
+        keys = kv.pool.keys(slots).permute(1, 0, 3, 2, 4)  # [R, L, Hkv, n - P, D], dequantized
         queries = self.ring.gather(rows) if self.policy.needs_queries else None
         idx = self.policy.select(keys, queries, keep)
         del keys, queries

@@ -5,15 +5,12 @@ from __future__ import annotations
 import torch
 
 from .base import CompressionPolicy
-from .scoring import fused_redundancy, key_redundancy, pool1d, window_importance
+from .scoring import key_redundancy, pool1d, window_importance
 
 
 class RKVPolicy(CompressionPolicy):
-    def scratch_elems(self, m: int, head_dim: int, device: torch.device) -> int:
-        # The torch path builds the m x m key similarity matrix; the fused Triton pass does not.
-        # Counting it there cut the 0.5B model's 256-request round into 24 chunks (24x the
-        # launches and host work of one); without it, 8.
-        return 0 if fused_redundancy(device, head_dim) else m * m
+    def scratch_elems(self, m: int) -> int:
+        return m * m  # the key similarity matrix of the torch path
 
     def score(self, keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         c = self.cfg

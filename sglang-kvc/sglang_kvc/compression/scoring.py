@@ -16,11 +16,8 @@ def window_importance(keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor
     *lead, hkv, m, d = keys.shape
     hq, w = queries.shape[-3], queries.shape[-2]
     g = hq // hkv
-    # One fp32 copy of each, contiguous, so the reshape and the batched matmul are views: the
-    # ring's permuted queries otherwise got copied twice (.float(), then reshape).
-    q = queries.to(torch.float32, memory_format=torch.contiguous_format).reshape(*lead, hkv, g * w, d)
-    k = keys.to(torch.float32, memory_format=torch.contiguous_format)
-    logits = (q @ k.transpose(-1, -2)).mul_(d ** -0.5)  # [..., Hkv, g*w, m], scaled in place
+    q = queries.float().reshape(*lead, hkv, g * w, d)
+    logits = q @ keys.float().transpose(-1, -2) * d ** -0.5  # [..., Hkv, g*w, m]
     probs = logits.softmax(dim=-1).reshape(*lead, hkv, g, w, m)
     return probs.mean(dim=-2).amax(dim=-2)
 
@@ -42,16 +39,12 @@ def pool1d(x: torch.Tensor, kernel: int, kind: str) -> torch.Tensor:
 def key_redundancy(keys: torch.Tensor, threshold: float) -> torch.Tensor:
     """R-KV redundancy of each token among the non-window keys [..., m, D] -> [..., m]: one
     Triton pass on CUDA (`triton_scoring.py`, no m x m matrix), the torch reference elsewhere."""
-    if fused_redundancy(keys.device, keys.shape[-1]):
+    d = keys.shape[-1]
+    if keys.is_cuda and d >= 16 and d & (d - 1) == 0:
         from .triton_scoring import key_redundancy as fused
 
         return fused(keys, threshold)
     return key_redundancy_torch(keys, threshold)
-
-
-def fused_redundancy(device: torch.device, head_dim: int) -> bool:
-    """Whether `key_redundancy` takes the Triton pass (no m x m matrix) for these keys."""
-    return device.type == "cuda" and head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
 def key_redundancy_torch(keys: torch.Tensor, threshold: float) -> torch.Tensor:

@@ -9,7 +9,6 @@ from .base import CompressionPolicy
 
 class StreamingLLMPolicy(CompressionPolicy):
     needs_queries = False  # position-only: no query ring needed
-    needs_keys = False  # nor the keys themselves (the compressor passes a zero-stride stand-in)
 
     def score(self, keys: torch.Tensor, queries: torch.Tensor | None) -> torch.Tensor:
         *lead, n, _ = keys.shape

@@ -46,7 +46,6 @@ class KVPool:
         self.k_scale = (ones if k_scale is None else k_scale).to(device=device, dtype=torch.float32)
         self.v_scale = (ones if v_scale is None else v_scale).to(device=device, dtype=torch.float32)
         self.k = self.v = None
-        self._entry_base: dict = {}  # device -> [L, Hkv, 1] offsets (entry_index)
         self.allocate()
 
     @property
@@ -84,36 +83,18 @@ class KVPool:
                 dequantize(v.view(self.dtype), self.v_scale[layer], self.compute_dtype))
 
     def keys(self, slots: torch.Tensor) -> torch.Tensor:
-        """Every layer's keys of `slots` [R, n] as [R, L, Hkv, n, D] (the scoring layout),
-        contiguous and dequantized. One index_select over flat (layer, slot, head) rows writes
-        that layout directly: `k[:, slots]` then a permute made scoring copy the keys again
-        (reshape / .float() of a non-contiguous view) at every compaction."""
-        L, d = self.k.shape[0], self.k.shape[-1]
-        rows = self.entry_index(slots[:, None, None, :])  # [R, L, Hkv, n]
-        raw = self.k.view(-1, d).index_select(0, rows.flatten()).view(*rows.shape, d)
+        """Every layer's keys of `slots` [R, n] as [L, R, n, Hkv, D], dequantized (scoring)."""
         if not self.quantized:
-            return raw
+            return self.k[:, slots]
         # Layer by layer into one compute-dtype tensor: dequantizing all layers at once made an
         # fp32 copy of every scored key (2 GB for 256 requests x 640 slots of the 0.5B model),
         # twice the bf16 keys, at every compaction.
-        out = torch.empty(raw.shape, dtype=self.compute_dtype, device=raw.device)
-        for layer in range(L):
-            out[:, layer] = dequantize(raw[:, layer].view(self.dtype), self.k_scale[layer],
-                                       self.compute_dtype)
+        out = torch.empty((self.k.shape[0], *slots.shape, *self.k.shape[2:]), dtype=self.compute_dtype,
+                          device=self.k.device)
+        for layer in range(self.k.shape[0]):
+            out[layer] = dequantize(self.k[layer, slots].view(self.dtype), self.k_scale[layer],
+                                    self.compute_dtype)
         return out
-
-    def entry_index(self, slots: torch.Tensor) -> torch.Tensor:
-        """Flat row of entry (layer l, slot, head h) in a [L, S, Hkv, D] buffer viewed as
-        [L * S * Hkv, D], for `slots` [R, L or 1, Hkv or 1, k] -> [R, L, Hkv, k]: one
-        index_select (or index_copy_) then moves them, cheaper than multi-tensor advanced
-        indexing. The (layer, head) offsets are built once per device (3 fewer launches a call)."""
-        base = self._entry_base.get(slots.device)
-        if base is None:
-            L, S, hkv, _ = self.shape
-            layer = torch.arange(L, device=slots.device)[:, None] * (S * hkv)
-            base = (layer + torch.arange(hkv, device=slots.device))[..., None]
-            self._entry_base[slots.device] = base
-        return base + slots.long() * self.shape[2]
 
     def layer_buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`layer`'s K and V buffers [num_slots, Hkv, D] as kernels read them (FP8 views)."""
@@ -342,8 +323,7 @@ class KVCache:
         k = keep_idx.shape[-1]
         src = slots.gather(1, keep_idx.flatten(1)).view_as(keep_idx)  # [R, L, Hkv, k]
         dst, freed = self._targets(seqs, slots, k, offset)
-        # dst [R, 1, 1, k] broadcasts over layers and heads: [R, L, Hkv, k] rows, as src
-        src, dst = self._entry_index(src), self._entry_index(dst[:, None, None, :])
+        src, dst = self._entry_index(src), self._entry_index(dst[:, None, None, :].expand_as(src))
         for buf in (self.pool.k, self.pool.v):
             flat = buf.view(-1, buf.shape[-1])  # one row per (layer, slot, head) entry
             # index_select materialises every kept entry before index_copy_ writes, so
@@ -384,7 +364,13 @@ class KVCache:
             self._hold(seq, self.prefix.ancestor_at(seq.prefix_node, n), n)
 
     def _entry_index(self, slots: torch.Tensor) -> torch.Tensor:
-        return self.pool.entry_index(slots).flatten()
+        """Flat row of pool entry (layer l, slot, head h) for `slots` [R, L, Hkv, k]: one
+        index_select/index_copy_ pair moves them (cheaper than multi-tensor advanced indexing)."""
+        L, S, hkv, _ = self.pool.shape
+        dev = slots.device
+        layer = torch.arange(L, device=dev)[None, :, None, None] * (S * hkv)
+        head = torch.arange(hkv, device=dev)[None, None, :, None]
+        return (layer + slots.long() * hkv + head).flatten()
 
     def release(self, seq) -> None:
         """Return a request's own slots and its table row, and its lock on a cached prefix."""

@@ -38,7 +38,7 @@ def _pool_keys(dtype, keys, device="cpu"):
     slots, keys = torch.arange(1, R * N + 1, device=device), keys.to(device)
     for layer in range(L):
         pool.write(layer, slots, keys[layer], keys[layer])
-    return pool.keys(slots.view(R, N))  # [R, L, H, N, D], as the compressor reads them
+    return pool.keys(slots.view(R, N)).permute(1, 0, 3, 2, 4)  # [R, L, H, N, D], as compressor
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(

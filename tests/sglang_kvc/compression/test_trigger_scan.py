@@ -9,7 +9,6 @@ import random
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from sglang_kvc.compression.base import CompressionConfig
 from sglang_kvc.compression.compressor import Compressor
@@ -38,8 +37,7 @@ def test_scan_picks_what_the_trigger_picks(method, keep_prompt):
     cfg = CompressionConfig("rkv", budget=24, window=4, divide_method=method, divide_length=9,
                             keep_prompt=keep_prompt, stop_after_think=False)
     trigger = Trigger(cfg, newline_ids={7})
-    # [L, slots, Hkv, D] and the device: what chunking reads
-    pool = SimpleNamespace(shape=(2, 1000, 2, 8), device=torch.device("cpu"))
+    pool = SimpleNamespace(shape=(2, 1000, 2, 8))  # [L, slots, Hkv, D]: what chunking reads
     comp = Compressor(cfg, kv=SimpleNamespace(pool=pool), ring=None, trigger=trigger)
     picked: list = []
     comp.compress = lambda group: picked.extend(group)  # record, no KV to move

@@ -238,7 +238,8 @@ def start_engine(args, model_dir: str, samples: int, longest: int):
     # (a turn that re-prefills its history would measure memory pressure, not the host path)
     kw = dict(model_path=model_dir, device=args.device, dtype="bfloat16" if cuda else "float32",
               context_length=context, max_running_requests=samples, random_seed=args.seed,
-              max_total_tokens=samples * context + 4096)
+              max_total_tokens=samples * context + 4096,
+              schedule_prefill_delay_steps=args.prefill_delay_steps)
     if cuda:
         kw.update(cuda_graph_max_bs=min(samples, 512), mem_fraction_static=0.5)
     return EngineRollout(Engine(**kw))
@@ -270,6 +271,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument("--prefill-delay-steps", type=int, default=16,
+                   help="the engine's --schedule-prefill-delay-steps (16, what "
+                        "scripts/run-smollm2-tool.sh runs; 0: a prefill per arrival)")
     p.add_argument("--cudnn-sdp", default="off",
                    help="comma list of the engine's cuDNN attention settings to run, in order "
                         "(off, on), e.g. off,on")

@@ -98,6 +98,10 @@ class ServerArgs:
         None, "most tokens (prompt + max_new_tokens per sample) queued or running at once; "
               "beyond: HTTP 503; default 64 x the KV pool")
     max_prefill_tokens: int = _arg(16384, "token budget of one prefill batch")
+    schedule_prefill_delay_steps: int = _arg(
+        0, "decode steps a small prefill waits for more arrivals while other requests decode "
+           "(0: at once). Multi-turn rollouts, whose turns arrive a few at a time, batch their "
+           "continuations: each eager prefill step costs tens of ms of host (docs/engine.md)")
     context_length: int | None = _arg(
         None, "longest prompt+output per request; default the model's max_position_embeddings")
     page_size: int = _arg(1, "KV tokens per page (only 1 is implemented)")
@@ -190,6 +194,8 @@ class ServerArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if self.cuda_graph_bs is not None:
             parse_batch_sizes(self.cuda_graph_bs)
+        if self.schedule_prefill_delay_steps < 0:
+            raise ValueError("--schedule-prefill-delay-steps must be >= 0")
         if self.max_queued_tokens is not None and self.max_queued_tokens < 1:
             raise ValueError("--max-queued-tokens must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 2:

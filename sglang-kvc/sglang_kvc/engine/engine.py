@@ -124,6 +124,7 @@ class Engine(EngineWeights, EngineMemory):
         self.scheduler = Scheduler(
             SchedulerConfig(args.max_running_requests, args.max_prefill_tokens,
                             max_seq_len=self.max_seq_len,
+                            prefill_delay_steps=args.schedule_prefill_delay_steps,
                             match_tail=ring.window if ring is not None else 1), self.kv,
             bound=self.compressor.bound if self.compressor is not None else None,
             cow=self.compressor.cow_slots if self.compressor is not None else None)

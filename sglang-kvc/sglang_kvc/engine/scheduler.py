@@ -56,6 +56,11 @@ class SchedulerConfig:
     # immediate preemption on the next decode steps.
     reserve_steps: int = 8
     max_seq_len: int = 1 << 62  # prompt + output tokens at which a request stops decoding
+    # Decode steps a small prefill may wait for more arrivals while others decode (0: prefill
+    # at once). A prefill step is eager (~1,000 kernel launches for a 30-layer model: ~65 ms of
+    # host on an H200's host against ~2.8 ms a graphed decode step), so multi-turn rollouts,
+    # whose turns arrive a few rows at a time, paid one per arrival (docs/engine.md).
+    prefill_delay_steps: int = 0
     match_tail: int = 1  # prompt tokens always computed by a compressing request (its query ring)
 
 
@@ -83,9 +88,16 @@ class Scheduler:
         self.max_running = 0
         self.decode_steps = 0
         self.decode_seq_steps = 0
+        self._wait_start = 0  # decode_steps when the waiting queue last became non-empty
+        self.delayed_steps = 0  # decode steps taken while a prefill was held back
 
     def add(self, seq: Sequence) -> None:
+        self._note_arrival()
         self.waiting.append(seq)
+
+    def _note_arrival(self) -> None:
+        if not self.waiting:
+            self._wait_start = self.decode_steps
 
     def has_work(self) -> bool:
         return not self.paused and bool(self.waiting or self.running)
@@ -93,15 +105,30 @@ class Scheduler:
     def schedule(self) -> Batch | None:
         if self.paused:
             return None
-        admitted = self._admit()
+        admitted = self._admit() if self._prefill_due() else []
         if admitted:
             return Batch(True, admitted, self.version)
         seqs = self._make_room_for_decode()
-        if not seqs:
-            return None
+        if not seqs:  # nothing to decode: a held-back prefill goes now
+            admitted = self._admit()
+            return Batch(True, admitted, self.version) if admitted else None
+        if self.waiting:
+            self.delayed_steps += 1
         self.decode_steps += 1
         self.decode_seq_steps += len(seqs)
         return Batch(False, seqs, self.version)
+
+    def _prefill_due(self) -> bool:
+        """Whether the waiting requests prefill now: always without a delay or with nothing
+        running; else once the oldest has waited `prefill_delay_steps` decode steps, or once
+        half a prefill batch of tokens waits (a large arrival, e.g. a new rollout, goes at once)."""
+        delay = self.cfg.prefill_delay_steps
+        if delay <= 0 or not self.running or not self.waiting:
+            return True
+        if self.decode_steps - self._wait_start >= delay:
+            return True
+        pending = sum(s.num_tokens - s.num_computed for s in self.waiting)
+        return pending >= self.cfg.max_prefill_tokens // 2
 
     def _decodable(self) -> list[Sequence]:
         """The running requests that may sample another token (Sequence.can_decode), through
@@ -215,6 +242,7 @@ class Scheduler:
         seq.status = Status.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
+        self._note_arrival()
         self.waiting.appendleft(seq)
 
     def remove(self, seq: Sequence) -> None:

@@ -21,6 +21,7 @@ ownership.py states the invariant and checks it in debug mode (SGLANG_KVC_CHECK_
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .prefix_cache import Match, PrefixCache
@@ -113,11 +114,14 @@ class KVPool:
 def segments(counts: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For a flat batch of requests with `counts` tokens each (host tensors): each token's
     request index [T], each request's first flat index [B], each token's index within its
-    request [T]. One place for the arithmetic that replaces per-request Python loops."""
-    n = torch.tensor(counts, dtype=torch.int64)
-    start = torch.cumsum(n, 0) - n
-    seg = torch.repeat_interleave(torch.arange(len(counts)), n)
-    return seg, start, torch.arange(len(seg)) - start[seg]
+    request [T]. One place for the arithmetic that replaces per-request Python loops. In numpy:
+    torch's CPU repeat_interleave took ~2.3 ms a call on an H200 machine's host (its profile of
+    a multi-turn prefill step, 2026-11-29), three calls a prefill step."""
+    n = np.asarray(counts, dtype=np.int64)
+    start = np.cumsum(n) - n
+    seg = np.repeat(np.arange(len(n), dtype=np.int64), n)
+    offset = np.arange(len(seg), dtype=np.int64) - start[seg]
+    return tuple(torch.from_numpy(a) for a in (seg, start, offset))
 
 
 class SlotAllocator:

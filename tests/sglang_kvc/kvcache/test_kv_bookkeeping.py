@@ -92,3 +92,17 @@ def test_extend_layout_matches_per_token_lists():
     assert e.tokens.tolist() == [3, 4, 5, 6, 12, 13]
     assert e.pad_rows.tolist() == [0, 1, 2, 3, lq + 0, lq + 1]  # request e's j-th query: e*Lq+j
     assert extend_layout([3, 1], [0, 0], [1, 2], torch.device("cpu")) is None
+
+
+def test_segments_by_hand_and_against_a_per_request_loop():
+    from sglang_kvc.kvcache.kv_cache import segments
+
+    seg, start, offset = segments([3, 0, 2])
+    assert (seg.tolist(), start.tolist(), offset.tolist()) == ([0, 0, 0, 2, 2], [0, 3, 3], [0, 1, 2, 0, 1])
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.randint(0, 9, (40,), generator=gen).tolist()
+    seg, start, offset = segments(counts)
+    want = [(i, j) for i, c in enumerate(counts) for j in range(c)]
+    assert list(zip(seg.tolist(), offset.tolist())) == want
+    assert start.tolist() == [sum(counts[:i]) for i in range(len(counts))]
+    assert seg.dtype == start.dtype == offset.dtype == torch.int64

@@ -48,8 +48,10 @@ def make_round(args, algo: str, device: torch.device):
 def fresh_seqs(kv: KVCache, R: int, n: int) -> list:
     """R requests holding n slots each (slots handed out in a shuffled order, as in a real pool)."""
     kv.reset()
-    seqs = [SimpleNamespace(row=None, kv_len=0, peak_kv=0, num_compressions=0, tokens_evicted=0)
-            for _ in range(R)]
+    # what Compressor.compress and Trigger read of a request (a per-request budget, none pinned)
+    seqs = [SimpleNamespace(row=None, prefix_len=0, kv_len=0, peak_kv=0, num_compressions=0,
+                            tokens_evicted=0, compress_budget=None, first_prompt_len=None,
+                            prompt_ids=[0], eviction=None) for _ in range(R)]
     for s in seqs:
         kv.attach(s)
     kv.allocator.free_slots = kv.allocator.free_slots[torch.randperm(kv.capacity, device=kv.pool.device)]
@@ -92,9 +94,9 @@ def timed_compress(comp: Compressor, seqs: list, timer: StageTimer) -> None:
         timer.mark("score")
         return s
 
-    def compact(*a):
+    def compact(*a, **kw):
         timer.mark("select")
-        orig_compact(*a)
+        orig_compact(*a, **kw)
         timer.mark("compact")
 
     policy.score, kv.compact = score, compact

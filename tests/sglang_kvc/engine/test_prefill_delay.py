@@ -70,17 +70,23 @@ LATE = [list(range(20, 27)), list(range(40, 45))]
 
 
 def _run(path, delay: int):
-    """A long request, then two short ones submitted once it decodes: (tokens, prefill steps,
-    decode steps taken while a prefill was held back)."""
+    """A long request, then two short ones submitted once it decodes (the engine paused meanwhile):
+    (tokens, prefill steps, decode steps taken while a prefill was held back)."""
     from sglang_kvc import Engine
 
     with Engine(model_path=path, device="cpu", dtype="float32", random_seed=0,
                 schedule_prefill_delay_steps=delay) as eng:
         long = eng.submit_generate({"input_ids": FIRST, "sampling_params": GREEDY_LONG})
+        deadline = time.monotonic() + 60
         while eng.step_stats.decode_steps < 2:
+            assert time.monotonic() < deadline, "the long request never decoded"
             time.sleep(0.001)
+        # paused, the late requests reach the queue while the long one is mid-run however slow
+        # this machine is: the inbox is FIFO, so both are taken in before the continue
+        eng.pause_generation()
         late = [eng.submit_generate({"input_ids": ids, "sampling_params": GREEDY_SHORT})[0]
                 for ids in LATE]
+        eng.continue_generation()
         outs = [f.result(timeout=120) for f in long + late]
         return ([o["output_ids"] for o in outs], eng.step_stats.prefill_steps,
                 eng.scheduler.delayed_steps)

@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.engine.multiturn_probe import StepProbe, profiled
+from benchmarks.engine.multiturn_throughput import cudnn_settings, default_device
 from benchmarks.engine.multiturn_profile import one_look
 
 ONE = {"temperature": 0.0, "ignore_eos": True, "max_new_tokens": 1}
@@ -134,19 +135,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="comma list of the engine's cuDNN attention settings (off, on), in order")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    args.settings = [v.strip() for v in args.cudnn_sdp.split(",")]
-    if any(v not in ("off", "on") for v in args.settings) or len(set(args.settings)) != len(args.settings):
-        p.error(f"--cudnn-sdp {args.cudnn_sdp!r}: a comma list of distinct off/on")
+    args.settings = cudnn_settings(p, args.cudnn_sdp)
     try:
         args.contexts = [int(c) for c in args.contexts.split(",")]
     except ValueError:
         p.error(f"--contexts {args.contexts!r}: a comma list of integers")
     if min(args.contexts) < 1 or args.rows < 1 or args.new < 1 or args.repeats < 1:
         p.error("--contexts, --rows, --new and --repeats must be positive")
-    if args.device is None:
-        import torch
-
-        args.device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    args.device = args.device or default_device(args.tiny)
     return args
 
 

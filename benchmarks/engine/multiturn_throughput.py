@@ -280,19 +280,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="one more multi-turn run per setting under torch.profiler; tables here")
     args = p.parse_args(argv)
-    args.settings = [v.strip() for v in args.cudnn_sdp.split(",")]
-    if not args.settings or any(v not in ("off", "on") for v in args.settings) \
-            or len(set(args.settings)) != len(args.settings):
-        p.error(f"--cudnn-sdp {args.cudnn_sdp!r}: a comma list of distinct off/on")
+    args.settings = cudnn_settings(p, args.cudnn_sdp)
     defaults = (4, 4, 12, 1) if args.tiny else (64, 8, 64, 2)  # what was not given
     for key, value in zip(("prompts", "samples", "turn_tokens", "repeats"), defaults):
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.device is None:
-        import torch
-
-        args.device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    args.device = args.device or default_device(args.tiny)
     return args
+
+
+def cudnn_settings(p: argparse.ArgumentParser, value: str) -> list[str]:
+    """--cudnn-sdp's settings: a comma list of distinct off/on, in order (an argparse error
+    naming the flag otherwise). Shared with continuation_prefill.py."""
+    settings = [v.strip() for v in value.split(",")]
+    if any(v not in ("off", "on") for v in settings) or len(set(settings)) != len(settings):
+        p.error(f"--cudnn-sdp {value!r}: a comma list of distinct off/on")
+    return settings
+
+
+def default_device(tiny: bool) -> str:
+    """cuda when there is one, unless the tiny CPU model is asked for."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() and not tiny else "cpu"
 
 
 def benchmark(args, model_dir: str) -> dict:

@@ -121,6 +121,10 @@ class ServerArgs:
     disable_overlap_schedule: bool = _arg(
         False, "read each step's tokens before launching the next (default: prepare step N+1 "
                "while the GPU runs step N)")
+    kv_stable_address: bool = _arg(
+        True, "keep the KV pool at one address across release/resume_memory_occupation (CUDA "
+              "virtual memory: the memory is given back, the address kept), so decode graphs are "
+              "captured once per engine life, not once per colocated rollout", negatable=True)
     cuda_graph_max_bs: int = _arg(256, "largest decode batch captured in a CUDA graph")
     cuda_graph_bs: str | None = _arg(
         None, "decode batch sizes with a CUDA graph, e.g. 1-32,48,64 (a batch runs in the "

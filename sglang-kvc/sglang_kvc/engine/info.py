@@ -13,7 +13,8 @@ def pool_info(kv) -> dict:
     return {"capacity": kv.capacity, "used": used, "free": kv.num_free,
             "usage": used / kv.capacity, "allocated": kv.pool.allocated,
             "bytes": kv.pool.bytes, "peak_used": kv.allocator.peak_used,
-            "bytes_per_slot": kv.pool.bytes // kv.pool.num_slots}
+            "bytes_per_slot": kv.pool.bytes // kv.pool.num_slots,
+            "stable_address": getattr(kv.pool, "stable", None) is not None}
 
 
 def compression_info(c) -> dict:

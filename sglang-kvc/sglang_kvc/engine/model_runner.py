@@ -23,6 +23,7 @@ from ..compression import POLICIES, CompressionConfig
 from ..compression.compressor import Compressor
 from ..compression.query_ring import QueryRing
 from ..compression.trigger import Trigger
+from ..kvcache import stable_memory
 from ..kvcache.kv_cache import KVCache, KVPool
 from ..kvcache.kv_quant import FP8_DTYPES, check_device, load_scales
 from ..models.causal_lm import CausalLM
@@ -62,7 +63,9 @@ def kv_pool_slots(args: ServerArgs, cfg: ModelConfig, device: torch.device, kv_d
     per_token = cfg.kv_bytes_per_token_per_elem * torch.empty((), dtype=kv_dtype).element_size()
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-        budget = total * args.mem_fraction_static - torch.cuda.memory_allocated(device)
+        # stable pools' memory is not in torch's allocator stats (stable_memory.py)
+        used = torch.cuda.memory_allocated(device) + stable_memory.mapped_bytes(device)
+        budget = total * args.mem_fraction_static - used
         slots = int(budget // per_token)
         if args.max_total_tokens:
             slots = min(slots, args.max_total_tokens)
@@ -81,7 +84,7 @@ def build_kv_cache(args: ServerArgs, cfg: ModelConfig, device: torch.device, dty
     scales = load_scales(args.quantization_param_path, cfg.num_layers)
     pool = KVPool(kv_pool_slots(args, cfg, device, kv_dtype), cfg.num_layers, cfg.num_kv_heads,
                   cfg.head_dim, kv_dtype, device, compute_dtype=dtype, k_scale=scales,
-                  v_scale=scales)
+                  v_scale=scales, stable_address=args.kv_stable_address and stable_memory.available(device))
     return KVCache(pool, args.max_running_requests, context_length,
                    prefix_cache=not args.disable_radix_cache)
 

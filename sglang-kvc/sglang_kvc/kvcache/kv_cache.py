@@ -26,17 +26,21 @@ import torch
 
 from .prefix_cache import Match, PrefixCache
 from .kv_quant import dequantize, is_fp8, quantize
+from .stable_memory import StableMemory
 
 
 class KVPool:
     """`dtype` is what a slot holds: the model dtype, another float dtype, or FP8 (kv_quant.py:
     stored as uint8 bytes, with per-layer `k_scale` / `v_scale`; `compute_dtype` is what reads
     dequantize to). Scales live on the device (kernels and captured graphs read them there) and
-    survive release/allocate."""
+    survive release/allocate. `stable_address` (CUDA): the pool's memory comes from a reserved
+    address range (stable_memory.py), so a release/allocate cycle gives the memory back and
+    returns it at the same address, and graphs captured on the pool stay valid."""
 
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, compute_dtype: torch.dtype | None = None,
-                 k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None):
+                 k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                 stable_address: bool = False):
         self.num_slots, self.num_layers = num_slots, num_layers
         self.shape = (num_layers, num_slots, num_kv_heads, head_dim)
         self.dtype, self.device = dtype, device
@@ -47,21 +51,38 @@ class KVPool:
         self.k_scale = (ones if k_scale is None else k_scale).to(device=device, dtype=torch.float32)
         self.v_scale = (ones if v_scale is None else v_scale).to(device=device, dtype=torch.float32)
         self.k = self.v = None
+        self.stable = StableMemory(2 * self._v_offset(), device) if stable_address else None
         self.allocate()
 
     @property
-    def bytes(self) -> int:
+    def numel(self) -> int:
+        """Elements of K (= of V)."""
         n = 1
         for s in self.shape:
             n *= s
-        return 2 * n * torch.empty((), dtype=self.dtype).element_size()
+        return n
+
+    @property
+    def bytes(self) -> int:
+        return 2 * self.numel * torch.empty((), dtype=self.store_dtype).element_size()
+
+    def _v_offset(self) -> int:
+        """Where V starts in a stable range: after K, 512-byte aligned."""
+        return (self.bytes // 2 + 511) // 512 * 512
 
     def allocate(self) -> None:
-        self.k = torch.zeros(self.shape, dtype=self.store_dtype, device=self.device)
-        self.v = torch.zeros(self.shape, dtype=self.store_dtype, device=self.device)
+        if self.stable is None:
+            self.k = torch.zeros(self.shape, dtype=self.store_dtype, device=self.device)
+            self.v = torch.zeros(self.shape, dtype=self.store_dtype, device=self.device)
+            return
+        self.stable.map()  # zeroed
+        self.k = self.stable.tensor(self.store_dtype, 0, self.numel).view(self.shape)
+        self.v = self.stable.tensor(self.store_dtype, self._v_offset(), self.numel).view(self.shape)
 
     def release(self) -> None:
-        self.k = self.v = None
+        self.k = self.v = None  # no view of the range may outlive its mapping
+        if self.stable is not None:
+            self.stable.unmap()
 
     @property
     def allocated(self) -> bool:

@@ -81,7 +81,8 @@ def test_graphs_survive_a_kv_release_or_are_recaptured(tiny_models, prompts, mov
 
     params = {"temperature": 1.0, "max_new_tokens": 16, "ignore_eos": True, "sampling_seed": 5}
     path = str(tiny_models["qwen2.5"])
-    with Engine(model_path=path, device="cuda", dtype="float32", max_total_tokens=2048) as eng:
+    with Engine(model_path=path, device="cuda", dtype="float32", max_total_tokens=2048,
+                kv_stable_address=False) as eng:  # the caching allocator's pool (the stable one: below)
         first = eng.generate(prompt=prompts, sampling_params=params, return_logprob=True)
         captures = eng.get_server_info()["cuda_graphs"]["captures"]
         ptrs = eng.runner.graphs.kv_ptrs
@@ -97,6 +98,38 @@ def test_graphs_survive_a_kv_release_or_are_recaptured(tiny_models, prompts, mov
         assert a["meta_info"]["output_token_logprobs"] == b["meta_info"]["output_token_logprobs"]
     # re-captured exactly when the pool moved (the old graphs would write the old addresses)
     assert (info["captures"] > captures) == (now != ptrs)
+
+
+def test_stable_pool_keeps_graphs_across_a_colocated_release(tiny_models, prompts):
+    """The colocated trainer's cycle with the stable pool (the default): the release gives the
+    pool's memory back to the driver (another allocation can take it), the resume brings the pool
+    back at the same address, so no graph is captured again; tokens and log-probs equal the
+    first rollout's (same seed)."""
+    from sglang_kvc.engine.engine import Engine
+
+    params = {"temperature": 1.0, "max_new_tokens": 16, "ignore_eos": True, "sampling_seed": 5}
+    with Engine(model_path=str(tiny_models["qwen2.5"]), device="cuda", dtype="float32",
+                max_total_tokens=1 << 16) as eng:
+        assert eng.kv.pool.stable is not None
+        first = eng.generate(prompt=prompts, sampling_params=params, return_logprob=True)
+        captures = eng.get_server_info()["cuda_graphs"]["captures"]
+        ptrs, size = eng.runner.graphs.kv_ptrs, eng.kv.pool.bytes
+        free_before = torch.cuda.mem_get_info()[0]
+        eng.release_memory(["kv_cache"])
+        freed = torch.cuda.mem_get_info()[0] - free_before
+        squatter = torch.empty(size, dtype=torch.uint8, device="cuda")  # the trainer's update
+        squatter.fill_(7)
+        eng.resume_memory(["kv_cache"])
+        again = eng.generate(prompt=prompts, sampling_params=params, return_logprob=True)
+        info = eng.get_server_info()["cuda_graphs"]
+        now = (eng.kv.pool.k.data_ptr(), eng.kv.pool.v.data_ptr())
+        assert int(squatter.min()) == int(squatter.max()) == 7  # the pool did not write into it
+        del squatter
+    assert freed >= size * 0.9, (freed, size)
+    assert now == ptrs and info["captures"] == captures
+    for a, b in zip(first, again):
+        assert a["output_ids"] == b["output_ids"]
+        assert a["meta_info"]["output_token_logprobs"] == b["meta_info"]["output_token_logprobs"]
 
 
 def test_graphs_captured_while_another_thread_computes(tiny_models, prompts):

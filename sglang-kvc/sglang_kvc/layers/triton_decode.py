@@ -41,6 +41,10 @@ class NewTokenKV:
     cos: torch.Tensor  # [max_pos, D] tables (fp32 or the model dtype)
     sin: torch.Tensor
     slots: torch.Tensor  # [B] the new tokens' slots: table[row, kv_len - 1]
+    # Compression's query ring (query_ring.py) of this layer, [table rows, w, Hq, D] in q's
+    # dtype: stage 1 also writes the rotated q there, at [row, position % w] (what
+    # QueryRing.record does), so the scoring policies keep the fused path. None: no ring.
+    ring: torch.Tensor | None = None
 
 
 @triton.jit
@@ -57,9 +61,11 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale, KS, VS,
             stride_qb, stride_qh, stride_ks, stride_vs, stride_tr, stride_ob, stride_oh, stride_os,
             stride_outb, stride_outh,
             KN, VN, Pos, Cos, Sin, Slots, stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cos,
+            Ring, stride_rr, stride_rw, stride_rh, ring_w,
             HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, KVB: tl.constexpr,
             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-            IEEE: tl.constexpr, NEW: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
+            IEEE: tl.constexpr, NEW: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr,
+            RING: tl.constexpr):
     # Grid (request, block of KVB KV heads, split). A slot's KVB heads are one contiguous row of
     # KVB * D values, read whole; each query row carries its vector in its KV head's D columns
     # and zeros elsewhere, so one dot gives every head its own scores and one dot (then a pick
@@ -97,6 +103,10 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale, KS, VS,
         sign = tl.where(dcol < D // 2, -1.0, 1.0)
         q = _rope_tile(Q, q_idx + dcol[None, :], q_idx + partner[None, :], qmask, cos[None, :],
                        sin[None, :], sign[None, :])
+        if RING:  # each head's rotated q (its own D columns) to the ring, once per KV block
+            if split == 0:
+                dst = Ring + row * stride_rr + (pos % ring_w) * stride_rw
+                tl.store(dst + heads[:, None] * stride_rh + dcol[None, :], q, mask=qmask)
         kn_idx = b * stride_knb + (kv0 + col_head) * stride_knh
         k_new = _rope_tile(KN, kn_idx + dcol, kn_idx + partner, cmask, cos, sin, sign)
         v_new = tl.load(VN + b * stride_vnb + (kv0 + col_head) * stride_vnh + dcol, mask=cmask)
@@ -245,11 +255,11 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         q, k_pool, v_pool, table, rows, kv_lens, mid_o, mid_lse, out, scale, k_scale, v_scale,
         q.stride(0), q.stride(1), k_pool.stride(0), v_pool.stride(0), table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), out.stride(0), out.stride(1),
-        *_new_token_args(new, q), HQ=Hq, HKV=Hkv, GROUP=Hq // Hkv, KVB=kvb,
+        *_new_token_args(new, q), *_ring_args(new, q), HQ=Hq, HKV=Hkv, GROUP=Hq // Hkv, KVB=kvb,
         BLOCK_H=max(16, triton.next_power_of_2(kvb * Hq // Hkv)), BLOCK_N=block_n, D=D,
         SPLITS=num_splits, IEEE=q.dtype == torch.float32, NEW=new is not None, FP8=fp8,
         FP8_MAX=torch.finfo(k_pool.dtype).max if fp8 else 0.0,
-        num_warps=num_warps, num_stages=num_stages,
+        RING=new is not None and new.ring is not None, num_warps=num_warps, num_stages=num_stages,
         # RoPE rounds after each op like torch (fused_ops): no contraction into FMAs
         enable_fp_fusion=new is None)
     if num_splits > 1:
@@ -267,3 +277,12 @@ def _new_token_args(new: NewTokenKV | None, q: torch.Tensor) -> tuple:
     assert k.stride(-1) == v.stride(-1) == 1 and cos.stride() == new.sin.stride() and cos.stride(-1) == 1
     return (k, v, new.positions, cos, new.sin, new.slots,
             k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0))
+
+
+def _ring_args(new: NewTokenKV | None, q: torch.Tensor) -> tuple:
+    """Stage 1's Ring, its row / window / head strides and its window (placeholders without)."""
+    if new is None or new.ring is None:
+        return (q, 0, 0, 0, 1)
+    ring = new.ring
+    assert ring.dtype == q.dtype and ring.stride(-1) == 1 and ring.shape[2:] == q.shape[1:]
+    return (ring, ring.stride(0), ring.stride(1), ring.stride(2), ring.shape[1])

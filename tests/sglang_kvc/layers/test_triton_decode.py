@@ -106,11 +106,16 @@ def test_fused_rope_store_matches_separate_kernels(dtype, hq, hkv, d):
     ref_k, ref_v = k_pool.clone(), v_pool.clone()
     q_rot = rope_store_(q.clone(), k.clone(), v, positions, cos, sin, ref_k, ref_v, out_slots,
                         q_out=torch.empty(q.shape, dtype=dtype, device=dev))
+    window = 7  # the query ring (compression): rotated q at [row, position % w], as QueryRing.record
+    ref_ring = torch.zeros(B + 1, window, hq, d, device=dev, dtype=dtype)
+    ref_ring.index_put_((rows, positions % window), q_rot)
     for splits in (1, 4, None):
         kp, vp = k_pool.clone(), v_pool.clone()
-        new = NewTokenKV(k, v, positions, cos, sin, out_slots)
+        ring = torch.zeros_like(ref_ring)
+        new = NewTokenKV(k, v, positions, cos, sin, out_slots, ring=ring)
         out = paged_decode_attention(q, kp, vp, table, rows, lens, d ** -0.5, splits, new=new)
         ref = paged_decode_attention(q_rot, ref_k, ref_v, table, rows, lens, d ** -0.5, splits)
+        assert torch.equal(ring, ref_ring), splits
         assert torch.equal(vp, ref_v), splits
         assert torch.equal(kp, ref_k), (splits, (kp != ref_k).sum().item(), (kp.float() - ref_k.float()).abs().max())
         # bf16: the new token's p is rounded at another running max than inside the block

@@ -47,6 +47,17 @@ def test_engine_flags_become_server_args(flags):
     assert server_args.model_path == flags[1]
 
 
+@pytest.mark.parametrize("extra,want", [([], 0), (["--env-path", "recipes.tool_use:ArithToolEnv"], 16),
+                                        (["--env-path", "recipes.tool_use:ArithToolEnv",
+                                          "--sglang-schedule-prefill-delay-steps", "0"], 0),
+                                        (["--sglang-schedule-prefill-delay-steps", "4"], 4)])
+def test_prefill_delay_defaults_to_16_for_multiturn_runs(flags, extra, want):
+    """Multi-turn runs batch arriving turns (engine --schedule-prefill-delay-steps 16) unless
+    the flag says otherwise; single-turn runs keep the engine's 0."""
+    engines = rollout_setup_from_args(parse_args([*flags, *extra])).engines
+    assert engines.server_args(device="cpu").schedule_prefill_delay_steps == want
+
+
 def test_weight_updates_skip_the_router(flags):
     remote = [*flags, "--rollout-server-urls", "http://router", "--weight-sync", "disk"]
     engines = rollout_setup_from_args(parse_args(remote)).engines

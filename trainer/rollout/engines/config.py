@@ -18,6 +18,10 @@ WEIGHT_SYNC_MODES = ("inprocess", "tensor", "ipc", "disk", "distributed")
 GROUP_TIMEOUT_S = 120.0
 ENGINE_PREFIX = "sglang_"  # dest of ``--sglang-<field>``: one ServerArgs field
 # Server flags that make no sense for an engine the trainer starts itself.
+# Engine flags whose trainer default depends on the run: --env-path (multi-turn) runs batch the
+# turns that arrive a few at a time into one prefill (each eager prefill step costs tens of ms of
+# host: docs/engine.md); single-turn runs keep the engine's default.
+MULTITURN_ENGINE_DEFAULTS = {"schedule_prefill_delay_steps": 16}
 _SERVER_FLAGS_NOT_FORWARDED = {"model_path", "tokenizer_path", "host", "port", "log_level",
                                "served_model_name", "weight_version",
                                "api_key"}  # the trainer's own engines serve only it
@@ -87,6 +91,9 @@ class WeightSyncConfig:
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     flags = {k[len(ENGINE_PREFIX):]: v for k, v in vars(args).items()
              if k.startswith(ENGINE_PREFIX)}
+    for name, multiturn in MULTITURN_ENGINE_DEFAULTS.items():
+        if flags.get(name) is None:  # not given: the run's default
+            flags[name] = multiturn if getattr(args, "env_path", None) else _server_default(name)
     return EngineConfig(model_path=args.hf_checkpoint, engine_flags=flags,
                         server_urls=args.rollout_server_urls,
                         engine_urls=args.rollout_engine_urls, offload=args.offload_rollout,
@@ -175,6 +182,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def _server_default(name: str):
+    from sglang_kvc import ServerArgs
+
+    return next(f.default for f in dataclasses.fields(ServerArgs) if f.name == name)
+
+
 def _add_engine_flag(group, f: dataclasses.Field) -> None:
     meta = dict(f.metadata)
     help_text = meta.pop("help")
@@ -183,10 +196,13 @@ def _add_engine_flag(group, f: dataclasses.Field) -> None:
     if f.type in ("bool", bool):
         action = argparse.BooleanOptionalAction if negatable else "store_true"
         group.add_argument(flag, dest=dest, action=action, default=f.default, help=help_text)
-    else:
-        kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
-        group.add_argument(flag, dest=dest, type=kind, default=f.default,
-                           help=f"{help_text} (default: {f.default})", **meta)
+        return
+    kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+    default, shown = f.default, f.default
+    if f.name in MULTITURN_ENGINE_DEFAULTS:  # resolved in engine_config_from_args
+        default, shown = None, f"{MULTITURN_ENGINE_DEFAULTS[f.name]} with --env-path, else {f.default}"
+    group.add_argument(flag, dest=dest, type=kind, default=default,
+                       help=f"{help_text} (default: {shown})", **meta)
 
 
 def add_server_args(g) -> None:

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
+from sglang_kvc.layers.attention import expand_kv_heads
+
 
 def step_shapes(n: int, seed: int) -> list[tuple[int, int, int]]:
     """n distinct (rows, new tokens, held + new) of continuation prefills."""
@@ -47,20 +49,27 @@ def inputs(shape, heads, kv_heads, dim, dtype, device):
 
 
 def calls(q, k, v, mask):
-    """The two calls of a layer: causal over the new tokens, masked over held + new."""
-    lq = q.shape[2]
+    """The two calls of a layer: causal over the new tokens, masked over held + new; and the
+    masked one as the engine makes it on CUDA now, K/V expanded to the query heads
+    (attention.expand_kv_heads: the memory-efficient kernel takes masks, not grouped heads),
+    the expansion's copies timed with it."""
+    lq, h = q.shape[2], q.shape[1]
     return {"causal": lambda: F.scaled_dot_product_attention(
                 q, k[:, :, -lq:], v[:, :, -lq:], is_causal=True, enable_gqa=True),
             "masked": lambda: F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, enable_gqa=True)}
+                q, k, v, attn_mask=mask, enable_gqa=True),
+            "masked_expanded": lambda: F.scaled_dot_product_attention(
+                q, expand_kv_heads(k, h), expand_kv_heads(v, h), attn_mask=mask)}
 
 
 def backend_of(name, q, k, v, mask) -> str:
-    lq = q.shape[2]
+    lq, gqa = q.shape[2], name != "masked_expanded"
+    if not gqa:
+        k, v = expand_kv_heads(k, q.shape[1]), expand_kv_heads(v, q.shape[1])
     args = (q, k[:, :, -lq:], v[:, :, -lq:], None, 0.0, True) if name == "causal" \
         else (q, k, v, mask, 0.0, False)
     try:
-        return SDPBackend(torch._fused_sdp_choice(*args, enable_gqa=True)).name
+        return SDPBackend(torch._fused_sdp_choice(*args, enable_gqa=gqa)).name
     except Exception as e:  # noqa: BLE001 - a private helper: print why instead of failing
         return f"? ({type(e).__name__})"
 
@@ -78,7 +87,7 @@ def run_setting(cudnn: bool, shapes, args, device) -> list[dict]:
     torch.backends.cuda.enable_cudnn_sdp(cudnn)
     rows = []
     try:
-        for name in ("causal", "masked"):
+        for name in ("causal", "masked", "masked_expanded"):
             first, again, picked = [], [], set()
             for shape in shapes:
                 x = inputs(shape, args.heads, args.kv_heads, args.head_dim, args.dtype, device)
@@ -114,9 +123,9 @@ def main() -> None:
     rows = run_setting(True, step_shapes(args.shapes, args.seed), args, device)
     rows += run_setting(False, step_shapes(args.shapes, args.seed + 1), args, device)
     print(f"device {device}, torch {torch.__version__}, {args.shapes} new shapes per setting")
-    print(f"{'cudnn':>6} {'call':>7} {'backend':>22} {'first_ms':>9} {'repeat_ms':>9} {'first_total_ms':>14}")
+    print(f"{'cudnn':>6} {'call':>15} {'backend':>22} {'first_ms':>9} {'repeat_ms':>9} {'first_total_ms':>14}")
     for r in rows:
-        print(f"{str(r['cudnn']):>6} {r['call']:>7} {r['backend']:>22} {r['first_ms']:9.3f} "
+        print(f"{str(r['cudnn']):>6} {r['call']:>15} {r['backend']:>22} {r['first_ms']:9.3f} "
               f"{r['repeat_ms']:9.3f} {r['first_total_ms']:14.1f}")
     if args.json:
         with open(args.json, "w") as f:

@@ -116,7 +116,8 @@ def extend_layout(counts: list[int], prefix: list[int], rows: list[int], device)
     pad_rows = which[seg[tokens]] * lq + offset[tokens]
     rows_t, q_index, tokens, pad_rows, n, p = (x.to(device, non_blocking=True) for x in (
         torch.tensor([rows[i] for i in hit]), q_index, tokens, pad_rows, n, p))
-    return ExtendLayout(rows_t, q_index, extend_mask(n, p, lq, lk), tokens, pad_rows)
+    return ExtendLayout(rows_t, q_index, extend_mask(n, p, lq, lk), tokens, pad_rows,
+                        every=len(hit) == len(counts))
 
 
 def extend_mask(n: torch.Tensor, p: torch.Tensor, lq: int, lk: int) -> torch.Tensor:

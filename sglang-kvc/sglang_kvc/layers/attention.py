@@ -86,6 +86,13 @@ def sdpa(*args, **kwargs) -> torch.Tensor:
             torch.backends.cuda.enable_cudnn_sdp(True)
 
 
+def expand_kv_heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[B, Hkv, L, D] -> [B, num_heads, L, D], each KV head repeated for its query group (the
+    order enable_gqa uses: query head h reads KV head h // group)."""
+    b, hkv, length, d = t.shape
+    return t[:, :, None].expand(b, hkv, num_heads // hkv, length, d).reshape(b, num_heads, length, d)
+
+
 @dataclass
 class ExtendLayout:
     """The prefill's requests whose rows start with cached slots (E of them): their new tokens
@@ -96,6 +103,9 @@ class ExtendLayout:
     mask: torch.Tensor  # [E, 1, Lq, Lk] bool
     tokens: torch.Tensor  # [Te] flat index of every new token of these requests
     pad_rows: torch.Tensor  # [Te] its row in the [E * Lq] layout
+    # every request of the prefill has a prefix (tokens = all, in order): the plain causal pass
+    # would be overwritten whole, so it is skipped (multi-turn continuation prefills)
+    every: bool = False
 
 
 @dataclass
@@ -146,6 +156,8 @@ class TorchAttention:
         if self._records_queries():
             self.ring.record(layer, q if m.rec_index is None else q[m.rec_index], m.rec_rows, m.rec_pos)
         if self.meta.is_prefill:
+            if m.extend is not None and m.extend.every:
+                return self.extend(layer, q, m.extend)
             out = self.prefill(q, k, v)
             if m.extend is not None:
                 out[m.extend.tokens] = self.extend(layer, q, m.extend)
@@ -163,8 +175,16 @@ class TorchAttention:
         """[Te, H, D] attention of the new tokens of requests with a cached prefix."""
         slots = self.kv.req_to_token.table[e.rows, :e.mask.shape[-1]].long()  # [E, Lk]
         k, v = (t.transpose(1, 2) for t in self.kv.pool.read(layer, slots))  # dequantized
-        out = sdpa(q[e.q_index].transpose(1, 2), k, v, attn_mask=e.mask, scale=self.scale,
-                   enable_gqa=True)
+        qe = q[e.q_index].transpose(1, 2)
+        gqa = qe.shape[1] != k.shape[1]
+        if gqa and qe.is_cuda:
+            # torch's memory-efficient kernel takes the mask but not grouped K/V heads, so with
+            # enable_gqa a masked call runs the math path: ~10 kernels and ~0.4 ms of host per
+            # call (H200 machine, benchmarks/engine/prefill_sdpa.py), twice per layer of every
+            # continuation prefill. K/V expanded to the query heads take the one-kernel path.
+            k, v = (expand_kv_heads(t, qe.shape[1]) for t in (k, v))
+            gqa = False
+        out = sdpa(qe, k, v, attn_mask=e.mask, scale=self.scale, enable_gqa=gqa)
         return out.transpose(1, 2).flatten(0, 1)[e.pad_rows]
 
     def decode(self, layer: int, q) -> torch.Tensor:

@@ -92,6 +92,9 @@ def test_extend_layout_matches_per_token_lists():
     assert e.tokens.tolist() == [3, 4, 5, 6, 12, 13]
     assert e.pad_rows.tolist() == [0, 1, 2, 3, lq + 0, lq + 1]  # request e's j-th query: e*Lq+j
     assert extend_layout([3, 1], [0, 0], [1, 2], torch.device("cpu")) is None
+    assert not e.every  # requests 0 and 2 take the plain causal pass
+    every = extend_layout([2, 3], [4, 1], [1, 2], torch.device("cpu"))  # continuations only
+    assert every.every and every.tokens.tolist() == [0, 1, 2, 3, 4]
 
 
 def test_segments_by_hand_and_against_a_per_request_loop():

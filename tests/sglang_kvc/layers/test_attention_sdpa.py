@@ -85,6 +85,35 @@ def test_prefill_with_held_kv_runs_without_cudnn_and_matches_dense(recorder):
         torch.testing.assert_close(out[st:st + n], want, rtol=1e-5, atol=1e-5)
 
 
+def test_prefill_of_continuations_only_skips_the_causal_pass(recorder):
+    """Every request holds KV (multi-turn continuations): the masked call alone gives every
+    token's output, so the causal pass over the new tokens, overwritten whole, does not run."""
+    counts, held = [5, 3, 7], [2, 6, 11]
+    kv, meta, (q, k, v), (hk, hv), starts = _prefill_with_held_kv(counts, held)
+    assert meta.extend.every
+    attn = TorchAttention(kv, HQ, D)
+    attn.meta = meta
+    out = attn.forward(0, q, k, v)
+    assert recorder == [(False, True)]
+    for i, (st, n) in enumerate(zip(starts, counts)):
+        want = _dense_causal(q[st:st + n], k[st:st + n], v[st:st + n], hk[i], hv[i])
+        torch.testing.assert_close(out[st:st + n], want, rtol=1e-5, atol=1e-5)
+
+
+def test_expanded_kv_heads_equal_grouped_attention():
+    """expand_kv_heads (the masked call's K/V on CUDA, so the one-kernel path takes it) keeps
+    enable_gqa's grouping: query head h reads KV head h // (HQ // HKV)."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 6, 5, D, generator=g)
+    k, v = torch.randn(2, 2, 9, D, generator=g), torch.randn(2, 2, 9, D, generator=g)
+    mask = torch.rand(2, 1, 5, 9, generator=g) > 0.3
+    mask[..., 0] = True
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    got = F.scaled_dot_product_attention(q, attention.expand_kv_heads(k, 6),
+                                         attention.expand_kv_heads(v, 6), attn_mask=mask)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_decode_runs_without_cudnn(recorder):
     counts, held = [1, 1], [4, 9]
     kv, _, (q, _, _), _, _ = _prefill_with_held_kv(counts, held)

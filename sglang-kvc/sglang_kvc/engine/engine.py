@@ -218,7 +218,7 @@ class Engine(EngineWeights, EngineMemory):
         """Close a session and free the KV its finished requests hold (ValueError if unknown)."""
         if not isinstance(session_id, str):
             raise ValueError("session_id must be a string")
-        self.loop.call(self.sessions.close, session_id)
+        self.loop.call_beside_step(self.sessions.close, session_id)
 
     def open_sessions(self, count: int) -> list[str]:
         """``count`` new sessions in one hop to the engine thread (a rollout's episodes open
@@ -232,7 +232,7 @@ class Engine(EngineWeights, EngineMemory):
         ids that were not open (they held nothing)."""
         if not all(isinstance(s, str) for s in session_ids):
             raise ValueError("session ids must be strings")
-        return self.loop.call(self.sessions.close_many, list(session_ids))
+        return self.loop.call_beside_step(self.sessions.close_many, list(session_ids))
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> int:
         return self.loop.call(self.loop.abort, rid, abort_all, "Aborted by request")

@@ -20,6 +20,8 @@ def test_range_keeps_its_address_and_gives_memory_back():
 
     dev = torch.device("cuda", torch.cuda.current_device())
     mem = StableMemory(64 * MIB + 123, dev)
+    assert not mem.mapped  # reserved only: no physical memory yet
+    mem.map()
     base = mem.address
     x = mem.tensor(torch.float32)
     assert x.data_ptr() == base and x.numel() == (64 * MIB + 123) // 4

@@ -22,8 +22,10 @@ and command:
    (parked ones included) + the locked cache slots (attached or detached); never negative;
 5. table rows: each holder has its own, none of them on the free-row list.
 
-`check` walks all of it (a host copy of the table and the free list): a debug mode, off unless
-SGLANG_KVC_CHECK_KV=1 (the test suite turns it on); off, the engine never calls it.
+`check` walks all of it on the pool's device (the slot counts are one bincount there: a host
+copy of the free list and a CPU bincount took seconds a step for a tiny model's whole-GPU pool
+of ~10^8 slots, which made the GPU tests crawl): a debug mode, off unless SGLANG_KVC_CHECK_KV=1
+(the test suite turns it on); off, the engine never calls it.
 """
 
 from __future__ import annotations
@@ -48,13 +50,13 @@ class KVOwnershipError(AssertionError):
 
 @dataclass
 class Owners:
-    """Who owns which slots: names[i] owns slots[i] (host int64 tensors)."""
+    """Who owns which slots: names[i] owns slots[i] (int64 tensors on the pool's device)."""
     names: list[str]
     slots: list[torch.Tensor]
 
     def add(self, name: str, slots: torch.Tensor) -> None:
         self.names.append(name)
-        self.slots.append(slots.detach().to("cpu", torch.int64).flatten())
+        self.slots.append(slots.detach().to(torch.int64).flatten())
 
 
 def _path(node: Node) -> list[Node]:
@@ -67,14 +69,14 @@ def _path(node: Node) -> list[Node]:
 
 
 def _path_slots(node: Node) -> torch.Tensor:
-    parts = [n.slots.to("cpu", torch.int64) for n in _path(node)]
-    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+    parts = [n.slots.to(torch.int64) for n in _path(node)]
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=node.slots.device)
 
 
 def check(kv, holders: list) -> None:
     """Raise KVOwnershipError when `kv` (a KVCache) with these row-holding requests breaks the
     invariant above. `holders`: every request with a row (running, waiting, parked)."""
-    table = kv.req_to_token.table.cpu()
+    table = kv.req_to_token.table
     owners = Owners([], [])
     owners.add("free list", kv.allocator.free_slots)
     problems = _check_rows(kv, table, holders, owners)
@@ -118,7 +120,7 @@ def _check_head(s, table: torch.Tensor) -> list[str]:
     if path.numel() != s.prefix_len:
         return [f"request {s.rid}: prefix_len {s.prefix_len}, its cache path holds "
                 f"{path.numel()} slots"]
-    if not torch.equal(table[s.row, :s.prefix_len].long(), path):
+    if not torch.equal(table[s.row, :s.prefix_len].long(), path.to(table.device)):
         return [f"request {s.rid}: row[:{s.prefix_len}] is not its cache path's slots"]
     return []
 
@@ -157,7 +159,8 @@ def _cache_owners(kv, holders: list, owners: Owners, problems: list[str]) -> int
 def _check_single_owner(kv, owners: Owners) -> list[str]:
     """Each slot 1..capacity owned exactly once (free list, cache, or one request)."""
     n = kv.pool.num_slots
-    flat = torch.cat(owners.slots)
+    device = owners.slots[0].device
+    flat = torch.cat([s.to(device) for s in owners.slots])
     if flat.numel() and (flat.min() < 0 or flat.max() >= n):
         return [f"a slot id outside 0..{n - 1}"]
     count = torch.bincount(flat, minlength=n)
@@ -166,7 +169,7 @@ def _check_single_owner(kv, owners: Owners) -> list[str]:
         problems.append("slot 0 (padding) is owned")
     bad = torch.nonzero(count[1:] != 1).flatten() + 1
     for slot in bad[:5].tolist():
-        who = [name for name, s in zip(owners.names, owners.slots) if (s == slot).any()]
+        who = [name for name, s in zip(owners.names, owners.slots) if bool((s == slot).any())]
         problems.append(f"slot {slot} has {int(count[slot])} owners: {who or 'none (leaked)'}")
     if bad.numel() > 5:
         problems.append(f"... {bad.numel()} slots in all")

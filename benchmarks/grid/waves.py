@@ -57,7 +57,10 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 KEEP_PROMPT = ("--sglang-compress-keep-prompt",)  # every compressed run: compression acts on the answer
 # Named flag sets of the waves' configs (``...+NAME``); ``prefix`` comes from --prefix-sharing.
 VARIANTS = {"adaptive": ("--adaptive-budget-max", "512"), "share": ("--n-dense-samples-per-prompt", "2"),
-            "fp8": ("--sglang-kv-cache-dtype", "fp8_e4m3")}
+            "fp8": ("--sglang-kv-cache-dtype", "fp8_e4m3"),
+            # R-KV across turns that pins each turn's prompt, tool responses included (multi-turn
+            # tasks: the lookup-tool lane learnt as dense did with it, and lost without it)
+            "pinturns": ("--sglang-compress-pin-turns",)}
 LAYOUT_VARIANTS = {"disagg_s1": "disagg-s1"}  # launched by torchrun over 2 GPUs (studies/layouts.py)
 
 

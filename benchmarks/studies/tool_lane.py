@@ -43,7 +43,7 @@ ROLLOUT_KEYS = ("reward_mean", "rollout/turns_per_sample", "rollout/tool_calls_p
 SEED_WORKERS = 3  # seeds warmed up at once, each in a process of its own (as the grid's waves)
 # ``CONFIG+pinturns``: R-KV across turns that pins each turn's prompt (the tool responses) as
 # well as the first, so compression evicts only what the model generated (issue 66)
-VARIANTS = {**waves.VARIANTS, "pinturns": ("--sglang-compress-pin-turns",)}
+VARIANTS = waves.VARIANTS  # ``pinturns`` among them
 
 
 # the smoke's rollouts: 4 prompts x 8 samples (the tiny setup's 16 x 8 is minutes a rollout on

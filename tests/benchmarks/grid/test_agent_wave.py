@@ -21,10 +21,11 @@ GRID = [sys.executable, "-m", "benchmarks.grid.correction_grid"]
 
 def test_the_agent_wave_pairs_dense_with_rkv_across_turns_seed_by_seed():
     jobs = waves.wave_jobs(agent_wave.AGENT, [1, 2, 3, 4, 5], "rkv:128", prefix=False)
-    assert len(jobs) == 20 and {j.task for j in jobs} == {"lookup-tool"}
-    assert [j.run.name for j in jobs[:4]] == ["dense-s1", "rkv-64-disabled-s1", "rkv-64-sparse_rl-s1",
-                                              "rkv-64-disabled-train-sparse-policy-s1"]
-    assert [j.run.seed for j in jobs[::4]] == [1, 2, 3, 4, 5]
+    assert len(jobs) == 25 and {j.task for j in jobs} == {"lookup-tool"}
+    assert [j.run.name for j in jobs[:5]] == ["dense-s1", "rkv-64-disabled-s1", "rkv-64-sparse_rl-s1",
+                                              "rkv-64-disabled-train-sparse-policy-s1",
+                                              "rkv-64-sparse_rl+pinturns-s1"]
+    assert [j.run.seed for j in jobs[::5]] == [1, 2, 3, 4, 5]
     assert (agent_wave.AGENT.num_rollout, agent_wave.AGENT.eval_interval) == (60, 10)
 
 
@@ -38,6 +39,7 @@ def test_its_commands_evaluate_the_tasks_held_out_prompts(tmp_path):
         assert argv[at + 1: at + 3] == ["lookup-tool", str(tmp_path / "eval.jsonl")]
         assert argv[argv.index("--eval-interval") + 1] == "10" and argv[argv.index("--eval-temperature") + 1] == "0"
         assert ("--sglang-compress-keep-prompt" in argv) == (job.run.algorithm != "none")
+        assert ("--sglang-compress-pin-turns" in argv) == ("pinturns" in job.run.variants)
         # the lookup-tool task's response length, and a pool that holds 128 dense samples of it
         assert argv[argv.index("--rollout-max-response-len") + 1] == "320"
         assert int(argv[argv.index("--sglang-max-total-tokens") + 1]) >= 128 * 512
@@ -46,7 +48,7 @@ def test_its_commands_evaluate_the_tasks_held_out_prompts(tmp_path):
 def test_the_cli_knows_it_by_name():
     plan = subprocess.run([*GRID, "wave", "agent", "--out", "unused", "--plan"], capture_output=True,
                           text=True, cwd=ROOT, timeout=120)
-    assert plan.returncode == 0 and "on lookup-tool: 20 runs" in plan.stdout
+    assert plan.returncode == 0 and "on lookup-tool: 25 runs" in plan.stdout
     smoke = subprocess.run([*GRID, "wave", "agent", "--smoke", "--out", "unused", "--plan"], capture_output=True,
                            text=True, cwd=ROOT, timeout=120)
     assert smoke.returncode == 0 and "lookup-tool/rkv-96-sparse_rl-s2" in smoke.stdout

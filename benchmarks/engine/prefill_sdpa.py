@@ -12,6 +12,10 @@ and a repeat call's at the same shapes. SmolLM2-135M's heads by default (9 query
 
     python -m benchmarks.engine.prefill_sdpa                # CUDA when there is one
     python -m benchmarks.engine.prefill_sdpa --device cpu --shapes 3   # smoke
+
+Internals timed (a component micro-benchmark, tests/test_layout.py): torch's SDPA at the
+engine's prefill shapes, with `sglang_kvc.layers.attention.expand_kv_heads` making the
+masked call as the engine does on CUDA.
 """
 
 from __future__ import annotations

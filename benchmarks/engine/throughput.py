@@ -222,9 +222,8 @@ def bench_modes(path: str, prompts: torch.Tensor, out_len: int, modes: list[str]
         print(f"engine ({config or 'flags'}, {mode}):", json.dumps(res[mode]), flush=True)
     peak = None
     if _cuda(args):  # a stable KV pool (the default) is outside torch's allocator: added back
-        from sglang_kvc.kvcache.stable_memory import mapped_bytes
-
-        peak = (torch.cuda.max_memory_allocated() + mapped_bytes(torch.device("cuda"))) / 1e9
+        pool = engine.get_server_info()["kv_pool"]
+        peak = (torch.cuda.max_memory_allocated() + pool["bytes"] * pool["stable_address"]) / 1e9
     common = {"peak_gb": peak, "kv_pool_gb": engine.kv.pool.bytes / 1e9,
               "preemptions": engine.scheduler.num_preemptions,
               "graph_captures_engine_life": _captures(engine)}

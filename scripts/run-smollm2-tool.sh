@@ -76,5 +76,4 @@ warm_up
 run_trainer "${ENV_FLAGS[@]}" --rm-type arithmetic \
     --rollout-batch-size 64 --n-samples-per-prompt 8 --global-batch-size 512 \
     --lr 2e-6 --kl-loss-coef 0 --sglang-dtype bfloat16 \
-    --sglang-schedule-prefill-delay-steps 16 \
     "${KV_FLAGS[@]}" "$@"

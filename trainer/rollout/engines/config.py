@@ -17,11 +17,11 @@ WEIGHT_SYNC_MODES = ("inprocess", "tensor", "ipc", "disk", "distributed")
 # server gets no field it does not know)
 GROUP_TIMEOUT_S = 120.0
 ENGINE_PREFIX = "sglang_"  # dest of ``--sglang-<field>``: one ServerArgs field
-# Server flags that make no sense for an engine the trainer starts itself.
 # Engine flags whose trainer default depends on the run: --env-path (multi-turn) runs batch the
 # turns that arrive a few at a time into one prefill (each eager prefill step costs tens of ms of
 # host: docs/engine.md); single-turn runs keep the engine's default.
 MULTITURN_ENGINE_DEFAULTS = {"schedule_prefill_delay_steps": 16}
+# Server flags that make no sense for an engine the trainer starts itself.
 _SERVER_FLAGS_NOT_FORWARDED = {"model_path", "tokenizer_path", "host", "port", "log_level",
                                "served_model_name", "weight_version",
                                "api_key"}  # the trainer's own engines serve only it
@@ -93,7 +93,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
              if k.startswith(ENGINE_PREFIX)}
     for name, multiturn in MULTITURN_ENGINE_DEFAULTS.items():
         if flags.get(name) is None:  # not given: the run's default
-            flags[name] = multiturn if getattr(args, "env_path", None) else _server_default(name)
+            flags[name] = multiturn if getattr(args, "env_path", None) else _engine_default(name)
     return EngineConfig(model_path=args.hf_checkpoint, engine_flags=flags,
                         server_urls=args.rollout_server_urls,
                         engine_urls=args.rollout_engine_urls, offload=args.offload_rollout,
@@ -171,6 +171,12 @@ def server_args_from(args: argparse.Namespace, device: str | None = None):
     return engine_config_from_args(args).server_args(device)
 
 
+def _engine_default(name: str):
+    from sglang_kvc import ServerArgs
+
+    return getattr(ServerArgs, name)  # a dataclass field's default is its class attribute
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Register ``--sglang-<field>`` for every ServerArgs field a colocated engine takes."""
     from sglang_kvc import ServerArgs
@@ -180,12 +186,6 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         if f.name not in _SERVER_FLAGS_NOT_FORWARDED:
             _add_engine_flag(group, f)
     return parser
-
-
-def _server_default(name: str):
-    from sglang_kvc import ServerArgs
-
-    return next(f.default for f in dataclasses.fields(ServerArgs) if f.name == name)
 
 
 def _add_engine_flag(group, f: dataclasses.Field) -> None:

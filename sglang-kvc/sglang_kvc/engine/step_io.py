@@ -114,10 +114,12 @@ def extend_layout(counts: list[int], prefix: list[int], rows: list[int], device)
     which[hit] = torch.arange(len(hit))
     tokens = torch.nonzero(torch.isin(seg, torch.tensor(hit)))[:, 0]
     pad_rows = which[seg[tokens]] * lq + offset[tokens]
-    rows_t, q_index, tokens, pad_rows, n, p = (x.to(device, non_blocking=True) for x in (
-        torch.tensor([rows[i] for i in hit]), q_index, tokens, pad_rows, n, p))
+    # the paged kernel's per-request numbers, one int32 block: row, first token, new, held
+    requests = torch.stack([torch.tensor([rows[i] for i in hit]), start[hit], n, p]).int()
+    rows_t, q_index, tokens, pad_rows, n, p, requests = (x.to(device, non_blocking=True) for x in (
+        torch.tensor([rows[i] for i in hit]), q_index, tokens, pad_rows, n, p, requests))
     return ExtendLayout(rows_t, q_index, extend_mask(n, p, lq, lk), tokens, pad_rows,
-                        every=len(hit) == len(counts))
+                        every=len(hit) == len(counts), requests=requests)
 
 
 def extend_mask(n: torch.Tensor, p: torch.Tensor, lq: int, lk: int) -> torch.Tensor:

@@ -2,8 +2,9 @@
 
 Every backend first writes the step's new K/V into their slots (`out_slots`), then:
 - prefill: causal attention among the new tokens of each request; a request whose row starts
-  with a cached prefix (prefix sharing) attends to those slots in the pool too (`ExtendLayout`:
-  a gather of its row and SDPA with a mask, on every backend);
+  with held slots (a cached prefix, a session's earlier turns) attends to its whole row in the
+  pool (`ExtendLayout`: the torch backend gathers the row and runs SDPA with a mask; the Triton
+  backend reads the row in place, one kernel a layer, triton_extend.py);
 - decode: one query per request against the slots in its table row, row[:kv_len].
 
 `TorchAttention` gathers each request's slots into a padded dense tensor (CPU, reference).
@@ -44,19 +45,28 @@ from ..kvcache.kv_cache import KVCache
 
 
 CUDNN_SDP_ENV = "SGLANG_KVC_CUDNN_SDP"
+# 0/off: the Triton backend's prefill with held KV takes the torch path (gather + masked SDPA)
+# instead of the paged kernel; an escape hatch and the A/B of benchmarks/engine/ runs
+PAGED_EXTEND_ENV = "SGLANG_KVC_PAGED_EXTEND"
+
+
+def env_flag(name: str, default: bool, environ=os.environ) -> bool:
+    """A boolean environment switch: 1/on/true or 0/off/false; unset or empty: `default`."""
+    value = environ.get(name, "").strip().lower()
+    if value not in ("0", "1", "on", "off", "true", "false", ""):
+        raise ValueError(f"{name}={value!r}: expected 0/1, on/off or true/false")
+    return default if value == "" else value in ("1", "on", "true")
 
 
 def cudnn_sdp_from_env(environ=os.environ) -> bool:
     """SGLANG_KVC_CUDNN_SDP: 1/on/true lets torch use cuDNN attention; unset, 0/off/false not."""
-    value = environ.get(CUDNN_SDP_ENV, "0").strip().lower()
-    if value not in ("0", "1", "on", "off", "true", "false", ""):
-        raise ValueError(f"{CUDNN_SDP_ENV}={value!r}: expected 0/1, on/off or true/false")
-    return value in ("1", "on", "true")
+    return env_flag(CUDNN_SDP_ENV, False, environ)
 
 
 # Module state, not a server argument: an A/B in one process flips it between runs; the engine
 # thread reads it at every call.
 _cudnn_sdp = cudnn_sdp_from_env()
+_paged_extend = env_flag(PAGED_EXTEND_ENV, True)
 
 
 def set_cudnn_sdp(enabled: bool) -> None:
@@ -106,6 +116,9 @@ class ExtendLayout:
     # every request of the prefill has a prefix (tokens = all, in order): the plain causal pass
     # would be overwritten whole, so it is skipped (multi-turn continuation prefills)
     every: bool = False
+    # [4, E] int32: each request's table row, first flat token, new tokens and held slots (the
+    # paged Triton kernel's whole layout; triton_extend.py)
+    requests: torch.Tensor | None = None
 
 
 @dataclass
@@ -155,14 +168,20 @@ class TorchAttention:
         m = self.meta
         if self._records_queries():
             self.ring.record(layer, q if m.rec_index is None else q[m.rec_index], m.rec_rows, m.rec_pos)
-        if self.meta.is_prefill:
-            if m.extend is not None and m.extend.every:
-                return self.extend(layer, q, m.extend)
-            out = self.prefill(q, k, v)
-            if m.extend is not None:
-                out[m.extend.tokens] = self.extend(layer, q, m.extend)
-            return out
-        return self.decode(layer, q)
+        if not m.is_prefill:
+            return self.decode(layer, q)
+        e = m.extend
+        out = None if e is not None and e.every else self.prefill(q, k, v)
+        return out if e is None else self.attend_held(layer, q, e, out)
+
+    def attend_held(self, layer: int, q, e: ExtendLayout, out: torch.Tensor | None) -> torch.Tensor:
+        """The outputs of the tokens of requests with held KV, written into `out` (the causal
+        pass's, for the other requests' tokens), or alone when every request holds KV."""
+        held = self.extend(layer, q, e)
+        if out is None:
+            return held
+        out[e.tokens] = held
+        return out
 
     def prefill(self, q, k, v) -> torch.Tensor:
         m = self.meta
@@ -211,6 +230,20 @@ class TritonAttention(TorchAttention):
                         self.meta.out_slots, q_out=torch.empty(q.shape, dtype=q.dtype, device=q.device),
                         scales=pool.layer_scales(layer))
         return self.attend(layer, q, k, v)
+
+    def attend_held(self, layer: int, q, e: ExtendLayout, out: torch.Tensor | None) -> torch.Tensor:
+        """One paged kernel reads each request's row in place (triton_extend.py) where the torch
+        path gathers, expands and masks (~10 kernels a layer)."""
+        if not _paged_extend or e.requests is None:
+            return super().attend_held(layer, q, e, out)
+        from .triton_extend import extend_supported, paged_extend_attention
+
+        k_pool, v_pool = self.kv.pool.layer_buffers(layer)
+        if not extend_supported(q.shape[-1], k_pool):
+            return super().attend_held(layer, q, e, out)
+        return paged_extend_attention(q, k_pool, v_pool, self.kv.req_to_token.table, e.requests,
+                                      e.mask.shape[2], self.scale, out=out,
+                                      scales=self.kv.pool.layer_scales(layer))
 
     def decode_rotary(self, layer: int, q, k, v, positions, rotary) -> torch.Tensor:
         """RoPE, the K/V store and attention in the decode kernel itself (triton_decode)."""

@@ -200,3 +200,26 @@ def test_the_environment_sets_the_default(value, allowed):
 def test_a_bad_environment_value_names_the_variable():
     with pytest.raises(ValueError, match="SGLANG_KVC_CUDNN_SDP"):
         attention.cudnn_sdp_from_env({attention.CUDNN_SDP_ENV: "maybe"})
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("", True), ("0", False), ("off", False), ("1", True)])
+def test_the_paged_extend_switch_reads_the_environment(value, on):
+    env = {} if value is None else {attention.PAGED_EXTEND_ENV: value}
+    assert attention.env_flag(attention.PAGED_EXTEND_ENV, True, env) is on
+
+
+def test_paged_extend_off_takes_the_torch_path_on_the_triton_backend(recorder, monkeypatch):
+    """SGLANG_KVC_PAGED_EXTEND=0: the Triton backend's held-KV prefill is the torch backend's
+    (its masked SDPA call runs, the paged kernel is never imported), with the same outputs."""
+    from sglang_kvc.layers.attention import TritonAttention
+
+    monkeypatch.setattr(attention, "_paged_extend", False)
+    counts, held = [5, 3], [2, 6]
+    outs = []
+    for backend in (TorchAttention, TritonAttention):
+        kv, meta, (q, k, v), _, _ = _prefill_with_held_kv(counts, held)
+        attn = backend(kv, HQ, D)
+        attn.meta = meta
+        outs.append(attn.forward(0, q, k, v))  # store, then attend (no RoPE: not forward_rotary)
+    assert recorder == [(False, True)] * 2
+    assert torch.equal(outs[0], outs[1])

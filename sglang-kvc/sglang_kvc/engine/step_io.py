@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..kvcache.kv_cache import segments
-from ..layers.attention import ExtendLayout
+from ..layers.attention import EXTEND_BLOCK_M, ExtendLayout
 from ..models.config import ModelConfig
 from .sampler import SampleOutput, SamplingBatch
 from .scheduler import Batch
@@ -114,12 +114,19 @@ def extend_layout(counts: list[int], prefix: list[int], rows: list[int], device)
     which[hit] = torch.arange(len(hit))
     tokens = torch.nonzero(torch.isin(seg, torch.tensor(hit)))[:, 0]
     pad_rows = which[seg[tokens]] * lq + offset[tokens]
-    # the paged kernel's per-request numbers, one int32 block: row, first token, new, held
+    # the paged kernel's layout: per request (row, first token, new, held), its work list
     requests = torch.stack([torch.tensor([rows[i] for i in hit]), start[hit], n, p]).int()
-    rows_t, q_index, tokens, pad_rows, n, p, requests = (x.to(device, non_blocking=True) for x in (
-        torch.tensor([rows[i] for i in hit]), q_index, tokens, pad_rows, n, p, requests))
+    work = torch.tensor(extend_work([counts[i] for i in hit]), dtype=torch.int32).view(-1, 2).t()
+    rows_t, q_index, tokens, pad_rows, n, p, requests, work = (x.to(device, non_blocking=True) for x in (
+        torch.tensor([rows[i] for i in hit]), q_index, tokens, pad_rows, n, p, requests, work.contiguous()))
     return ExtendLayout(rows_t, q_index, extend_mask(n, p, lq, lk), tokens, pad_rows,
-                        every=len(hit) == len(counts), requests=requests)
+                        every=len(hit) == len(counts), requests=requests, work=work)
+
+
+def extend_work(new_counts: list[int], block_m: int = EXTEND_BLOCK_M) -> list[tuple[int, int]]:
+    """The paged extend kernel's work list for requests with `new_counts` new tokens: (request
+    index, first new token of the block) for every block of `block_m` tokens, in order."""
+    return [(e, m0) for e, n in enumerate(new_counts) for m0 in range(0, n, block_m)]
 
 
 def extend_mask(n: torch.Tensor, p: torch.Tensor, lq: int, lk: int) -> torch.Tensor:

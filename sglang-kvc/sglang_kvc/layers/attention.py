@@ -116,9 +116,14 @@ class ExtendLayout:
     # every request of the prefill has a prefix (tokens = all, in order): the plain causal pass
     # would be overwritten whole, so it is skipped (multi-turn continuation prefills)
     every: bool = False
-    # [4, E] int32: each request's table row, first flat token, new tokens and held slots (the
-    # paged Triton kernel's whole layout; triton_extend.py)
+    # The paged Triton kernel's layout (triton_extend.py): [4, E] int32, each request's table
+    # row, first flat token, new tokens and held slots; [2, W] int32, its work list (request,
+    # first new token of a block of EXTEND_BLOCK_M)
     requests: torch.Tensor | None = None
+    work: torch.Tensor | None = None
+
+
+EXTEND_BLOCK_M = 32  # new tokens per program of the paged extend kernel
 
 
 @dataclass
@@ -242,7 +247,7 @@ class TritonAttention(TorchAttention):
         if not extend_supported(q.shape[-1], k_pool):
             return super().attend_held(layer, q, e, out)
         return paged_extend_attention(q, k_pool, v_pool, self.kv.req_to_token.table, e.requests,
-                                      e.mask.shape[2], self.scale, out=out,
+                                      e.work, EXTEND_BLOCK_M, self.scale, out=out,
                                       scales=self.kv.pool.layer_scales(layer))
 
     def decode_rotary(self, layer: int, q, k, v, positions, rotary) -> torch.Tensor:

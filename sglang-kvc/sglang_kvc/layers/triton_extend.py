@@ -7,7 +7,10 @@ prefill. A multi-turn rollout's continuation prefills were host-bound on an H200
 step for ~3 ms of GPU work (docs/benchmarks.md, issue 66). Here one launch a layer reads the
 slot table and the pool in place, with each request's causal limit taken from its lengths.
 
-Grid (request, query head, block of BLOCK_M new tokens). The backend stores the new tokens' K/V
+Grid (work item, query head): a work item is one request's block of BLOCK_M new tokens, listed
+by the host (`work` [2, W]: request index, first new token of the block), so a step of many
+short continuations and one long prompt launches no empty programs; an item whose block starts
+past its request's new tokens does nothing (the padding of a captured step's list). The backend stores the new tokens' K/V
 first, so a request's keys are row[:held + n] of the table: its held slots, then its new tokens;
 new token i (row position held + i) sees keys j <= held + i. Softmax online in fp32, as flash
 attention does. An FP8 pool is read as the decode kernel reads it (k_scale joins the softmax
@@ -25,13 +28,14 @@ from .fused_ops import fp8_scales
 
 
 @triton.jit
-def _extend(Q, K, V, Table, Req, Out, scale, KS, VS,
+def _extend(Q, K, V, Table, Req, Work, Out, scale, KS, VS,
             stride_qt, stride_qh, stride_ks, stride_vs, stride_tr, stride_ot, stride_oh, num_req,
-            GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-            IEEE: tl.constexpr, FP8: tl.constexpr):
-    e = tl.program_id(0)
+            num_work, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            D: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr):
+    w = tl.program_id(0)
     h = tl.program_id(1)
-    m0 = tl.program_id(2) * BLOCK_M
+    e = tl.load(Work + w)
+    m0 = tl.load(Work + num_work + w)
     # Req [4, num_req]: table row, first flat token, new tokens, held slots
     row = tl.load(Req + e).to(tl.int64)
     first = tl.load(Req + num_req + e).to(tl.int64)
@@ -96,30 +100,33 @@ def extend_supported(head_dim: int, k_pool: torch.Tensor) -> bool:
 
 
 def paged_extend_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                           table: torch.Tensor, requests: torch.Tensor, max_new: int, scale: float,
-                           out: torch.Tensor | None = None, scales=None, block_m: int = 32,
+                           table: torch.Tensor, requests: torch.Tensor, work: torch.Tensor,
+                           block_m: int, scale: float, out: torch.Tensor | None = None, scales=None,
                            block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
     """q [T, Hq, D] (the prefill's flat tokens, rotated; last dim dense); k_pool/v_pool
     [num_slots, Hkv, D] holding every request's keys at table[row, :held + new]; requests
-    [4, E] int32 (table row, first flat token, new tokens, held slots per request); max_new the
-    largest new-token count. Writes the E requests' tokens of `out` [T, Hq, D] (new when None;
-    other tokens are left as they are) and returns it. FP8 pools: `scales` = (k_scale, v_scale)
+    [4, E] int32 (table row, first flat token, new tokens, held slots per request); work [2, W]
+    int32, the blocks of `block_m` new tokens to compute (step_io.extend_work; padding entries point
+    past their request's tokens). Writes those tokens of `out` [T, Hq, D] (new when None; other
+    tokens are left as they are) and returns it. FP8 pools: `scales` = (k_scale, v_scale)
     one-element fp32 tensors, as paged_decode_attention takes them."""
     T, Hq, D = q.shape
     Hkv = k_pool.shape[1]
     assert extend_supported(D, k_pool) and extend_supported(D, v_pool), "unsupported KV layout"
     assert requests.shape[0] == 4 and requests.is_contiguous() and Hq % Hkv == 0
+    assert work.shape[0] == 2 and work.is_contiguous() and block_m >= 16
     q = q if q.stride(-1) == 1 else q.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     assert out.shape == q.shape and out.stride(-1) == 1
     fp8 = is_fp8(k_pool.dtype)
     k_scale, v_scale = fp8_scales(scales, q.device) if fp8 else (q, q)
-    E = requests.shape[1]
-    if E == 0 or max_new == 0:
+    W = work.shape[1]
+    if W == 0:
         return out
-    _extend[(E, Hq, triton.cdiv(max_new, block_m))](
-        q, k_pool, v_pool, table, requests, out, scale, k_scale, v_scale,
+    _extend[(W, Hq)](
+        q, k_pool, v_pool, table, requests, work, out, scale, k_scale, v_scale,
         q.stride(0), q.stride(1), k_pool.stride(0), v_pool.stride(0), table.stride(0),
-        out.stride(0), out.stride(1), E, GROUP=Hq // Hkv, BLOCK_M=block_m, BLOCK_N=block_n, D=D,
+        out.stride(0), out.stride(1), requests.shape[1], W, GROUP=Hq // Hkv, BLOCK_M=block_m,
+        BLOCK_N=block_n, D=D,
         IEEE=q.dtype == torch.float32, FP8=fp8, num_warps=num_warps, num_stages=num_stages)
     return out

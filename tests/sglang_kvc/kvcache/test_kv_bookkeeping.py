@@ -91,6 +91,9 @@ def test_extend_layout_matches_per_token_lists():
     assert e.mask.shape == (2, 1, lq, lk) and e.mask[:, 0].tolist() == ref
     assert e.tokens.tolist() == [3, 4, 5, 6, 12, 13]
     assert e.pad_rows.tolist() == [0, 1, 2, 3, lq + 0, lq + 1]  # request e's j-th query: e*Lq+j
+    # the paged kernel's layout: (row, first token, new, held) per request; one block each
+    assert e.requests.tolist() == [[6, 8], [3, 12], [4, 2], [7, 2]]
+    assert e.work.tolist() == [[0, 1], [0, 0]]
     assert extend_layout([3, 1], [0, 0], [1, 2], torch.device("cpu")) is None
     assert not e.every  # requests 0 and 2 take the plain causal pass
     every = extend_layout([2, 3], [4, 1], [1, 2], torch.device("cpu"))  # continuations only

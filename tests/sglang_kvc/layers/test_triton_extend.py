@@ -58,18 +58,34 @@ def _layout(held, new, hq, hkv, d, dtype, num_slots, gen):
     return q, k_pool, v_pool, table.to(dev), req.to(dev)
 
 
+def _work(new, block_m=32, pad=0):
+    """The work list of step_io.extend_work, plus `pad` items past every request (a captured
+    step's padding), as the kernel's [2, W] int32."""
+    from sglang_kvc.engine.step_io import extend_work
+
+    items = extend_work(new, block_m) + [(0, 1 << 30)] * pad
+    return torch.tensor(items, dtype=torch.int32).t().contiguous().to(DEVICE)
+
+
+def test_extend_work_lists_every_block_once():
+    from sglang_kvc.engine.step_io import extend_work
+
+    assert extend_work([3, 70, 32, 33], 32) == [(0, 0), (1, 0), (1, 32), (1, 64), (2, 0), (3, 0), (3, 32)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (14, 2, 64), (4, 1, 16), (16, 8, 128)])
 def test_paged_extend_matches_dense(dtype, hq, hkv, d):
     """Held 0 (a plain causal prefill), one new token, new runs past one query block (32) and
-    held rows past one key block (64), GQA groups of 1-7 (3: not a power of two)."""
+    held rows past one key block (64), GQA groups of 1-7 (3: not a power of two); three padding
+    work items that must write nothing."""
     from sglang_kvc.layers.triton_extend import paged_extend_attention
 
     gen = torch.Generator().manual_seed(0)
     held, new = [0, 5, 70, 1, 130], [7, 1, 40, 33, 3]
     q, k_pool, v_pool, table, req = _layout(held, new, hq, hkv, d, dtype, 1024, gen)
     scale = d ** -0.5
-    out = paged_extend_attention(q, k_pool, v_pool, table, req, max(new), scale)
+    out = paged_extend_attention(q, k_pool, v_pool, table, req, _work(new, pad=3), 32, scale)
     want = _reference(q, k_pool, v_pool, table.cpu(), req.cpu(), scale)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
     for first, ref in want.items():
@@ -79,8 +95,7 @@ def test_paged_extend_matches_dense(dtype, hq, hkv, d):
 
 def test_paged_extend_writes_only_its_requests_tokens():
     """With `out` given (the causal pass's output of a mixed prefill), tokens of requests not in
-    the block keep their values; a request listed with a shorter max_new than it has would be
-    wrong, so max_new is the largest count."""
+    the block keep their values; blocks of 16 new tokens."""
     from sglang_kvc.layers.triton_extend import paged_extend_attention
 
     gen = torch.Generator().manual_seed(1)
@@ -90,7 +105,8 @@ def test_paged_extend_writes_only_its_requests_tokens():
     q = torch.cat([q[:4], torch.randn(5, 4, 16, generator=gen).to(DEVICE), q[4:]])
     req[1, 1] += 5
     sentinel = torch.full_like(q, 7.0)
-    out = paged_extend_attention(q, k_pool, v_pool, table, req, max(new), 0.25, out=sentinel.clone())
+    out = paged_extend_attention(q, k_pool, v_pool, table, req, _work(new, 16, pad=2), 16, 0.25,
+                                 out=sentinel.clone())
     assert torch.equal(out[4:9], sentinel[4:9])
     want = _reference(q, k_pool, v_pool, table.cpu(), req.cpu(), 0.25)
     for first, ref in want.items():

@@ -130,6 +130,10 @@ class ServerArgs:
         None, "decode batch sizes with a CUDA graph, e.g. 1-32,48,64 (a batch runs in the "
               "smallest one that holds it); default every size to 8, 12, 16, 24, 32, then every "
               "16, up to --cuda-graph-max-bs")
+    prefill_graph_max_tokens: int = _arg(
+        8192, "largest prefill captured in a CUDA graph when every request in it holds KV (a "
+              "session's next turn, a prompt whose head is cached; CUDA + triton, with "
+              "--cuda-graph); one graph per padded token count, up to this; 0: none")
     served_model_name: str | None = _arg(None, "model id shown by /v1/models; default the path")
     tool_call_parser: str | None = _arg(
         None, "as SGLang's: the format the model writes tool calls in, read back into "

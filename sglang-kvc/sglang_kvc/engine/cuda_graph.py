@@ -123,7 +123,75 @@ class GraphParts:
     rows: RowState  # last tokens in, samples recorded
 
 
-class DecodeGraphs:
+class PoolGraphs:
+    """Graphs kept per KV-pool address (the decode and the prefill graphs): their kernels read
+    and write the pool through baked-in addresses. Subclasses set ``parts`` and call
+    ``clear`` last in their __init__."""
+
+    parts: GraphParts
+    capture_stream: torch.cuda.Stream | None = None  # made on first use (_stream)
+
+    def clear(self) -> None:
+        """Drop every graph (the weights or the stop-id table moved: no kept graph is valid)."""
+        self.by_pool: dict[tuple | None, dict] = {}  # pool address -> its graphs, oldest first
+        self.graphs: dict = {}
+        self.pool = None
+        self.kv_ptrs: tuple[int, int] | None = None  # the KV pool address `graphs` were captured on
+        self.follow_pool()
+
+    def _pool_ptrs(self) -> tuple[int, int] | None:
+        pool = getattr(self.parts.kv, "pool", None)  # (host-path tests fake the cache)
+        return (pool.k.data_ptr(), pool.v.data_ptr()) if pool is not None and pool.allocated else None
+
+    def follow_pool(self) -> None:
+        """Use the graphs captured on the KV pool's current address. A released pool (the
+        trainer's per-rollout offload) may come back elsewhere (without a stable address,
+        kvcache/stable_memory.py): the graphs of each address are kept (the last
+        KEEP_POOL_ADDRESSES), so a pool that comes back at an address it had before replays
+        its graphs instead of capturing again; a new address starts with none."""
+        ptrs = self._pool_ptrs()
+        if ptrs is None or (ptrs == self.kv_ptrs and self.by_pool):
+            return
+        self.graphs = self.by_pool.pop(ptrs, None) or {}
+        self.by_pool[ptrs] = self.graphs  # the most recent last
+        while len(self.by_pool) > KEEP_POOL_ADDRESSES:
+            del self.by_pool[next(iter(self.by_pool))]
+        self.kv_ptrs = ptrs
+        self.pool_followed()
+
+    def pool_followed(self) -> None:
+        """Called when `graphs` changed to another address's."""
+
+    def pool_moved(self) -> bool:
+        """Whether the KV pool now lives elsewhere than the current graphs were captured on."""
+        ptrs = self._pool_ptrs()
+        return ptrs is not None and self.kv_ptrs is not None and ptrs != self.kv_ptrs
+
+    def _stream(self) -> torch.cuda.Stream:
+        """This engine's side stream, on its own device. ``torch.cuda.graph``'s default capture
+        stream is one per process, made on whichever device was current at the first capture:
+        a second engine on another GPU then captured on the first one's device (Triton: "Pointer
+        argument cannot be accessed")."""
+        if self.capture_stream is None:
+            self.capture_stream = torch.cuda.Stream(device=self.parts.device)
+        return self.capture_stream
+
+    def _capture_body(self, key, body) -> torch.Tensor:
+        """Capture `body()` (its outputs) as the graph of `key`, in this object's memory pool.
+        The caller has run it once for real first (Triton compiles outside capture)."""
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: with --max-staleness the trainer keeps launching work (and allocating)
+        # on its own thread while the rollout thread captures; the default "global" mode turns
+        # those calls into cudaErrorStreamCaptureUnsupported on the trainer's side.
+        with torch.cuda.graph(graph, pool=self.pool, stream=self._stream(),
+                              capture_error_mode="thread_local"):
+            out = body()
+        self.pool = graph.pool()
+        self.graphs[key] = (graph, out)
+        return out
+
+
+class DecodeGraphs(PoolGraphs):
     def __init__(self, parts: GraphParts, max_bs: int, sizes: list[int] | None = None):
         self.parts = parts
         self.sizes = graph_sizes(max_bs, sizes)
@@ -142,47 +210,19 @@ class DecodeGraphs:
         self.num_captures, self.capture_s = 0, 0.0  # over the engine's life (server info)
         self.deferred = 0  # steps run eagerly because another thread held CAPTURE_GATE
         self.replays, self.replay_s = 0, 0.0  # host time launching replays (benchmarks.engine.decode_tail)
-        self.capture_stream: torch.cuda.Stream | None = None
         self.step_ints_host = StepInts()  # the step's per-row integers (step_ints.py)
         self.clear()
 
     def clear(self) -> None:
-        """Drop every graph (the weights or the stop-id table moved: no kept graph is valid)."""
-        self.by_pool: dict[tuple | None, dict] = {}  # pool address -> its graphs, oldest first
-        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.pool = None
-        self.kv_ptrs: tuple[int, int] | None = None  # the KV pool address `graphs` were captured on
         self._params_for: tuple | None = None  # (BatchTensors, gbs) the parameters were loaded for
         self._slot_views: dict[int, torch.Tensor] = {}  # out_slots[:bs]
         self._out_views: dict[tuple, torch.Tensor] = {}  # a graph's packed outputs[:bs]
         self._slots_hi = self.max_bs  # out_slots[i] == 0 for every i >= _slots_hi (unknown: all)
         self.step_ints_host.forget()
-        self.follow_pool()
+        super().clear()  # graphs: (gbs, SamplingMode) -> (graph, packed outputs)
 
-    def _pool_ptrs(self) -> tuple[int, int] | None:
-        pool = getattr(self.parts.kv, "pool", None)  # (host-path tests fake the cache)
-        return (pool.k.data_ptr(), pool.v.data_ptr()) if pool is not None and pool.allocated else None
-
-    def follow_pool(self) -> None:
-        """Use the graphs captured on the KV pool's current address. A released pool (the
-        trainer's per-rollout offload) may come back elsewhere, and the graphs' kernels read and
-        write it through baked-in addresses: the graphs of each address are kept (the last
-        KEEP_POOL_ADDRESSES), so a pool that comes back at an address it had before replays
-        its graphs instead of capturing again; a new address starts with none."""
-        ptrs = self._pool_ptrs()
-        if ptrs is None or (ptrs == self.kv_ptrs and self.by_pool):
-            return
-        self.graphs = self.by_pool.pop(ptrs, None) or {}
-        self.by_pool[ptrs] = self.graphs  # the most recent last
-        while len(self.by_pool) > KEEP_POOL_ADDRESSES:
-            del self.by_pool[next(iter(self.by_pool))]
-        self.kv_ptrs = ptrs
+    def pool_followed(self) -> None:
         self._out_views = {}  # views of the previous address's graphs' outputs
-
-    def pool_moved(self) -> bool:
-        """Whether the KV pool now lives elsewhere than the current graphs were captured on."""
-        ptrs = self._pool_ptrs()
-        return ptrs is not None and self.kv_ptrs is not None and ptrs != self.kv_ptrs
 
     def stats(self) -> dict:
         return {"graphs": len(self.graphs), "captures": self.num_captures,
@@ -293,15 +333,6 @@ class DecodeGraphs:
         self.num_captures += 1
         self.capture_s += time.perf_counter() - t0
 
-    def _stream(self) -> torch.cuda.Stream:
-        """This engine's side stream, on its own device. ``torch.cuda.graph``'s default capture
-        stream is one per process, made on whichever device was current at the first capture:
-        a second engine on another GPU then captured on the first one's device (Triton: "Pointer
-        argument cannot be accessed")."""
-        if self.capture_stream is None:
-            self.capture_stream = torch.cuda.Stream(device=self.parts.device)
-        return self.capture_stream
-
     def _capture_graph(self, gbs: int, mode: SamplingMode) -> None:
         # The warm-up runs the step for real (Triton compiles and autotunes outside capture);
         # the replay that follows recomputes the same values into the same places, once the
@@ -314,12 +345,4 @@ class DecodeGraphs:
             self._body(gbs, mode)
         torch.cuda.current_stream().wait_stream(stream)
         last.copy_(saved)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: with --max-staleness the trainer keeps launching work (and allocating)
-        # on its own thread while the rollout thread captures; the default "global" mode turns
-        # those calls into cudaErrorStreamCaptureUnsupported on the trainer's side.
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream,
-                              capture_error_mode="thread_local"):
-            packed = self._body(gbs, mode)
-        self.pool = graph.pool()
-        self.graphs[(gbs, mode)] = (graph, packed)
+        self._capture_body((gbs, mode), lambda: self._body(gbs, mode))

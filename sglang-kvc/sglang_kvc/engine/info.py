@@ -61,6 +61,8 @@ def server_info(engine) -> dict:
     })
     if runner.graphs is not None:
         info["cuda_graphs"] = runner.graphs.stats()
+    if runner.prefill_graphs is not None:
+        info["prefill_graphs"] = runner.prefill_graphs.stats()
     if engine.kv.prefix is not None:
         info["prefix_cache"] = engine.kv.prefix.stats()
     if engine.compressor is not None:

@@ -1,7 +1,8 @@
 """Runs one scheduled batch: builds the flat token tensors, runs the model, samples.
 
 Owns the model, the KV cache and the attention backend. Decode steps on CUDA replay captured
-CUDA graphs (cuda_graph.py) when the batch size has one; everything else runs eagerly.
+CUDA graphs (cuda_graph.py) when the batch size has one, and so do the forwards of prefills whose
+every request holds KV (prefill_graph.py); everything else runs eagerly.
 
 `launch` never waits for the GPU: decode inputs come from the previous step's tokens on the
 device (row_state.py), stop ids are checked there too, and a step's outputs (tokens, stop flags,
@@ -18,7 +19,7 @@ from dataclasses import replace
 
 import torch
 
-from ..layers.attention import AttentionMetadata, TorchAttention, TritonAttention
+from ..layers.attention import AttentionMetadata, TorchAttention, TritonAttention, paged_extend_enabled
 from ..compression import POLICIES, CompressionConfig
 from ..compression.compressor import Compressor
 from ..compression.query_ring import QueryRing
@@ -31,6 +32,7 @@ from ..models.config import ModelConfig
 from .row_state import RowState
 from .runner_memory import RunnerMemory
 from .cuda_graph import DecodeGraphs, GraphParts
+from .prefill_graph import PrefillGraphs
 from .sampler import Sampler, SamplingBatch
 from .scheduler import Batch
 from .sequence import Sequence
@@ -159,10 +161,13 @@ class ModelRunner(RunnerMemory):
         self.host_ring = HostRing() if self.device.type == "cuda" else None
         self._batch_cache: BatchTensors | None = None
         self.prefill_tokens = 0  # tokens computed by prefills (a cached prefix is not)
-        self.graphs = None
+        self.graphs = self.prefill_graphs = None
         if self.device.type == "cuda" and backend == "triton" and args.cuda_graph:
             sizes = parse_batch_sizes(args.cuda_graph_bs) if args.cuda_graph_bs else None
             self.graphs = DecodeGraphs(self.graph_parts(), args.cuda_graph_max_bs, sizes)
+            if args.prefill_graph_max_tokens > 0 and ring is None:  # (a ring's records: eager)
+                self.prefill_graphs = PrefillGraphs(self.graph_parts(), args.prefill_graph_max_tokens,
+                                                    self.kv.req_to_token.table.shape[0])
         log.info("KV pool: %d slots (%.2f GB, %s), device %s, dtype %s, attention %s",
                  pool.num_slots - 1, pool.bytes / 1e9, kv_dtype, self.device, self.dtype, backend)
 
@@ -294,8 +299,11 @@ class ModelRunner(RunnerMemory):
                    for i in range(max(0, n - w), n)]
             idx, rows, pos = torch.tensor(rec, device=dev).unbind(1)
             meta.rec_index, meta.rec_rows, meta.rec_pos = idx, rows, pos
-        self.attn.meta = meta
-        hidden = self.model(torch.tensor(flat, device=dev), positions, self.attn)
+        ids = torch.tensor(flat, device=dev)
+        hidden = self._graphed_prefill(ids, positions, meta)
+        if hidden is None:
+            self.attn.meta = meta
+            hidden = self.model(ids, positions, self.attn)
         last = [st + n - 1 for st, n in zip(starts, counts)]
         logits = self.model.logits(hidden[torch.tensor([last[i] for i in order], device=dev)], upcast=False)
         input_lp = {}
@@ -306,6 +314,15 @@ class ModelRunner(RunnerMemory):
         for s, n in zip(seqs, counts):
             s.num_computed += n
         return logits, input_lp
+
+    def _graphed_prefill(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata):
+        """The prefill's hidden states from a captured graph (prefill_graph.py), or None: the
+        step is not one (a request without held KV, too many tokens, the paged kernel off) or
+        its capture must wait."""
+        g = self.prefill_graphs
+        if g is None or not paged_extend_enabled() or not g.can_run(ids.shape[0], meta.extend):
+            return None
+        return g.forward(ids, positions, meta)
 
     def prepare_decode(self, seqs: list[Sequence], rows: torch.Tensor):
         """Device inputs of a decode step: input_ids (the rows' last sampled tokens, already on
@@ -356,7 +373,7 @@ class ModelRunner(RunnerMemory):
         """Drop device memory now rather than at garbage collection (engines may be recreated
         in one process, and the pool is sized from what is allocated)."""
         self.kv.pool.release()
-        self.graphs = None
+        self.graphs = self.prefill_graphs = None
         self.model = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -15,16 +15,21 @@ if TYPE_CHECKING:
     from ..kvcache.kv_cache import KVCache
     from ..models.causal_lm import CausalLM
     from .cuda_graph import DecodeGraphs
+    from .prefill_graph import PrefillGraphs
 
 
 class RunnerMemory:
     """Mixed into ``ModelRunner``, which sets what these calls move: ``model``, ``kv`` (its
-    pool), ``graphs`` (None: no decode graphs) and ``device``."""
+    pool), ``graphs`` and ``prefill_graphs`` (None: none) and ``device``."""
 
     model: CausalLM
     kv: KVCache
     graphs: DecodeGraphs | None
+    prefill_graphs: PrefillGraphs | None
     device: torch.device
+
+    def _all_graphs(self) -> list:
+        return [g for g in (self.graphs, self.prefill_graphs) if g is not None]
 
     @torch.inference_mode()
     def load_weights(self, named) -> int:
@@ -44,8 +49,9 @@ class RunnerMemory:
             self.kv.pool.release()
         if "weights" in tags and self.device.type == "cuda":
             self.model.to("cpu")
-        if self.graphs is not None and tags & {"weights", "cuda_graph"}:
-            self.graphs.clear()
+        if tags & {"weights", "cuda_graph"}:
+            for graphs in self._all_graphs():
+                graphs.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -57,5 +63,5 @@ class RunnerMemory:
                 torch.cuda.empty_cache()  # best chance at its old address, graphs kept (issue 60)
             self.kv.pool.allocate()
             self.kv.reset()
-        if self.graphs is not None:  # the graphs of the pool's new address, kept or none yet
-            self.graphs.follow_pool()
+        for graphs in self._all_graphs():  # the graphs of the pool's new address, kept or none yet
+            graphs.follow_pool()

@@ -79,6 +79,11 @@ def cudnn_sdp_allowed() -> bool:
     return _cudnn_sdp
 
 
+def paged_extend_enabled() -> bool:
+    """Whether the Triton backend's prefill with held KV takes the paged kernel (SGLANG_KVC_PAGED_EXTEND)."""
+    return _paged_extend
+
+
 def sdpa(*args, **kwargs) -> torch.Tensor:
     """F.scaled_dot_product_attention with cuDNN attention off for this call (module docstring:
     its per-shape graph builds) unless `set_cudnn_sdp(True)`. One flag flip each way; it is the

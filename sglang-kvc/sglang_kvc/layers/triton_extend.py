@@ -29,18 +29,18 @@ from .fused_ops import fp8_scales
 
 @triton.jit
 def _extend(Q, K, V, Table, Req, Work, Out, scale, KS, VS,
-            stride_qt, stride_qh, stride_ks, stride_vs, stride_tr, stride_ot, stride_oh, num_req,
-            num_work, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            stride_qt, stride_qh, stride_ks, stride_vs, stride_tr, stride_ot, stride_oh, stride_req,
+            stride_work, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             D: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr):
     w = tl.program_id(0)
     h = tl.program_id(1)
     e = tl.load(Work + w)
-    m0 = tl.load(Work + num_work + w)
-    # Req [4, num_req]: table row, first flat token, new tokens, held slots
+    m0 = tl.load(Work + stride_work + w)
+    # Req [4, E]: table row, first flat token, new tokens, held slots
     row = tl.load(Req + e).to(tl.int64)
-    first = tl.load(Req + num_req + e).to(tl.int64)
-    n_new = tl.load(Req + 2 * num_req + e)
-    held = tl.load(Req + 3 * num_req + e)
+    first = tl.load(Req + stride_req + e).to(tl.int64)
+    n_new = tl.load(Req + 2 * stride_req + e)
+    held = tl.load(Req + 3 * stride_req + e)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     mmask = offs_m < n_new
@@ -113,8 +113,9 @@ def paged_extend_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     T, Hq, D = q.shape
     Hkv = k_pool.shape[1]
     assert extend_supported(D, k_pool) and extend_supported(D, v_pool), "unsupported KV layout"
-    assert requests.shape[0] == 4 and requests.is_contiguous() and Hq % Hkv == 0
-    assert work.shape[0] == 2 and work.is_contiguous() and block_m >= 16
+    # (row views of larger buffers, a captured step's, are fine: each row dense)
+    assert requests.shape[0] == 4 and requests.stride(1) == 1 and Hq % Hkv == 0
+    assert work.shape[0] == 2 and work.stride(1) == 1 and block_m >= 16
     q = q if q.stride(-1) == 1 else q.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     assert out.shape == q.shape and out.stride(-1) == 1
@@ -126,7 +127,7 @@ def paged_extend_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     _extend[(W, Hq)](
         q, k_pool, v_pool, table, requests, work, out, scale, k_scale, v_scale,
         q.stride(0), q.stride(1), k_pool.stride(0), v_pool.stride(0), table.stride(0),
-        out.stride(0), out.stride(1), requests.shape[1], W, GROUP=Hq // Hkv, BLOCK_M=block_m,
+        out.stride(0), out.stride(1), requests.stride(0), work.stride(0), GROUP=Hq // Hkv, BLOCK_M=block_m,
         BLOCK_N=block_n, D=D,
         IEEE=q.dtype == torch.float32, FP8=fp8, num_warps=num_warps, num_stages=num_stages)
     return out

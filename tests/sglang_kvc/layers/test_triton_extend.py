@@ -95,7 +95,8 @@ def test_paged_extend_matches_dense(dtype, hq, hkv, d):
 
 def test_paged_extend_writes_only_its_requests_tokens():
     """With `out` given (the causal pass's output of a mixed prefill), tokens of requests not in
-    the block keep their values; blocks of 16 new tokens."""
+    the block keep their values; blocks of 16 new tokens; the request block and the work list
+    as row views of larger buffers, with padding items."""
     from sglang_kvc.layers.triton_extend import paged_extend_attention
 
     gen = torch.Generator().manual_seed(1)
@@ -105,8 +106,14 @@ def test_paged_extend_writes_only_its_requests_tokens():
     q = torch.cat([q[:4], torch.randn(5, 4, 16, generator=gen).to(DEVICE), q[4:]])
     req[1, 1] += 5
     sentinel = torch.full_like(q, 7.0)
-    out = paged_extend_attention(q, k_pool, v_pool, table, req, _work(new, 16, pad=2), 16, 0.25,
-                                 out=sentinel.clone())
+    # as a captured step passes them: row views of larger static buffers
+    req_buf = torch.full((4, 9), -5, dtype=torch.int32, device=DEVICE)
+    req_buf[:, :2] = req
+    work = _work(new, 16, pad=2)
+    work_buf = torch.full((2, work.shape[1] + 6), -5, dtype=torch.int32, device=DEVICE)
+    work_buf[:, :work.shape[1]] = work
+    out = paged_extend_attention(q, k_pool, v_pool, table, req_buf[:, :3], work_buf[:, :work.shape[1]],
+                                 16, 0.25, out=sentinel.clone())
     assert torch.equal(out[4:9], sentinel[4:9])
     want = _reference(q, k_pool, v_pool, table.cpu(), req.cpu(), 0.25)
     for first, ref in want.items():

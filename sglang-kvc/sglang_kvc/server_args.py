@@ -202,8 +202,9 @@ class ServerArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if self.cuda_graph_bs is not None:
             parse_batch_sizes(self.cuda_graph_bs)
-        if self.schedule_prefill_delay_steps < 0:
-            raise ValueError("--schedule-prefill-delay-steps must be >= 0")
+        for name in ("schedule_prefill_delay_steps", "prefill_graph_max_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
         if self.max_queued_tokens is not None and self.max_queued_tokens < 1:
             raise ValueError("--max-queued-tokens must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 2:

@@ -87,3 +87,11 @@ def test_graphed_prefill_logic_matches_eager(tiny_models):
         assert lp_got == pytest.approx(lp_want, abs=1e-5)
     # four graphed steps (three continuations, the cached prompts) at more than one padded size
     assert stats["replays"] >= 4 and len(graphs.graphs) >= 2 and stats["deferred"] == 0
+
+
+def test_a_negative_prefill_graph_limit_names_the_flag():
+    from sglang_kvc.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="--prefill-graph-max-tokens must be >= 0"):
+        ServerArgs(model_path="x", prefill_graph_max_tokens=-1)
+    assert ServerArgs(model_path="x", prefill_graph_max_tokens=0).prefill_graph_max_tokens == 0

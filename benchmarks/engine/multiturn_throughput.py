@@ -220,6 +220,8 @@ def run_mode(mode, rollout, tokenizer, prompts, args, plan, probe: StepProbe) ->
     row.update(step_summary(steps))
     row["prefill_step_log"] = steps
     row["tokens_per_s"] = row["model_tokens"] / row["wall_s"]
+    graphs = rollout.engine.get_server_info().get("prefill_graphs", {})  # (over the engine's life)
+    row["prefill_graph_replays"] = graphs.get("replays", 0)
     for key in ("first_turn2_start", "slowest_turn1_end"):
         if key in row:
             row[key] -= timing["start"]
@@ -239,7 +241,8 @@ def start_engine(args, model_dir: str, samples: int, longest: int):
     kw = dict(model_path=model_dir, device=args.device, dtype="bfloat16" if cuda else "float32",
               context_length=context, max_running_requests=samples, random_seed=args.seed,
               max_total_tokens=samples * context + 4096,
-              schedule_prefill_delay_steps=args.prefill_delay_steps)
+              schedule_prefill_delay_steps=args.prefill_delay_steps,
+              prefill_graph_max_tokens=args.prefill_graph_max_tokens)
     if cuda:
         kw.update(cuda_graph_max_bs=min(samples, 512), mem_fraction_static=0.5)
     return EngineRollout(Engine(**kw))
@@ -274,6 +277,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prefill-delay-steps", type=int, default=16,
                    help="the engine's --schedule-prefill-delay-steps (16, what "
                         "scripts/run-smollm2-tool.sh runs; 0: a prefill per arrival)")
+    p.add_argument("--prefill-graph-max-tokens", type=int, default=8192,
+                   help="the engine's flag (8192, its default: prefills whose every row holds KV "
+                        "replay as CUDA graphs; 0: eager). SGLANG_KVC_PAGED_EXTEND=0 in the "
+                        "environment takes the torch path for held KV (no graphs either)")
     p.add_argument("--cudnn-sdp", default="off",
                    help="comma list of the engine's cuDNN attention settings to run, in order "
                         "(off, on), e.g. off,on")

@@ -165,7 +165,7 @@ class ModelRunner(RunnerMemory):
         if self.device.type == "cuda" and backend == "triton" and args.cuda_graph:
             sizes = parse_batch_sizes(args.cuda_graph_bs) if args.cuda_graph_bs else None
             self.graphs = DecodeGraphs(self.graph_parts(), args.cuda_graph_max_bs, sizes)
-            if args.prefill_graph_max_tokens > 0 and ring is None:  # (a ring's records: eager)
+            if args.prefill_graph_max_tokens > 0:
                 self.prefill_graphs = PrefillGraphs(self.graph_parts(), args.prefill_graph_max_tokens,
                                                     self.kv.req_to_token.table.shape[0])
         log.info("KV pool: %d slots (%.2f GB, %s), device %s, dtype %s, attention %s",

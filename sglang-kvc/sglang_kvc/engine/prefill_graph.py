@@ -10,12 +10,14 @@ step only through the token count and the work list's length. Padded to a size o
 items past every request's tokens, which do nothing), one graph per size replays any such step.
 
 Captured: the model's forward (embedding, every layer, the final norm) into a static hidden
-buffer. Eager around it: the runner's layouts and slot allocation as before, eight device copies
-and fills into the static buffers, the LM head over the last tokens, sampling.
+buffer, and for R-KV and SnapKV the query ring's records of each request's last queries (padding
+records go to ring row 0, the padding row). Eager around it: the runner's layouts and slot
+allocation as before, ~10 device copies and fills into the static buffers, the LM head over the
+last tokens, sampling, compression.
 
 Not graphed (the eager path, unchanged): a prefill with a request that holds no KV (its causal
-pass over the new tokens runs flash attention), with a query ring to fill (R-KV, SnapKV), longer
-than the largest size, or with the paged kernel off (SGLANG_KVC_PAGED_EXTEND=0) or unsupported.
+pass over the new tokens runs flash attention), longer than the largest size, or with the paged
+kernel off (SGLANG_KVC_PAGED_EXTEND=0) or unsupported.
 The graphs follow the KV pool's address and are dropped with the decode graphs (runner_memory.py).
 """
 
@@ -51,6 +53,8 @@ class PrefillGraphs(PoolGraphs):
         self.tokens = torch.zeros(3, n, dtype=torch.int64, device=dev)  # ids, positions, slots
         self.requests = torch.zeros(4, max_requests, dtype=torch.int32, device=dev)
         self.work = torch.zeros(2, self.work_len(n), dtype=torch.int32, device=dev)
+        # query-ring records (compression): flat token index, table row, position; at most one a token
+        self.records = torch.zeros(3, n, dtype=torch.int64, device=dev) if parts.attn.ring is not None else None
         self.num_captures, self.capture_s, self.deferred, self.replays = 0, 0.0, 0, 0
         self.clear()  # graphs: padded token count -> (graph, hidden [size, hidden])
 
@@ -100,13 +104,20 @@ class PrefillGraphs(PoolGraphs):
         self.work[:, :w].copy_(e.work)
         self.work[0, w:end].zero_()
         self.work[1, w:end].fill_(PAST_EVERY_REQUEST)
+        if self.records is not None:  # padding records: token 0 into ring row 0, position 0
+            r = meta.rec_rows.shape[0]
+            for row, src in enumerate((meta.rec_index, meta.rec_rows, meta.rec_pos)):
+                self.records[row, :r].copy_(src)
+            self.records[:, r:size].zero_()
 
     def _body(self, size: int) -> torch.Tensor:
         p = self.parts
         ids, positions, slots = self.tokens[:, :size]
         extend = ExtendLayout(None, None, None, None, None, every=True, requests=self.requests,
                               work=self.work[:, :self.work_len(size)])
-        p.attn.meta = AttentionMetadata(True, slots, extend=extend)
+        meta = p.attn.meta = AttentionMetadata(True, slots, extend=extend)
+        if self.records is not None:
+            meta.rec_index, meta.rec_rows, meta.rec_pos = self.records[:, :size]
         return p.model(ids, positions, p.attn)
 
     def _capture(self, size: int) -> None:

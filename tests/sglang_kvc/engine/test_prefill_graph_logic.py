@@ -72,13 +72,20 @@ def _workload(eng: Engine) -> list:
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
-def test_graphed_prefill_logic_matches_eager(tiny_models):
-    make = lambda: Engine(model_path=str(tiny_models["qwen2.5"]), device="cpu", dtype="float32")
+@pytest.mark.parametrize("extra", [{}, {"compress_algorithm": "rkv", "compress_max_prompt": 12,
+                                        "compress_divide_length": 4, "compress_max_window": 3}],
+                         ids=["dense", "rkv"])
+def test_graphed_prefill_logic_matches_eager(tiny_models, extra):
+    """R-KV: the captured step also fills the query ring (padded records into row 0), which the
+    compressions after it score with."""
+    make = lambda: Engine(model_path=str(tiny_models["qwen2.5"]), device="cpu", dtype="float32", **extra)
     with make() as eng:
         want = _workload(eng)
+        compressions = eng.get_server_info().get("compression", {}).get("num_compressions", 0)
     with make() as eng:
         r = eng.runner
-        r.attn = KernelForHeldKV(eng.kv, r.cfg.num_heads, r.cfg.head_dim)
+        ring, r.attn = r.attn.ring, KernelForHeldKV(eng.kv, r.cfg.num_heads, r.cfg.head_dim)
+        r.attn.ring = ring
         graphs = r.prefill_graphs = EmulatedPrefillGraphs(r.graph_parts(), 256, eng.kv.req_to_token.table.shape[0])
         got = _workload(eng)
         stats = eng.get_server_info()["prefill_graphs"]
@@ -87,6 +94,7 @@ def test_graphed_prefill_logic_matches_eager(tiny_models):
         assert lp_got == pytest.approx(lp_want, abs=1e-5)
     # four graphed steps (three continuations, the cached prompts) at more than one padded size
     assert stats["replays"] >= 4 and len(graphs.graphs) >= 2 and stats["deferred"] == 0
+    assert (graphs.records is not None) == bool(extra) and (compressions > 0 or not extra)
 
 
 def test_a_negative_prefill_graph_limit_names_the_flag():

@@ -86,55 +86,63 @@ def prefill_layout(counts: list[int], first_pos: list[int], device) -> tuple[tor
     pad_index [B, Lmax] (flat token index, padding -> 0), and pad_rows [T], each flat token's
     row in that layout flattened to [B * Lmax]. Built on the host from B numbers: Python lists
     of every token cost ~15 ms per 16k-token step, and a boolean mask to unpad would make the
-    device sync in every layer."""
+    device sync in every layer. In numpy, sent in one copy (host_to_device)."""
     seg, start, offset = segments(counts)
-    positions = torch.tensor(first_pos, dtype=torch.int64)[seg] + offset
+    positions = np.asarray(first_pos, dtype=np.int64)[seg] + offset
     lmax = max(counts)
-    col = torch.arange(lmax)[None, :]
-    pad_index = torch.where(col < torch.tensor(counts)[:, None], start[:, None] + col, 0)
-    pad_rows = seg * lmax + offset
-    return tuple(t.to(device, non_blocking=True) for t in (positions, pad_index, pad_rows))
+    col = np.arange(lmax)[None, :]
+    pad_index = np.where(col < np.asarray(counts)[:, None], start[:, None] + col, 0)
+    return host_to_device([positions, pad_index, seg * lmax + offset], device)
+
+
+def host_to_device(arrays: list[np.ndarray], device) -> list[torch.Tensor]:
+    """Integer arrays of one dtype to `device` in one copy: views of one flat buffer, each in
+    its array's shape. torch's CPU ops on these small index arrays cost ~1-2 ms each on an
+    H200 machine's host (its profile of a multi-turn prefill step, 2026-11-29), numpy's
+    microseconds; and each tensor's own copy is a launch and its host work."""
+    flat = torch.from_numpy(np.concatenate([a.ravel() for a in arrays]))
+    flat = flat.to(device, non_blocking=True)
+    out, at = [], 0
+    for a in arrays:
+        out.append(flat[at:at + a.size].view(a.shape))
+        at += a.size
+    return out
 
 
 def extend_layout(counts: list[int], prefix: list[int], rows: list[int], device) -> ExtendLayout | None:
     """The `ExtendLayout` of a prefill whose i-th request computes counts[i] new tokens after
     prefix[i] cached ones (None when no request has a prefix). The host builds what grows with
-    the new tokens; the mask, [E, Lq, Lk] and so growing with the held context, is built on
-    the device from E lengths (on the host it cost ~80 ms and a 27 MB copy at 32 rows of 200
-    new tokens after 4k held)."""
-    hit = [i for i, p in enumerate(prefix) if p]
-    if not hit:
+    the new tokens (numpy, two copies: the int64 layout and the kernel's int32 one); the mask,
+    [E, Lq, Lk] and so growing with the held context, is built on the device from E lengths
+    when the torch path asks for it (ExtendLayout.mask; on the host it cost ~80 ms and a 27 MB
+    copy at 32 rows of 200 new tokens after 4k held)."""
+    hit = np.flatnonzero(np.asarray(prefix, dtype=np.int64))
+    if not hit.size:
         return None
     seg, start, offset = segments(counts)
-    n, p = torch.tensor([counts[i] for i in hit]), torch.tensor([prefix[i] for i in hit])
+    n, p = np.asarray(counts, dtype=np.int64)[hit], np.asarray(prefix, dtype=np.int64)[hit]
     lq, lk = int(n.max()), int((n + p).max())
-    col = torch.arange(lq)[None, :]
-    q_index = torch.where(col < n[:, None], start[hit][:, None] + col, 0)
-    which = torch.zeros(len(counts), dtype=torch.int64)
-    which[hit] = torch.arange(len(hit))
-    tokens = torch.nonzero(torch.isin(seg, torch.tensor(hit)))[:, 0]
+    col = np.arange(lq)[None, :]
+    q_index = np.where(col < n[:, None], start[hit][:, None] + col, 0)
+    which = np.full(len(counts), -1, dtype=np.int64)
+    which[hit] = np.arange(hit.size)
+    tokens = np.flatnonzero(which[seg] >= 0)
     pad_rows = which[seg[tokens]] * lq + offset[tokens]
+    rows_hit = np.asarray(rows, dtype=np.int64)[hit]
     # the paged kernel's layout: per request (row, first token, new, held), its work list
-    requests = torch.stack([torch.tensor([rows[i] for i in hit]), start[hit], n, p]).int()
-    work = torch.tensor(extend_work([counts[i] for i in hit]), dtype=torch.int32).view(-1, 2).t()
-    rows_t, q_index, tokens, pad_rows, n, p, requests, work = (x.to(device, non_blocking=True) for x in (
-        torch.tensor([rows[i] for i in hit]), q_index, tokens, pad_rows, n, p, requests, work.contiguous()))
-    return ExtendLayout(rows_t, q_index, extend_mask(n, p, lq, lk), tokens, pad_rows,
-                        every=len(hit) == len(counts), requests=requests, work=work)
+    requests = np.stack([rows_hit, start[hit], n, p]).astype(np.int32)
+    work = np.asarray(extend_work(n.tolist()), dtype=np.int32).reshape(-1, 2).T
+    requests, work = host_to_device([requests, work], device)
+    rows_t, q_index, tokens, pad_rows, n, p = host_to_device(
+        [rows_hit, q_index, tokens, pad_rows, n, p], device)
+    return ExtendLayout(rows_t, q_index, tokens, pad_rows, n, p, max_new=lq, max_len=lk,
+                        every=hit.size == len(counts), requests=requests, work=work)
 
 
-def extend_work(new_counts: list[int], block_m: int = EXTEND_BLOCK_M) -> list[tuple[int, int]]:
+def extend_work(new_counts, block_m: int = EXTEND_BLOCK_M) -> list[tuple[int, int]]:
     """The paged extend kernel's work list for requests with `new_counts` new tokens: (request
     index, first new token of the block) for every block of `block_m` tokens, in order."""
     return [(e, m0) for e, n in enumerate(new_counts) for m0 in range(0, n, block_m)]
-
-
-def extend_mask(n: torch.Tensor, p: torch.Tensor, lq: int, lk: int) -> torch.Tensor:
-    """[E, 1, Lq, Lk] bool on n's device: request e's query i (at position p[e] + i of its
-    row) sees key j iff j <= p[e] + i and j < p[e] + n[e] (no padding query sees past its row)."""
-    key = torch.arange(lk, device=n.device)[None, None, :]
-    qpos = (p[:, None] + torch.arange(lq, device=n.device)[None, :])[:, :, None]  # [E, Lq, 1]
-    return ((key <= qpos) & (key < (p + n)[:, None, None]))[:, None]
 
 
 def sampling_columns(seqs: list[Sequence], vocab: int) -> tuple[list[list[float]], list[list[int]]]:

@@ -132,17 +132,18 @@ class KVPool:
         return self.k_scale[layer:layer + 1], self.v_scale[layer:layer + 1]
 
 
-def segments(counts: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For a flat batch of requests with `counts` tokens each (host tensors): each token's
-    request index [T], each request's first flat index [B], each token's index within its
-    request [T]. One place for the arithmetic that replaces per-request Python loops. In numpy:
-    torch's CPU repeat_interleave took ~2.3 ms a call on an H200 machine's host (its profile of
-    a multi-turn prefill step, 2026-11-29), three calls a prefill step."""
+def segments(counts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For a flat batch of requests with `counts` tokens each (int64 numpy arrays): each
+    token's request index [T], each request's first flat index [B], each token's index within
+    its request [T]. One place for the arithmetic that replaces per-request Python loops. In
+    numpy, as the callers' arithmetic on them: torch's CPU ops on such small arrays took ~1-2 ms
+    a call on an H200 machine's host (repeat_interleave ~2.3 ms; index ~1.7 ms: its profiles
+    of multi-turn prefill steps, 2026-11-29), a dozen calls a prefill step."""
     n = np.asarray(counts, dtype=np.int64)
     start = np.cumsum(n) - n
     seg = np.repeat(np.arange(len(n), dtype=np.int64), n)
     offset = np.arange(len(seg), dtype=np.int64) - start[seg]
-    return tuple(torch.from_numpy(a) for a in (seg, start, offset))
+    return seg, start, offset
 
 
 class SlotAllocator:
@@ -309,11 +310,11 @@ class KVCache:
         """Allocate `counts[i]` new slots at the end of seqs[i]'s table; returns them flat."""
         slots = self._alloc(sum(counts))
         seg, _, offset = segments(counts)
-        rows = torch.tensor([s.row for s in seqs], dtype=torch.int64)[seg]
-        cols = torch.tensor([s.kv_len for s in seqs], dtype=torch.int64)[seg] + offset
-        dev = slots.device
+        rows = np.asarray([s.row for s in seqs], dtype=np.int64)[seg]
+        cols = np.asarray([s.kv_len for s in seqs], dtype=np.int64)[seg] + offset
+        where = torch.from_numpy(np.stack([rows, cols])).to(slots.device, non_blocking=True)
         # one scatter for the whole batch (a slice assignment per request cost ~3 launches each)
-        self.req_to_token.table[rows.to(dev), cols.to(dev)] = slots.to(torch.int32)
+        self.req_to_token.table[where[0], where[1]] = slots.to(torch.int32)
         for s, c in zip(seqs, counts):
             s.kv_len += c
         return slots

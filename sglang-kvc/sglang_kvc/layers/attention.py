@@ -34,6 +34,7 @@ read from the pool carries the FP8 rounding.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -113,11 +114,14 @@ class ExtendLayout:
     """The prefill's requests whose rows start with cached slots (E of them): their new tokens
     attend to row[:prefix + new] in the pool, query i of a request seeing key j iff j <= prefix +
     i. Requests without a prefix keep the plain causal path (unchanged numerics)."""
-    rows: torch.Tensor  # [E] table rows
-    q_index: torch.Tensor  # [E, Lq] flat token index of each request's i-th new token (pad -> 0)
-    mask: torch.Tensor  # [E, 1, Lq, Lk] bool
-    tokens: torch.Tensor  # [Te] flat index of every new token of these requests
-    pad_rows: torch.Tensor  # [Te] its row in the [E * Lq] layout
+    rows: torch.Tensor | None  # [E] table rows
+    q_index: torch.Tensor | None  # [E, Lq] flat token index of each request's i-th new token (pad -> 0)
+    tokens: torch.Tensor | None  # [Te] flat index of every new token of these requests
+    pad_rows: torch.Tensor | None  # [Te] its row in the [E * Lq] layout
+    new: torch.Tensor | None  # [E] new tokens
+    held: torch.Tensor | None  # [E] slots held before them
+    max_new: int = 0  # Lq
+    max_len: int = 0  # Lk: the longest held + new
     # every request of the prefill has a prefix (tokens = all, in order): the plain causal pass
     # would be overwritten whole, so it is skipped (multi-turn continuation prefills)
     every: bool = False
@@ -126,6 +130,16 @@ class ExtendLayout:
     # first new token of a block of EXTEND_BLOCK_M)
     requests: torch.Tensor | None = None
     work: torch.Tensor | None = None
+
+    @functools.cached_property
+    def mask(self) -> torch.Tensor:
+        """[E, 1, Lq, Lk] bool: request e's query i (at position held[e] + i of its row) sees
+        key j iff j <= held[e] + i and j < held[e] + new[e] (no padding query sees past its
+        row). Built on the device from E lengths, on first use: the paged kernel needs none."""
+        n, p = self.new, self.held
+        key = torch.arange(self.max_len, device=n.device)[None, None, :]
+        qpos = (p[:, None] + torch.arange(self.max_new, device=n.device)[None, :])[:, :, None]
+        return ((key <= qpos) & (key < (p + n)[:, None, None]))[:, None]
 
 
 EXTEND_BLOCK_M = 32  # new tokens per program of the paged extend kernel
@@ -202,7 +216,7 @@ class TorchAttention:
 
     def extend(self, layer: int, q, e: ExtendLayout) -> torch.Tensor:
         """[Te, H, D] attention of the new tokens of requests with a cached prefix."""
-        slots = self.kv.req_to_token.table[e.rows, :e.mask.shape[-1]].long()  # [E, Lk]
+        slots = self.kv.req_to_token.table[e.rows, :e.max_len].long()  # [E, Lk]
         k, v = (t.transpose(1, 2) for t in self.kv.pool.read(layer, slots))  # dequantized
         qe = q[e.q_index].transpose(1, 2)
         gqa = qe.shape[1] != k.shape[1]

@@ -3,6 +3,7 @@ token layout, against per-request hand-built references (the loops they replaced
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from sglang_kvc.kvcache.kv_cache import KVCache, KVPool
@@ -111,4 +112,12 @@ def test_segments_by_hand_and_against_a_per_request_loop():
     want = [(i, j) for i, c in enumerate(counts) for j in range(c)]
     assert list(zip(seg.tolist(), offset.tolist())) == want
     assert start.tolist() == [sum(counts[:i]) for i in range(len(counts))]
-    assert seg.dtype == start.dtype == offset.dtype == torch.int64
+    assert seg.dtype == start.dtype == offset.dtype == np.int64
+
+
+def test_host_to_device_views_keep_each_array():
+    from sglang_kvc.engine.step_io import host_to_device
+
+    a, b = np.arange(6).reshape(2, 3), np.array([7, 8, 9, 10])
+    x, y = host_to_device([a, b], "cpu")
+    assert x.tolist() == a.tolist() and y.tolist() == b.tolist() and x.shape == (2, 3)

@@ -384,7 +384,8 @@ def test_runtime_helpers_are_written_once():
 
 # benchmarks that time engine internals on their own; each says which in its docstring
 COMPONENT_BENCHMARKS = {"engine/compaction.py", "engine/decode_attention.py", "engine/sampler.py",
-                        "engine/decode_tail.py", "engine/fp8_quality.py", "engine/prefill_sdpa.py"}
+                        "engine/decode_tail.py", "engine/fp8_quality.py", "engine/prefill_sdpa.py",
+                        "engine/prefill_host.py"}
 BENCHMARKS = ROOT / "benchmarks"
 BENCHMARK_GROUPS = {"engine", "training", "studies", "grid", "plots", "common"}
 

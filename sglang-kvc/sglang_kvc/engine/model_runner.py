@@ -37,7 +37,7 @@ from .sampler import Sampler, SamplingBatch
 from .scheduler import Batch
 from .sequence import Sequence
 from .step_io import (_DTYPES, BatchTensors, HostRing, PendingStep, StepOutput, pack_outputs,
-                      extend_layout, prefill_layout, resolve_device, resolve_dtype)
+                      extend_layout, prefill_layout, resolve_device, resolve_dtype, token_ids)
 from ..server_args import ServerArgs, parse_batch_sizes
 from ..weights.loader import iter_safetensors, load_named_tensors
 
@@ -299,7 +299,7 @@ class ModelRunner(RunnerMemory):
                    for i in range(max(0, n - w), n)]
             idx, rows, pos = torch.tensor(rec, device=dev).unbind(1)
             meta.rec_index, meta.rec_rows, meta.rec_pos = idx, rows, pos
-        ids = torch.tensor(flat, device=dev)
+        ids = token_ids(flat, dev)
         hidden = self._graphed_prefill(ids, positions, meta)
         if hidden is None:
             self.attn.meta = meta

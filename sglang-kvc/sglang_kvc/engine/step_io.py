@@ -95,6 +95,12 @@ def prefill_layout(counts: list[int], first_pos: list[int], device) -> tuple[tor
     return host_to_device([positions, pad_index, seg * lmax + offset], device)
 
 
+def token_ids(ids: list[int], device) -> torch.Tensor:
+    """A prefill's flat token ids on `device`: through numpy (torch.tensor of a 4k-int list took
+    0.66 ms on a CPU here, np.fromiter 0.07 ms)."""
+    return torch.from_numpy(np.fromiter(ids, dtype=np.int64, count=len(ids))).to(device, non_blocking=True)
+
+
 def host_to_device(arrays: list[np.ndarray], device) -> list[torch.Tensor]:
     """Integer arrays of one dtype to `device` in one copy: views of one flat buffer, each in
     its array's shape. torch's CPU ops on these small index arrays cost ~1-2 ms each on an

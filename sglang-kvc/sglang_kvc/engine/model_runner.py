@@ -17,6 +17,7 @@ import itertools
 import logging
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from ..layers.attention import AttentionMetadata, TorchAttention, TritonAttention, paged_extend_enabled
@@ -37,7 +38,8 @@ from .sampler import Sampler, SamplingBatch
 from .scheduler import Batch
 from .sequence import Sequence
 from .step_io import (_DTYPES, BatchTensors, HostRing, PendingStep, StepOutput, pack_outputs,
-                      extend_layout, prefill_layout, resolve_device, resolve_dtype, token_ids)
+                      extend_layout, host_to_device, prefill_layout, resolve_device, resolve_dtype,
+                      token_ids)
 from ..server_args import ServerArgs, parse_batch_sizes
 from ..weights.loader import iter_safetensors, load_named_tensors
 
@@ -297,15 +299,15 @@ class ModelRunner(RunnerMemory):
             w = self.attn.ring.window
             rec = [(st + i, s.row, s.num_computed + i) for s, st, n in zip(seqs, starts, counts)
                    for i in range(max(0, n - w), n)]
-            idx, rows, pos = torch.tensor(rec, device=dev).unbind(1)
-            meta.rec_index, meta.rec_rows, meta.rec_pos = idx, rows, pos
+            meta.rec_index, meta.rec_rows, meta.rec_pos = host_to_device(
+                [np.asarray(rec, dtype=np.int64).T.copy()], dev)[0]
         ids = token_ids(flat, dev)
         hidden = self._graphed_prefill(ids, positions, meta)
         if hidden is None:
             self.attn.meta = meta
             hidden = self.model(ids, positions, self.attn)
         last = [st + n - 1 for st, n in zip(starts, counts)]
-        logits = self.model.logits(hidden[torch.tensor([last[i] for i in order], device=dev)], upcast=False)
+        logits = self.model.logits(hidden[token_ids([last[i] for i in order], dev)], upcast=False)
         input_lp = {}
         for i, s in enumerate(seqs):
             if s.return_logprob and s.logprob_start_len >= 0 and s.input_logprobs is None:

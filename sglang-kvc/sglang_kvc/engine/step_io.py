@@ -97,16 +97,23 @@ def prefill_layout(counts: list[int], first_pos: list[int], device) -> tuple[tor
 
 def token_ids(ids: list[int], device) -> torch.Tensor:
     """A prefill's flat token ids on `device`: through numpy (torch.tensor of a 4k-int list took
-    0.66 ms on a CPU here, np.fromiter 0.07 ms)."""
-    return torch.from_numpy(np.fromiter(ids, dtype=np.int64, count=len(ids))).to(device, non_blocking=True)
+    0.66 ms on a CPU here, np.fromiter 0.07 ms), sent as host_to_device sends."""
+    return host_to_device([np.fromiter(ids, dtype=np.int64, count=len(ids))], device)[0]
 
 
 def host_to_device(arrays: list[np.ndarray], device) -> list[torch.Tensor]:
-    """Integer arrays of one dtype to `device` in one copy: views of one flat buffer, each in
-    its array's shape. torch's CPU ops on these small index arrays cost ~1-2 ms each on an
-    H200 machine's host (its profile of a multi-turn prefill step, 2026-11-29), numpy's
-    microseconds; and each tensor's own copy is a launch and its host work."""
+    """Arrays of one dtype to `device` in one copy that never waits for the GPU: views of one
+    flat buffer, each in its array's shape. Why:
+    - torch's CPU ops on small index arrays cost ~1-2 ms each inside the engine on an H200
+      machine's host (its profile of multi-turn prefill steps, 2026-11-29), numpy's
+      microseconds, and each tensor's own copy is a launch and its host work;
+    - `torch.tensor(values, device=cuda)` copies synchronously: the host waits for every step
+      queued on the GPU (with overlap scheduling, the step in flight), several times a prefill
+      step. From pinned memory the copy is asynchronous (torch's pinned-memory cache keeps the
+      buffer until the copy is done)."""
     flat = torch.from_numpy(np.concatenate([a.ravel() for a in arrays]))
+    if torch.device(device).type == "cuda":
+        flat = flat.pin_memory()
     flat = flat.to(device, non_blocking=True)
     out, at = [], 0
     for a in arrays:

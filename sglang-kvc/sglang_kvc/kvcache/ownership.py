@@ -22,9 +22,10 @@ and command:
    (parked ones included) + the locked cache slots (attached or detached); never negative;
 5. table rows: each holder has its own, none of them on the free-row list.
 
-`check` walks all of it on the pool's device (the slot counts are one bincount there: a host
-copy of the free list and a CPU bincount took seconds a step for a tiny model's whole-GPU pool
-of ~10^8 slots, which made the GPU tests crawl): a debug mode, off unless SGLANG_KVC_CHECK_KV=1
+`check` walks all of it on the pool's device, in one byte a slot beyond the owners' own slots
+(a host copy of the free list and a CPU bincount took seconds a step for a tiny model's
+whole-GPU pool of ~10^8-10^9 slots, which made the GPU tests crawl; a device bincount of int64
+counts then ran out of memory beside that pool): a debug mode, off unless SGLANG_KVC_CHECK_KV=1
 (the test suite turns it on); off, the engine never calls it.
 """
 
@@ -157,20 +158,37 @@ def _cache_owners(kv, holders: list, owners: Owners, problems: list[str]) -> int
 
 
 def _check_single_owner(kv, owners: Owners) -> list[str]:
-    """Each slot 1..capacity owned exactly once (free list, cache, or one request)."""
+    """Each slot 1..capacity owned exactly once (free list, cache, or one request). In one byte a
+    slot beside the owned (not free) slots themselves: a tiny model's whole-GPU pool has ~10^9
+    slots, and an int64 count per slot (a bincount over all owners' slots, 16 bytes a slot with
+    their concatenation) did not fit beside it on an H200 (2026-11-29: the check ran out of
+    memory and the engine thread died). Owners.slots[0] is the free list (`check`)."""
     n = kv.pool.num_slots
-    device = owners.slots[0].device
-    flat = torch.cat([s.to(device) for s in owners.slots])
-    if flat.numel() and (flat.min() < 0 or flat.max() >= n):
+    free = owners.slots[0]
+    held = [s.to(free.device) for s in owners.slots[1:]]
+    flat = torch.cat(held) if held else free[:0]
+    if any(s.numel() and (s.min() < 0 or s.max() >= n) for s in (free, flat)):
         return [f"a slot id outside 0..{n - 1}"]
-    count = torch.bincount(flat, minlength=n)
-    problems = []
-    if count[0]:
-        problems.append("slot 0 (padding) is owned")
-    bad = torch.nonzero(count[1:] != 1).flatten() + 1
-    for slot in bad[:5].tolist():
-        who = [name for name, s in zip(owners.names, owners.slots) if bool((s == slot).any())]
-        problems.append(f"slot {slot} has {int(count[slot])} owners: {who or 'none (leaked)'}")
+    mark = torch.zeros(n, dtype=torch.uint8, device=free.device)
+    mark[free] = 1
+    bad = [flat[mark[flat] > 0]]  # owned and free
+    if int(mark.sum(dtype=torch.int64)) != free.numel():
+        bad.append(_repeated(free))  # in the free list twice
+    bad.append(_repeated(flat))  # owned twice (two owners, or one owner twice)
+    mark[flat] = 1
+    bad.append(torch.nonzero(mark == 0).flatten()[1:6])  # lost (slot 0 is nobody's)
+    problems = ["slot 0 (padding) is owned"] if mark[0] else []
+    bad = torch.unique(torch.cat(bad))
+    for slot in bad[bad > 0][:5].tolist():
+        hits = [(name, int((s == slot).sum())) for name, s in zip(owners.names, owners.slots)]
+        who = [name for name, k in hits if k]
+        problems.append(f"slot {slot} has {sum(k for _, k in hits)} owners: {who or 'none (leaked)'}")
     if bad.numel() > 5:
-        problems.append(f"... {bad.numel()} slots in all")
+        problems.append(f"... {bad.numel()} slots or more in all")
     return problems
+
+
+def _repeated(slots: torch.Tensor) -> torch.Tensor:
+    """The ids that occur more than once in `slots` (sorted: memory of its own size)."""
+    ordered = torch.sort(slots).values
+    return ordered[1:][ordered[1:] == ordered[:-1]]

@@ -121,3 +121,23 @@ def test_an_unlocked_read_is_caught():
     kv.prefix.unlock(req.prefix_node)  # the request still reads it: evictable by mistake
     with pytest.raises(KVOwnershipError, match="lock_ref 0, 1 requests"):
         check(kv, [req])
+
+
+def test_a_slot_owned_twice_or_free_twice_is_caught():
+    """Without any slot lost: two requests own one slot (one's row points at the other's), and a
+    free slot listed twice. Found by the check's one-byte-a-slot marks and sorted repeats."""
+    kv = make_cache()
+    a, b = Req("a", range(10, 20)), Req("b", range(30, 40))
+    prefill(kv, a)
+    prefill(kv, b)
+    kv.extend([a, b], [2, 2])  # two decoded slots each: the requests' own
+    slot = int(kv.req_to_token.table[a.row, a.kv_len - 1])
+    kv.allocator.free(kv.req_to_token.table[b.row, b.kv_len - 1:b.kv_len].long())  # b gives its last back...
+    kv.req_to_token.table[b.row, b.kv_len - 1] = slot  # ...and reads a's instead
+    with pytest.raises(KVOwnershipError, match=f"slot {slot} has 2 owners"):
+        check(kv, [a, b])
+    kv = make_cache()
+    extra = kv.allocator.free_slots[:1].clone()
+    kv.allocator.free_slots = torch.cat([kv.allocator.free_slots, extra])
+    with pytest.raises(KVOwnershipError, match=f"slot {int(extra)} has 2 owners: \\['free list'\\]"):
+        check(kv, [])

@@ -12,10 +12,16 @@ from evaluation.grader import GradeOptions, GraderPool, grade, grade_many
 PATHOLOGICAL = "\\boxed{2003^{2002^{2001}}}"
 
 
+# Unguarded, sympy's evaluation of the tower does not end (minutes and more): the bounds below
+# are wide enough for a loaded 2-core machine and still far below that, so they test the guard
+# and the kill, not the machine's speed (a 1.0 s margin failed once at 2.85 s under load).
+NEVER = 20.0
+
+
 def test_guard_keeps_in_process_grade_fast():
     start = time.monotonic()
     assert grade(PATHOLOGICAL, "5") is False
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < NEVER
 
 
 def test_pathological_item_times_out_and_caller_returns():
@@ -30,7 +36,7 @@ def test_pathological_item_times_out_and_caller_returns():
         assert "timed out" in results[0].error
         assert [r.correct for r in results[1:]] == [True, False]
         assert not any(r.timed_out for r in results[1:])
-        assert timeout <= elapsed < timeout + 1.0
+        assert timeout <= elapsed < timeout + NEVER
         assert pool.timeouts == 1
         # the killed worker is replaced: the pool keeps working
         assert [r.correct for r in pool.map([("\\boxed{2}", "2")] * 5)] == [True] * 5

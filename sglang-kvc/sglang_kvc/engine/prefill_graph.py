@@ -17,12 +17,14 @@ last tokens, sampling, compression.
 
 Not graphed (the eager path, unchanged): a prefill with a request that holds no KV (its causal
 pass over the new tokens runs flash attention), longer than the largest size, or with the paged
-kernel off (SGLANG_KVC_PAGED_EXTEND=0) or unsupported.
+kernel off (SGLANG_KVC_PAGED_EXTEND=0) or unsupported. A capture that runs out of memory turns
+the graphs off for the engine's life (`off` in the stats says why); the step runs eagerly.
 The graphs follow the KV pool's address and are dropped with the decode graphs (runner_memory.py).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -32,6 +34,8 @@ from .cuda_graph import CAPTURE_GATE, GraphParts, PoolGraphs, padded_size
 
 # A padding work item's first new token: past any request's, so its program computes nothing.
 PAST_EVERY_REQUEST = 1 << 30
+
+log = logging.getLogger(__name__)
 
 
 def prefill_graph_sizes(max_tokens: int) -> list[int]:
@@ -56,6 +60,7 @@ class PrefillGraphs(PoolGraphs):
         # query-ring records (compression): flat token index, table row, position; at most one a token
         self.records = torch.zeros(3, n, dtype=torch.int64, device=dev) if parts.attn.ring is not None else None
         self.num_captures, self.capture_s, self.deferred, self.replays = 0, 0.0, 0, 0
+        self.off: str | None = None  # why prefills no longer replay (a capture ran out of memory)
         self.clear()  # graphs: padded token count -> (graph, hidden [size, hidden])
 
     def work_len(self, size: int) -> int:
@@ -64,12 +69,12 @@ class PrefillGraphs(PoolGraphs):
         return -(-size // EXTEND_BLOCK_M) + min(size, self.max_requests)
 
     def can_run(self, num_tokens: int, extend: ExtendLayout | None) -> bool:
-        return (extend is not None and extend.every and extend.work is not None
+        return (self.off is None and extend is not None and extend.every and extend.work is not None
                 and num_tokens <= self.sizes[-1] and extend.requests.shape[1] <= self.max_requests)
 
     def stats(self) -> dict:
         return {"graphs": len(self.graphs), "captures": self.num_captures, "capture_s": self.capture_s,
-                "deferred": self.deferred, "replays": self.replays}
+                "deferred": self.deferred, "replays": self.replays, "off": self.off}
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
         """The final hidden states [T, hidden] of the prefill (`can_run` held), from a replay;
@@ -82,6 +87,12 @@ class PrefillGraphs(PoolGraphs):
             try:
                 self._load(ids, positions, meta, size)
                 self._capture(size)
+            except torch.OutOfMemoryError as e:
+                # The graph pool keeps its activations for good (an eager step gives them back):
+                # beside a pool sized to the card a large size may not fit. Eager from now on.
+                self.off = f"the capture of {size} tokens ran out of memory: {e}".splitlines()[0]
+                log.warning("prefill graphs off: %s", self.off)
+                return None
             finally:
                 CAPTURE_GATE.end_capture()
         else:

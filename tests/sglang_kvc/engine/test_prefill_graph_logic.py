@@ -103,3 +103,25 @@ def test_a_negative_prefill_graph_limit_names_the_flag():
     with pytest.raises(ValueError, match="--prefill-graph-max-tokens must be >= 0"):
         ServerArgs(model_path="x", prefill_graph_max_tokens=-1)
     assert ServerArgs(model_path="x", prefill_graph_max_tokens=0).prefill_graph_max_tokens == 0
+
+
+class OutOfMemoryAtCapture(EmulatedPrefillGraphs):
+    def _capture(self, size):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
+def test_a_capture_out_of_memory_turns_the_graphs_off_and_the_step_runs_eagerly(tiny_models):
+    """The graph pool keeps a capture's activations, so a large size may not fit beside a pool
+    sized to the card: the engine keeps serving, eagerly, with the same outputs."""
+    make = lambda: Engine(model_path=str(tiny_models["qwen2.5"]), device="cpu", dtype="float32")
+    with make() as eng:
+        want = _workload(eng)
+    with make() as eng:
+        r = eng.runner
+        r.attn = KernelForHeldKV(eng.kv, r.cfg.num_heads, r.cfg.head_dim)
+        r.prefill_graphs = OutOfMemoryAtCapture(r.graph_parts(), 256, eng.kv.req_to_token.table.shape[0])
+        got = _workload(eng)
+        stats = eng.get_server_info()["prefill_graphs"]
+    assert [ids for ids, _ in got] == [ids for ids, _ in want]
+    assert stats["replays"] == 0 and "ran out of memory" in stats["off"]

@@ -124,8 +124,7 @@ class PrefillGraphs(PoolGraphs):
     def _body(self, size: int) -> torch.Tensor:
         p = self.parts
         ids, positions, slots = self.tokens[:, :size]
-        extend = ExtendLayout(None, None, None, None, None, None, every=True, requests=self.requests,
-                              work=self.work[:, :self.work_len(size)])
+        extend = ExtendLayout(every=True, requests=self.requests, work=self.work[:, :self.work_len(size)])
         meta = p.attn.meta = AttentionMetadata(True, slots, extend=extend)
         if self.records is not None:
             meta.rec_index, meta.rec_rows, meta.rec_pos = self.records[:, :size]

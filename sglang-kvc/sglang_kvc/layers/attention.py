@@ -114,12 +114,13 @@ class ExtendLayout:
     """The prefill's requests whose rows start with cached slots (E of them): their new tokens
     attend to row[:prefix + new] in the pool, query i of a request seeing key j iff j <= prefix +
     i. Requests without a prefix keep the plain causal path (unchanged numerics)."""
-    rows: torch.Tensor | None  # [E] table rows
-    q_index: torch.Tensor | None  # [E, Lq] flat token index of each request's i-th new token (pad -> 0)
-    tokens: torch.Tensor | None  # [Te] flat index of every new token of these requests
-    pad_rows: torch.Tensor | None  # [Te] its row in the [E * Lq] layout
-    new: torch.Tensor | None  # [E] new tokens
-    held: torch.Tensor | None  # [E] slots held before them
+    # The torch path's layout (None in a captured step, which runs the paged kernel only):
+    rows: torch.Tensor | None = None  # [E] table rows
+    q_index: torch.Tensor | None = None  # [E, Lq] flat token index of each request's i-th new token (pad -> 0)
+    tokens: torch.Tensor | None = None  # [Te] flat index of every new token of these requests
+    pad_rows: torch.Tensor | None = None  # [Te] its row in the [E * Lq] layout
+    new: torch.Tensor | None = None  # [E] new tokens
+    held: torch.Tensor | None = None  # [E] slots held before them
     max_new: int = 0  # Lq
     max_len: int = 0  # Lk: the longest held + new
     # every request of the prefill has a prefix (tokens = all, in order): the plain causal pass

@@ -20,7 +20,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from ..layers.attention import AttentionMetadata, TorchAttention, TritonAttention, paged_extend_enabled
+from ..layers.attention import AttentionMetadata, TorchAttention, TritonAttention
 from ..compression import POLICIES, CompressionConfig
 from ..compression.compressor import Compressor
 from ..compression.query_ring import QueryRing
@@ -319,10 +319,10 @@ class ModelRunner(RunnerMemory):
 
     def _graphed_prefill(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata):
         """The prefill's hidden states from a captured graph (prefill_graph.py), or None: the
-        step is not one (a request without held KV, too many tokens, the paged kernel off) or
-        its capture must wait."""
+        step is not one (a request without held KV, too many tokens, the paged kernel off or
+        not taking this head size) or its capture must wait."""
         g = self.prefill_graphs
-        if g is None or not paged_extend_enabled() or not g.can_run(ids.shape[0], meta.extend):
+        if g is None or not self.attn.paged_extend() or not g.can_run(ids.shape[0], meta.extend):
             return None
         return g.forward(ids, positions, meta)
 

@@ -80,11 +80,6 @@ def cudnn_sdp_allowed() -> bool:
     return _cudnn_sdp
 
 
-def paged_extend_enabled() -> bool:
-    """Whether the Triton backend's prefill with held KV takes the paged kernel (SGLANG_KVC_PAGED_EXTEND)."""
-    return _paged_extend
-
-
 def sdpa(*args, **kwargs) -> torch.Tensor:
     """F.scaled_dot_product_attention with cuDNN attention off for this call (module docstring:
     its per-shape graph builds) unless `set_cudnn_sdp(True)`. One flag flip each way; it is the
@@ -167,7 +162,7 @@ class AttentionMetadata:
 
 class TorchAttention:
     def __init__(self, kv: KVCache, num_heads: int, head_dim: int):
-        self.kv, self.num_heads, self.scale = kv, num_heads, head_dim ** -0.5
+        self.kv, self.num_heads, self.head_dim, self.scale = kv, num_heads, head_dim, head_dim ** -0.5
         self.meta: AttentionMetadata | None = None
         self.ring = None  # QueryRing when a compression policy scores with queries
 
@@ -182,6 +177,11 @@ class TorchAttention:
     def forward(self, layer: int, q, k, v) -> torch.Tensor:
         self.store(layer, k, v)
         return self.attend(layer, q, k, v)
+
+    def paged_extend(self) -> bool:
+        """Whether a prefill with held KV attends through the paged kernel (triton_extend.py),
+        which a captured prefill needs (engine/prefill_graph.py). Not on this backend."""
+        return False
 
     def _records_queries(self) -> bool:
         # Steps with query-ring metadata record rotated q (the Triton decode then keeps the
@@ -256,16 +256,20 @@ class TritonAttention(TorchAttention):
                         scales=pool.layer_scales(layer))
         return self.attend(layer, q, k, v)
 
+    def paged_extend(self) -> bool:
+        """SGLANG_KVC_PAGED_EXTEND on (the default) and a head size the kernel takes."""
+        from .triton_extend import extend_supported
+
+        return _paged_extend and extend_supported(self.head_dim)
+
     def attend_held(self, layer: int, q, e: ExtendLayout, out: torch.Tensor | None) -> torch.Tensor:
         """One paged kernel reads each request's row in place (triton_extend.py) where the torch
         path gathers, expands and masks (~10 kernels a layer)."""
-        if not _paged_extend or e.requests is None:
+        if e.requests is None or not self.paged_extend():
             return super().attend_held(layer, q, e, out)
-        from .triton_extend import extend_supported, paged_extend_attention
+        from .triton_extend import paged_extend_attention
 
         k_pool, v_pool = self.kv.pool.layer_buffers(layer)
-        if not extend_supported(q.shape[-1], k_pool):
-            return super().attend_held(layer, q, e, out)
         return paged_extend_attention(q, k_pool, v_pool, self.kv.req_to_token.table, e.requests,
                                       e.work, EXTEND_BLOCK_M, self.scale, out=out,
                                       scales=self.kv.pool.layer_scales(layer))

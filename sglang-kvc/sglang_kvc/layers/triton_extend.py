@@ -92,11 +92,9 @@ def _extend(Q, K, V, Table, Req, Work, Out, scale, KS, VS,
     tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=mmask[:, None])
 
 
-def extend_supported(head_dim: int, k_pool: torch.Tensor) -> bool:
-    """Whether the kernel takes this layout: a power-of-two head_dim >= 16 (the dot's tile) and a
-    slot's heads dense (what the pool's layer buffers are)."""
-    dense = k_pool.stride(2) == 1 and k_pool.stride(1) == head_dim
-    return head_dim >= 16 and head_dim & (head_dim - 1) == 0 and dense
+def extend_supported(head_dim: int) -> bool:
+    """Whether the kernel takes this head size: a power of two >= 16 (the dot's tile)."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
 def paged_extend_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -112,7 +110,9 @@ def paged_extend_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     one-element fp32 tensors, as paged_decode_attention takes them."""
     T, Hq, D = q.shape
     Hkv = k_pool.shape[1]
-    assert extend_supported(D, k_pool) and extend_supported(D, v_pool), "unsupported KV layout"
+    assert extend_supported(D), f"head_dim {D}: the kernel takes powers of two >= 16"
+    for pool in (k_pool, v_pool):
+        assert pool.stride(2) == 1 and pool.stride(1) == D, "a slot's heads must be dense"
     # (row views of larger buffers, a captured step's, are fine: each row dense)
     assert requests.shape[0] == 4 and requests.stride(1) == 1 and Hq % Hkv == 0
     assert work.shape[0] == 2 and work.stride(1) == 1 and block_m >= 16

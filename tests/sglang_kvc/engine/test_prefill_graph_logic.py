@@ -125,3 +125,23 @@ def test_a_capture_out_of_memory_turns_the_graphs_off_and_the_step_runs_eagerly(
         stats = eng.get_server_info()["prefill_graphs"]
     assert [ids for ids, _ in got] == [ids for ids, _ in want]
     assert stats["replays"] == 0 and "ran out of memory" in stats["off"]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
+def test_a_head_size_the_kernel_does_not_take_runs_prefills_eagerly(tiny_models):
+    """The kernel takes power-of-two head sizes: for another (24 here, as a model with such heads
+    would have) held-KV prefills take the torch path and are never captured, since a captured
+    step carries only the kernel's layout. Same outputs as the plain engine."""
+    make = lambda: Engine(model_path=str(tiny_models["qwen2.5"]), device="cpu", dtype="float32")
+    with make() as eng:
+        want = _workload(eng)
+    with make() as eng:
+        r = eng.runner
+        r.attn = KernelForHeldKV(eng.kv, r.cfg.num_heads, r.cfg.head_dim)
+        r.attn.head_dim = 24
+        graphs = r.prefill_graphs = EmulatedPrefillGraphs(r.graph_parts(), 256, eng.kv.req_to_token.table.shape[0])
+        got = _workload(eng)
+    assert not r.attn.paged_extend() and graphs.replays == 0 and not graphs.graphs
+    assert [ids for ids, _ in got] == [ids for ids, _ in want]
+    for (_, lp_got), (_, lp_want) in zip(got, want):
+        assert lp_got == pytest.approx(lp_want, abs=1e-5)

@@ -258,9 +258,11 @@ class TritonAttention(TorchAttention):
 
     def paged_extend(self) -> bool:
         """SGLANG_KVC_PAGED_EXTEND on (the default) and a head size the kernel takes."""
+        if not _paged_extend:  # (off, the kernel's module is not imported)
+            return False
         from .triton_extend import extend_supported
 
-        return _paged_extend and extend_supported(self.head_dim)
+        return extend_supported(self.head_dim)
 
     def attend_held(self, layer: int, q, e: ExtendLayout, out: torch.Tensor | None) -> torch.Tensor:
         """One paged kernel reads each request's row in place (triton_extend.py) where the torch

@@ -176,6 +176,23 @@ class PoolGraphs:
             self.capture_stream = torch.cuda.Stream(device=self.parts.device)
         return self.capture_stream
 
+    def _ready(self, key, load, capture) -> bool:
+        """Load a step's inputs into the static buffers (`load()`), capturing `key`'s graph first
+        (`capture()`) when there is none. False, with nothing done, while another thread holds
+        CAPTURE_GATE: the step then runs eagerly and a later one captures (`deferred` counts)."""
+        if key in self.graphs:
+            load()
+            return True
+        if not CAPTURE_GATE.try_capture():
+            self.deferred += 1
+            return False
+        try:
+            load()
+            capture()
+        finally:
+            CAPTURE_GATE.end_capture()
+        return True
+
     def _capture_body(self, key, body) -> torch.Tensor:
         """Capture `body()` (its outputs) as the graph of `key`, in this object's memory pool.
         The caller has run it once for real first (Triton compiles outside capture)."""
@@ -241,16 +258,7 @@ class DecodeGraphs(PoolGraphs):
         packed outputs [bs, C] (step_io.pack_outputs) on the device. Updates the requests' KV
         lengths. None, with nothing done, when the step needs a capture and CAPTURE_GATE is held."""
         bs, gbs, mode = len(seqs), self.padded(len(seqs)), bt.mode
-        if (gbs, mode) in self.graphs:
-            self._load(seqs, bt, gbs)
-        elif CAPTURE_GATE.try_capture():
-            try:
-                self._load(seqs, bt, gbs)
-                self._capture(gbs, mode)
-            finally:
-                CAPTURE_GATE.end_capture()
-        else:
-            self.deferred += 1
+        if not self._ready((gbs, mode), lambda: self._load(seqs, bt, gbs), lambda: self._capture(gbs, mode)):
             return None
         self._replay(self.graphs[(gbs, mode)][0])
         return self._outputs((gbs, mode), bs)

@@ -30,7 +30,7 @@ import time
 import torch
 
 from ..layers.attention import EXTEND_BLOCK_M, AttentionMetadata, ExtendLayout
-from .cuda_graph import CAPTURE_GATE, GraphParts, PoolGraphs, padded_size
+from .cuda_graph import GraphParts, PoolGraphs, padded_size
 
 # A padding work item's first new token: past any request's, so its program computes nothing.
 PAST_EVERY_REQUEST = 1 << 30
@@ -81,22 +81,16 @@ class PrefillGraphs(PoolGraphs):
         the view stays valid until the next replay, which the stream orders after every use
         enqueued before it. None, with nothing done, when a capture must wait (CAPTURE_GATE)."""
         size = padded_size(self.sizes, ids.shape[0])
-        if size in self.graphs:
-            self._load(ids, positions, meta, size)
-        elif CAPTURE_GATE.try_capture():
-            try:
-                self._load(ids, positions, meta, size)
-                self._capture(size)
-            except torch.OutOfMemoryError as e:
-                # The graph pool keeps its activations for good (an eager step gives them back):
-                # beside a pool sized to the card a large size may not fit. Eager from now on.
-                self.off = f"the capture of {size} tokens ran out of memory: {e}".splitlines()[0]
-                log.warning("prefill graphs off: %s", self.off)
-                return None
-            finally:
-                CAPTURE_GATE.end_capture()
-        else:
-            self.deferred += 1
+        try:
+            ready = self._ready(size, lambda: self._load(ids, positions, meta, size),
+                                lambda: self._capture(size))
+        except torch.OutOfMemoryError as e:
+            # The graph pool keeps its activations for good (an eager step gives them back):
+            # beside a pool sized to the card a large size may not fit. Eager from now on.
+            self.off = f"the capture of {size} tokens ran out of memory: {e}".splitlines()[0]
+            log.warning("prefill graphs off: %s", self.off)
+            return None
+        if not ready:
             return None
         graph, hidden = self.graphs[size]
         graph.replay()

@@ -57,6 +57,28 @@ def _rope_tile(X, idx, partner, mask, cos, sin, sign):
 
 
 @triton.jit
+def online_softmax_block(q, k, v, visible, qk_scale, m_i, l_i, acc, IEEE: tl.constexpr):
+    """One block of keys of flash attention's online softmax (the decode and the extend kernels):
+    the scores q·kᵀ, scaled and -inf where not `visible`, update the running max `m_i`, sum `l_i`
+    and output `acc` (fp32); p is rounded to v's dtype for its product, as the dots take it.
+    Returns the new (m_i, l_i, acc)."""
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(visible, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if IEEE:
+        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale, KS, VS,
             stride_qb, stride_qh, stride_ks, stride_vs, stride_tr, stride_ob, stride_oh, stride_os,
             stride_outb, stride_outh,
@@ -144,21 +166,7 @@ def _stage1(Q, K, V, Table, Rows, Lens, MidO, MidLse, Out, scale, KS, VS,
         if FP8:  # exact: every FP8 value is a bf16/fp16/fp32 value
             k = k.to(Q.dtype.element_ty)
             v = v.to(Q.dtype.element_ty)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(nmask[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_block(q, k, v, nmask[None, :], qk_scale, m_i, l_i, acc, IEEE)
     if NEW:
         if has_new:  # the new token from registers; p rounded for the product as the dots do
             s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * qk_scale

@@ -14,7 +14,8 @@ past its request's new tokens does nothing (the padding of a captured step's lis
 first, so a request's keys are row[:held + n] of the table: its held slots, then its new tokens;
 new token i (row position held + i) sees keys j <= held + i. Softmax online in fp32, as flash
 attention does. An FP8 pool is read as the decode kernel reads it (k_scale joins the softmax
-scale, v_scale multiplies the output), so the step attends to what later steps will read.
+scale, v_scale multiplies the output), so the step attends to what later steps will read. The
+online softmax of a block of keys is the decode kernel's (triton_decode.online_softmax_block).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import triton.language as tl
 
 from ..kvcache.kv_quant import is_fp8
 from .fused_ops import fp8_scales
+from .triton_decode import online_softmax_block
 
 
 @triton.jit
@@ -69,22 +71,8 @@ def _extend(Q, K, V, Table, Req, Work, Out, scale, KS, VS,
         if FP8:  # exact: every FP8 value is a bf16/fp16/fp32 value
             k = k.to(Q.dtype.element_ty)
             v = v.to(Q.dtype.element_ty)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
         visible = (offs_n[None, :] <= limit[:, None]) & nmask[None, :]
-        s = tl.where(visible, s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_block(q, k, v, visible, qk_scale, m_i, l_i, acc, IEEE)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if FP8:
         out = out * v_scale

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -71,13 +72,20 @@ def _workload(eng: Engine) -> list:
             for batch in outs for o in batch]
 
 
-@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
-@pytest.mark.parametrize("extra", [{}, {"compress_algorithm": "rkv", "compress_max_prompt": 12,
-                                        "compress_divide_length": 4, "compress_max_window": 3}],
-                         ids=["dense", "rkv"])
-def test_graphed_prefill_logic_matches_eager(tiny_models, extra):
-    """R-KV: the captured step also fills the query ring (padded records into row 0), which the
-    compressions after it score with."""
+@dataclass
+class Runs:
+    want: list  # the plain engine's (tokens, log-probs) of the workload
+    got: list  # the same with the kernel for held KV and the emulated graphs
+    stats: dict  # the graphs' get_server_info entry
+    graphs: PrefillGraphs
+    attn: KernelForHeldKV
+    compressions: int  # the plain engine's
+
+
+def _runs(tiny_models, graphs_cls=None, head_dim=None, **extra) -> Runs:
+    """The workload on the plain CPU engine, then on one whose held-KV prefills take the paged
+    kernel and `graphs_cls` (EmulatedPrefillGraphs by default); `head_dim` fakes another head
+    size on the attention."""
     make = lambda: Engine(model_path=str(tiny_models["qwen2.5"]), device="cpu", dtype="float32", **extra)
     with make() as eng:
         want = _workload(eng)
@@ -86,15 +94,33 @@ def test_graphed_prefill_logic_matches_eager(tiny_models, extra):
         r = eng.runner
         ring, r.attn = r.attn.ring, KernelForHeldKV(eng.kv, r.cfg.num_heads, r.cfg.head_dim)
         r.attn.ring = ring
-        graphs = r.prefill_graphs = EmulatedPrefillGraphs(r.graph_parts(), 256, eng.kv.req_to_token.table.shape[0])
+        r.attn.head_dim = head_dim or r.attn.head_dim
+        cls = graphs_cls or EmulatedPrefillGraphs
+        graphs = r.prefill_graphs = cls(r.graph_parts(), 256, eng.kv.req_to_token.table.shape[0])
         got = _workload(eng)
         stats = eng.get_server_info()["prefill_graphs"]
-    assert [ids for ids, _ in got] == [ids for ids, _ in want]
-    for (_, lp_got), (_, lp_want) in zip(got, want):
+    return Runs(want, got, stats, graphs, r.attn, compressions)
+
+
+def _assert_same(runs: Runs) -> None:
+    assert [ids for ids, _ in runs.got] == [ids for ids, _ in runs.want]
+    for (_, lp_got), (_, lp_want) in zip(runs.got, runs.want):
         assert lp_got == pytest.approx(lp_want, abs=1e-5)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
+@pytest.mark.parametrize("extra", [{}, {"compress_algorithm": "rkv", "compress_max_prompt": 12,
+                                        "compress_divide_length": 4, "compress_max_window": 3}],
+                         ids=["dense", "rkv"])
+def test_graphed_prefill_logic_matches_eager(tiny_models, extra):
+    """R-KV: the captured step also fills the query ring (padded records into row 0), which the
+    compressions after it score with."""
+    runs = _runs(tiny_models, **extra)
+    _assert_same(runs)
     # four graphed steps (three continuations, the cached prompts) at more than one padded size
+    stats, graphs = runs.stats, runs.graphs
     assert stats["replays"] >= 4 and len(graphs.graphs) >= 2 and stats["deferred"] == 0
-    assert (graphs.records is not None) == bool(extra) and (compressions > 0 or not extra)
+    assert (graphs.records is not None) == bool(extra) and (runs.compressions > 0 or not extra)
 
 
 def test_a_negative_prefill_graph_limit_names_the_flag():
@@ -114,17 +140,9 @@ class OutOfMemoryAtCapture(EmulatedPrefillGraphs):
 def test_a_capture_out_of_memory_turns_the_graphs_off_and_the_step_runs_eagerly(tiny_models):
     """The graph pool keeps a capture's activations, so a large size may not fit beside a pool
     sized to the card: the engine keeps serving, eagerly, with the same outputs."""
-    make = lambda: Engine(model_path=str(tiny_models["qwen2.5"]), device="cpu", dtype="float32")
-    with make() as eng:
-        want = _workload(eng)
-    with make() as eng:
-        r = eng.runner
-        r.attn = KernelForHeldKV(eng.kv, r.cfg.num_heads, r.cfg.head_dim)
-        r.prefill_graphs = OutOfMemoryAtCapture(r.graph_parts(), 256, eng.kv.req_to_token.table.shape[0])
-        got = _workload(eng)
-        stats = eng.get_server_info()["prefill_graphs"]
-    assert [ids for ids, _ in got] == [ids for ids, _ in want]
-    assert stats["replays"] == 0 and "ran out of memory" in stats["off"]
+    runs = _runs(tiny_models, OutOfMemoryAtCapture)
+    assert [ids for ids, _ in runs.got] == [ids for ids, _ in runs.want]
+    assert runs.stats["replays"] == 0 and "ran out of memory" in runs.stats["off"]
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
@@ -132,16 +150,6 @@ def test_a_head_size_the_kernel_does_not_take_runs_prefills_eagerly(tiny_models)
     """The kernel takes power-of-two head sizes: for another (24 here, as a model with such heads
     would have) held-KV prefills take the torch path and are never captured, since a captured
     step carries only the kernel's layout. Same outputs as the plain engine."""
-    make = lambda: Engine(model_path=str(tiny_models["qwen2.5"]), device="cpu", dtype="float32")
-    with make() as eng:
-        want = _workload(eng)
-    with make() as eng:
-        r = eng.runner
-        r.attn = KernelForHeldKV(eng.kv, r.cfg.num_heads, r.cfg.head_dim)
-        r.attn.head_dim = 24
-        graphs = r.prefill_graphs = EmulatedPrefillGraphs(r.graph_parts(), 256, eng.kv.req_to_token.table.shape[0])
-        got = _workload(eng)
-    assert not r.attn.paged_extend() and graphs.replays == 0 and not graphs.graphs
-    assert [ids for ids, _ in got] == [ids for ids, _ in want]
-    for (_, lp_got), (_, lp_want) in zip(got, want):
-        assert lp_got == pytest.approx(lp_want, abs=1e-5)
+    runs = _runs(tiny_models, head_dim=24)
+    assert not runs.attn.paged_extend() and runs.graphs.replays == 0 and not runs.graphs.graphs
+    _assert_same(runs)

@@ -4,14 +4,14 @@ A multi-turn rollout's continuation prefill (a few hundred sessions' next turns,
 each after ~100 held) replays its forward as one CUDA graph (engine/prefill_graph.py), so what
 is left of the step on the host is its layout: each token's position and padding layout
 (`prefill_layout`), the held-KV layout and the paged kernel's work list (`extend_layout`), the
-new slots and their slot-table write (`KVCache.extend`), the token ids' copy (`token_ids`). An H200 machine's profile of such steps
+new slots and their slot-table write (`KVCache.extend`), the token ids' copy (`ints_to_device`). An H200 machine's profile of such steps
 (2026-11-29) found 44 torch CPU index calls costing 77 ms over 4 steps: these are numpy now.
 
     python -m benchmarks.engine.prefill_host                 # CUDA when there is one
     python -m benchmarks.engine.prefill_host --rows 180 --new 26 --held 120 --repeats 50
 
 Internals timed (a component micro-benchmark, tests/test_layout.py): `engine.step_io`'s
-`prefill_layout`, `extend_layout` and `token_ids`, `kvcache.kv_cache.KVCache.extend`.
+`prefill_layout`, `extend_layout` and `ints_to_device`, `kvcache.kv_cache.KVCache.extend`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from sglang_kvc.engine.step_io import extend_layout, prefill_layout, token_ids
+from sglang_kvc.engine.step_io import extend_layout, ints_to_device, prefill_layout
 from sglang_kvc.kvcache.kv_cache import KVCache, KVPool
 
 
@@ -73,7 +73,7 @@ def run(args) -> list[dict]:
     calls = {"prefill_layout": lambda: prefill_layout(counts, held, device),
              "extend_layout": lambda: extend_layout(counts, held, rows, device),
              "KVCache.extend": allocate,
-             "token_ids": lambda: token_ids(flat, device)}
+             "token_ids": lambda: ints_to_device(flat, device)}  # (the row name of earlier data)
     out = []
     for name, fn in calls.items():
         ms = timed_ms(fn, device, args.repeats)

@@ -38,8 +38,8 @@ from .sampler import Sampler, SamplingBatch
 from .scheduler import Batch
 from .sequence import Sequence
 from .step_io import (_DTYPES, BatchTensors, HostRing, PendingStep, StepOutput, pack_outputs,
-                      extend_layout, host_to_device, prefill_layout, resolve_device, resolve_dtype,
-                      token_ids)
+                      extend_layout, host_to_device, ints_to_device, prefill_layout, resolve_device,
+                      resolve_dtype)
 from ..server_args import ServerArgs, parse_batch_sizes
 from ..weights.loader import iter_safetensors, load_named_tensors
 
@@ -301,13 +301,13 @@ class ModelRunner(RunnerMemory):
                    for i in range(max(0, n - w), n)]
             meta.rec_index, meta.rec_rows, meta.rec_pos = host_to_device(
                 [np.asarray(rec, dtype=np.int64).T.copy()], dev)[0]
-        ids = token_ids(flat, dev)
+        ids = ints_to_device(flat, dev)
         hidden = self._graphed_prefill(ids, positions, meta)
         if hidden is None:
             self.attn.meta = meta
             hidden = self.model(ids, positions, self.attn)
         last = [st + n - 1 for st, n in zip(starts, counts)]
-        logits = self.model.logits(hidden[token_ids([last[i] for i in order], dev)], upcast=False)
+        logits = self.model.logits(hidden[ints_to_device([last[i] for i in order], dev)], upcast=False)
         input_lp = {}
         for i, s in enumerate(seqs):
             if s.return_logprob and s.logprob_start_len >= 0 and s.input_logprobs is None:

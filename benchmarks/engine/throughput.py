@@ -14,8 +14,9 @@ for the GPU's outputs: schedule, input preparation, launches, output processing)
     k = 2 * layers * kv_heads * head_dim * 2 bytes,  S_mean = P + O / 2,
     roofline tok/s = B / (step bytes / HBM bandwidth).
 
-`--profile DIR` writes a torch profiler trace of a few decode steps and prints the kernels and
-device->host copies per step.
+`--profile DIR` writes a torch profiler trace of 16 decode steps (after `--profile-skip`) and
+prints the kernels, device->host copies per step, and the GPU time by kernel family against each
+family's HBM floor (decode_families.py).
 
     PYTHONPATH=sglang-kvc:. python -m benchmarks.engine.throughput [--shape smollm2-135m --batch 64]
 """
@@ -34,6 +35,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common.checkpoint import build_checkpoint, param_count
+from benchmarks.engine.decode_families import family_table, floors_ms, step_families
 from benchmarks.engine.step_probes import GraphTimer, count_syncs
 
 # HBM bandwidth by GPU name (datasheet, bytes/s): engine.md §6 uses 3.35 TB/s for the H100 SXM.
@@ -230,7 +232,8 @@ def bench_modes(path: str, prompts: torch.Tensor, out_len: int, modes: list[str]
     for mode in modes:
         res[mode].update(common)
     if args.profile:
-        res[modes[0]]["profile"] = profile_steps(engine, ids, params, args)
+        res[modes[0]]["profile"] = profile_steps(engine, ids, params, args, skip=args.profile_skip,
+                                                 name=config or "engine")
     if args.host_breakdown:
         res[modes[0]]["host_us_per_step"] = host_breakdown(engine, ids, params, args)
     engine.shutdown()
@@ -275,7 +278,7 @@ def profile_steps(engine, ids, params, args, skip: int = 4, steps: int = 16, nam
                     return_logprob=args.logprobs)
     engine.runner.launch = launch
     write_profile(prof, args.profile, name, cuda, row_limit)
-    return _per_step(prof, steps, cuda)
+    return {**_per_step(prof, steps, cuda), "context": len(ids[0]) + skip + steps // 2}
 
 
 def write_profile(prof, out_dir: str, name: str, cuda: bool, row_limit: int) -> str:
@@ -301,7 +304,7 @@ def _per_step(prof, steps: int, cuda: bool) -> dict:
     kernels = [e for e in events if "Memcpy" not in e.name and "Memset" not in e.name]
     gpu_us = sum(e.device_time for e in events)
     return {"steps": steps, "d2h_copies_per_step": d2h / steps, "kernels_per_step": len(kernels) / steps,
-            "gpu_busy_ms_per_step": gpu_us / 1e3 / steps}
+            "gpu_busy_ms_per_step": gpu_us / 1e3 / steps, "families": step_families(events, steps)}
 
 
 def host_breakdown(engine, ids, params, args, steps: int = 64) -> dict:
@@ -344,7 +347,8 @@ def roofline(num_params: int, shape: str, B: int, P: int, O: int, gpu: str) -> d
     s_mean = P + O / 2
     bw = next((v for name, v in HBM_BW.items() if name in gpu), 3.35e12)
     step_bytes = W + B * s_mean * k
-    return {"tok_s": B / (step_bytes / bw), "hbm_tb_s": bw / 1e12, "step_gb": step_bytes / 1e9}
+    return {"tok_s": B / (step_bytes / bw), "hbm_tb_s": bw / 1e12, "step_gb": step_bytes / 1e9,
+            "weight_bytes": W, "kv_bytes_per_token": k}
 
 
 def report(results: dict) -> None:
@@ -361,6 +365,21 @@ def report(results: dict) -> None:
         for mode, e in modes.items():
             print(_row(config, mode, e, roof, hf))
     _ratios(results["configs"])
+    _families(results)
+
+
+def _families(results: dict) -> None:
+    """The profiled steps' kernel families against their HBM floors (decode_families.py)."""
+    roof = results["roofline"]
+    for config, modes in results["configs"].items():
+        prof = next(iter(modes.values())).get("profile", {})
+        if "families" not in prof:
+            continue
+        per_token = roof["kv_bytes_per_token"]
+        floors = floors_ms(roof["weight_bytes"], results["batch"] * prof["context"] * per_token,
+                           roof["hbm_tb_s"] * 1e12)
+        print(f"\n{config}: GPU time per decode step by kernel family, at context {prof['context']}")
+        print(family_table(prof["families"], floors))
 
 
 def _med(e: dict, key: str) -> float:
@@ -419,6 +438,8 @@ def main() -> None:
     ap.add_argument("--no-graph-timer", action="store_true",
                     help="no CUDA events around the graph replays (no GPU ms per step; A/B of the probe)")
     ap.add_argument("--profile", default=None, help="directory for a profiler trace of decode steps")
+    ap.add_argument("--profile-skip", type=int, default=4,
+                    help="decode steps before the profiled 16 (their context: prompt + this + 8)")
     ap.add_argument("--host-breakdown", action="store_true", help="host time per stage of a step")
     ap.add_argument("--device", default="cuda",
                     help="cuda, or cpu for a dry run of the path (--shape tiny; no HF, no graphs)")

@@ -3,8 +3,8 @@ the floor each family has at the HBM bandwidth (issue 68: decode at 26% of the r
 says which kernels stand between the step and 50%).
 
 Floors: the GEMMs read every weight once a step (W bytes, a tied embedding as the LM head), the
-attention reads the batch's K/V at the profiled context (B x S x k bytes, throughput.roofline's
-k); the other families read activations only, whose bytes are small at decode, so they have no
+attention reads the K/V slots the batch holds in the profiled steps (their mean count x k bytes,
+throughput.roofline's k: with compression, fewer than the context); the other families read activations only, whose bytes are small at decode, so they have no
 floor here. A family's "x floor" is its time over that floor (1.0: at the bandwidth).
 """
 

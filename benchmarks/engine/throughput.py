@@ -260,11 +260,13 @@ def profile_steps(engine, ids, params, args, skip: int = 4, steps: int = 16, nam
 
     cuda = engine.runner.device.type == "cuda"
     prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
-    launch, seen = engine.runner.launch, [0]
+    launch, seen, held = engine.runner.launch, [0], []
 
     def windowed(batch):  # runs on the engine thread
         if not batch.is_prefill:
             seen[0] += 1
+            if skip < seen[0] <= skip + steps:  # the K/V slots this step reads (R-KV: fewer)
+                held.append(sum(s.kv_len for s in batch.seqs))
             if seen[0] == skip + 1:
                 _sync(engine)
                 prof.start()
@@ -278,7 +280,8 @@ def profile_steps(engine, ids, params, args, skip: int = 4, steps: int = 16, nam
                     return_logprob=args.logprobs)
     engine.runner.launch = launch
     write_profile(prof, args.profile, name, cuda, row_limit)
-    return {**_per_step(prof, steps, cuda), "context": len(ids[0]) + skip + steps // 2}
+    return {**_per_step(prof, steps, cuda), "context": len(ids[0]) + skip + steps // 2,
+            "held_slots_per_step": statistics.fmean(held) if held else 0.0}
 
 
 def write_profile(prof, out_dir: str, name: str, cuda: bool, row_limit: int) -> str:
@@ -375,10 +378,11 @@ def _families(results: dict) -> None:
         prof = next(iter(modes.values())).get("profile", {})
         if "families" not in prof:
             continue
-        per_token = roof["kv_bytes_per_token"]
-        floors = floors_ms(roof["weight_bytes"], results["batch"] * prof["context"] * per_token,
+        held = prof["held_slots_per_step"]
+        floors = floors_ms(roof["weight_bytes"], held * roof["kv_bytes_per_token"],
                            roof["hbm_tb_s"] * 1e12)
-        print(f"\n{config}: GPU time per decode step by kernel family, at context {prof['context']}")
+        print(f"\n{config}: GPU time per decode step by kernel family, at context {prof['context']} "
+              f"({held / results['batch']:.0f} K/V slots held a request)")
         print(family_table(prof["families"], floors))
 
 

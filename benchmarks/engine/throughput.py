@@ -6,7 +6,7 @@ Shapes with random bf16 weights (no hub access needed): `qwen2.5-0.5b` (tied, vo
 O output tokens with ignore_eos; greedy by default, or `--temperature 1 --logprobs` as RL
 rollouts sample. Each engine mode (`--modes overlap,sequential`) runs `--repeats` times on one
 engine; min / median / max are printed. Reports output tok/s, the fraction of the HBM roofline
-(docs/engine.md §6), the same for the decode steps alone (the end-to-end figure also holds the
+(the formula below), the same for the decode steps alone (the end-to-end figure also holds the
 prefill), and the engine thread's host time per decode step (everything but waiting
 for the GPU's outputs: schedule, input preparation, launches, output processing):
 
@@ -38,7 +38,7 @@ from benchmarks.common.checkpoint import build_checkpoint, param_count
 from benchmarks.engine.decode_families import family_table, floors_ms, step_families
 from benchmarks.engine.step_probes import GraphTimer, count_syncs
 
-# HBM bandwidth by GPU name (datasheet, bytes/s): engine.md §6 uses 3.35 TB/s for the H100 SXM.
+# HBM bandwidth by GPU name (datasheet, bytes/s; the H100 SXM's 3.35 TB/s).
 HBM_BW = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}
 
 

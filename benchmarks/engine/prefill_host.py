@@ -11,7 +11,7 @@ new slots and their slot-table write (`KVCache.extend`), the token ids' copy (`i
     python -m benchmarks.engine.prefill_host --rows 180 --new 26 --held 120 --repeats 50
 
 Internals timed (a component micro-benchmark, tests/test_layout.py): `engine.step_io`'s
-`prefill_layout`, `extend_layout` and `ints_to_device`, `kvcache.kv_cache.KVCache.extend`.
+`prefill_layout` and `extend_layout`, `kvcache.host_copy.ints_to_device`, `kvcache.kv_cache.KVCache.extend`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import time
 
 import torch
 
-from sglang_kvc.engine.step_io import extend_layout, ints_to_device, prefill_layout
+from sglang_kvc.engine.step_io import extend_layout, prefill_layout
+from sglang_kvc.kvcache.host_copy import ints_to_device
 from sglang_kvc.kvcache.kv_cache import KVCache, KVPool
 
 

@@ -16,7 +16,9 @@ from collections import defaultdict
 
 import torch
 
+from ..kvcache.host_copy import ints_to_device
 from .base import CompressionConfig
+from .eviction_record import on_compact_group
 from .query_ring import QueryRing
 from .trigger import Trigger
 from . import make_policy
@@ -91,7 +93,7 @@ class Compressor:
         [R, L, Hkv, P + B] (the pinned prompt first)."""
         first, kv = seqs[0], self.kv
         n, pinned, keep = first.kv_len, self.trigger.pinned(first), self.trigger.budget(first)
-        rows = _to_device([s.row for s in seqs], kv.pool.device)
+        rows = ints_to_device([s.row for s in seqs], kv.pool.device)
         slots = kv.req_to_token.table[rows, pinned:n].long()  # [R, n - P]: the evictable slots
         keys = kv.pool.keys(slots).permute(1, 0, 3, 2, 4)  # [R, L, Hkv, n - P, D], dequantized
         queries = self.ring.gather(rows) if self.policy.needs_queries else None
@@ -100,25 +102,24 @@ class Compressor:
         kv.compact(seqs, slots, idx, offset=pinned)
         idx = _after_pinned(idx, pinned)
         evicted = n - pinned - keep
-        for i, s in enumerate(seqs):
+        for s in seqs:
             # kv_len only grows between compactions, so its peak is seen here or at release.
             s.peak_kv = max(s.peak_kv, n)
             s.num_compressions += 1
             s.tokens_evicted += evicted
-            if s.eviction is not None:  # after the step that fed num_computed - 1
-                s.eviction.on_compact(idx[i], n, s.num_computed)
+        _record_evictions(seqs, idx, n)
         self.num_compressions += len(seqs)
         self.tokens_evicted += len(seqs) * evicted
         return idx
 
 
-def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """An int64 device tensor of `values` without a device sync: `torch.tensor(values,
-    device=cuda)` copies from pageable memory and waits for the stream, i.e. for the decode
-    step in flight (overlap scheduling then stalls at every compaction); from pinned memory the
-    copy is queued behind it."""
-    host = torch.tensor(values, dtype=torch.int64, pin_memory=device.type == "cuda")
-    return host.to(device, non_blocking=True)
+def _record_evictions(seqs: list, idx: torch.Tensor, n: int) -> None:
+    """The compaction in the eviction records of the requests that keep one, batched; each is
+    gone for the queries from the step after the one that fed num_computed - 1."""
+    rec = [i for i, s in enumerate(seqs) if s.eviction is not None]
+    if rec:
+        on_compact_group([seqs[i].eviction for i in rec], idx[rec], n,
+                         [seqs[i].num_computed for i in rec])
 
 
 def _after_pinned(idx: torch.Tensor, pinned: int) -> torch.Tensor:

@@ -33,6 +33,8 @@ import dataclasses
 
 import torch
 
+from ..kvcache.host_copy import ints_to_device
+
 
 @dataclasses.dataclass
 class EvictionTracker:
@@ -55,14 +57,13 @@ class EvictionTracker:
 
     def on_compact(self, keep_idx: torch.Tensor, n: int, at: int) -> None:
         """Rows `keep_idx` [L, Hkv, k] of row[:n] were kept; the rest are gone for queries >= at."""
+        on_compact_group([self], keep_idx[None], n, [at])
+
+    def _record(self, dropped: torch.Tensor, kept: torch.Tensor, at: int) -> None:
         if self.dense_from is not None:  # kept sets chosen anew after the dense recompute
             self.exact = False
-        pos = self.positions(n, keep_idx.device)
-        dropped = torch.ones_like(pos, dtype=torch.int8).scatter_(-1, keep_idx, 0)
-        # the n - k dropped rows of every (layer, head), without a boolean index (a host sync)
-        rows = dropped.argsort(dim=-1, descending=True, stable=True)[..., :n - keep_idx.shape[-1]]
-        self.events.append((pos.gather(-1, rows).to(torch.int32), at))
-        self.kept, self.tail_start = pos.gather(-1, keep_idx), at
+        self.events.append((dropped, at))
+        self.kept, self.tail_start = kept, at
 
     def on_reset(self, resume_at: int) -> None:
         """The request lost its KV (preemption) and will be recomputed densely from position 0;
@@ -82,6 +83,44 @@ class EvictionTracker:
             inside = pos < length  # positions past the sample (fed after a stop string): cut
             out.view(-1, length)[head.expand_as(pos)[inside], pos[inside]] = at[inside]
         return out.to(record_dtype(length))
+
+
+def on_compact_group(trackers: list[EvictionTracker], keep_idx: torch.Tensor, n: int,
+                     ats: list[int]) -> None:
+    """`EvictionTracker.on_compact` for the R requests of one compaction (they all held n rows
+    and kept the rows `keep_idx` [R, L, Hkv, k]; request i's dropped ones are gone for queries
+    >= ats[i]), in a few batched ops per group of trackers with the same number of kept rows
+    so far, instead of ~10 small ops per request: at batch 256 those were ~2,500 launches per
+    compaction on the decode's path. Each tracker keeps views of the group's tensors."""
+    groups: dict[int, list[int]] = {}
+    for i, t in enumerate(trackers):
+        groups.setdefault(0 if t.kept is None else t.kept.shape[-1], []).append(i)
+    for idx in groups.values():
+        dropped, kept = _dropped_and_kept([trackers[i] for i in idx], keep_idx[idx], n)
+        for j, i in enumerate(idx):
+            trackers[i]._record(dropped[j], kept[j], ats[i])
+
+
+def _dropped_and_kept(trackers: list[EvictionTracker], keep_idx: torch.Tensor, n: int):
+    """[R, L, Hkv, n - k] positions dropped (int32) and [R, L, Hkv, k] positions kept, for
+    trackers that all hold the same number of kept rows."""
+    pos = _positions(trackers, n, keep_idx.device)
+    dropped = torch.ones_like(pos, dtype=torch.int8).scatter_(-1, keep_idx, 0)
+    # the n - k dropped rows of every (layer, head), without a boolean index (a host sync)
+    rows = dropped.argsort(dim=-1, descending=True, stable=True)[..., :n - keep_idx.shape[-1]]
+    return pos.gather(-1, rows).to(torch.int32), pos.gather(-1, keep_idx)
+
+
+def _positions(trackers: list[EvictionTracker], n: int, device) -> torch.Tensor:
+    """[R, L, Hkv, n]: `EvictionTracker.positions` of every tracker (same kept count), stacked."""
+    first = trackers[0]
+    k = 0 if first.kept is None else first.kept.shape[-1]
+    start = ints_to_device([t.tail_start for t in trackers], device)
+    tail = start[:, None] + torch.arange(n - k, device=device)
+    tail = tail[:, None, None, :].expand(len(trackers), first.num_layers, first.num_kv_heads, n - k)
+    if first.kept is None:
+        return tail
+    return torch.cat([torch.stack([t.kept for t in trackers]), tail], dim=-1)
 
 
 def record_dtype(length: int) -> torch.dtype:

@@ -38,8 +38,8 @@ from .sampler import Sampler, SamplingBatch
 from .scheduler import Batch
 from .sequence import Sequence
 from .step_io import (_DTYPES, BatchTensors, HostRing, PendingStep, StepOutput, pack_outputs,
-                      extend_layout, host_to_device, ints_to_device, prefill_layout, resolve_device,
-                      resolve_dtype)
+                      extend_layout, host_to_device, prefill_layout, resolve_device, resolve_dtype)
+from ..kvcache.host_copy import ints_to_device
 from ..server_args import ServerArgs, parse_batch_sizes
 from ..weights.loader import iter_safetensors, load_named_tensors
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .host_copy import ints_to_device
 from .prefix_cache import Match, PrefixCache
 from .kv_quant import dequantize, is_fp8, quantize
 from .stable_memory import StableMemory
@@ -312,7 +313,7 @@ class KVCache:
         seg, _, offset = segments(counts)
         rows = np.asarray([s.row for s in seqs], dtype=np.int64)[seg]
         cols = np.asarray([s.kv_len for s in seqs], dtype=np.int64)[seg] + offset
-        where = torch.from_numpy(np.stack([rows, cols])).to(slots.device, non_blocking=True)
+        where = ints_to_device(np.stack([rows, cols]), slots.device)  # no device sync
         # one scatter for the whole batch (a slice assignment per request cost ~3 launches each)
         self.req_to_token.table[where[0], where[1]] = slots.to(torch.int32)
         for s, c in zip(seqs, counts):

@@ -160,6 +160,58 @@ def test_tracker_on_a_hand_worked_example():
     assert fresh.exact and fresh.dense_from is None
 
 
+def _held_list_record(history, L, H, length):
+    """Independent reference: each (layer, head)'s held positions as a Python list; a compaction
+    keeps rows keep[l][h] (in that order) of the list, and the rest get evict_at = at; positions
+    from `at` on are appended as the request feeds them."""
+    evict = [[[length] * length for _ in range(H)] for _ in range(L)]
+    held, fed = [[[] for _ in range(H)] for _ in range(L)], 0
+    for keep, n, at in history:
+        for l in range(L):
+            for h in range(H):
+                rows = held[l][h] + list(range(fed, fed + n - len(held[l][h])))
+                kept = [rows[j] for j in keep[l][h]]
+                for p in set(rows) - set(kept):
+                    evict[l][h][p] = at
+                held[l][h] = kept
+        fed = at
+    return evict
+
+
+def test_group_update_equals_the_held_list_replay():
+    """on_compact_group (the compressor's batched update) over requests with different
+    histories in one event, some compacting for the first time and some again, at different
+    `at`: every record equals the held-list replay of its own history."""
+    L, H, length = 2, 3, 40
+    g = torch.Generator().manual_seed(0)
+
+    def keep(n, k):  # random kept rows per (layer, head), in a random order
+        return torch.stack([torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(H)])
+                            for _ in range(L)])
+
+    trackers = [eviction_record.EvictionTracker(L, H) for _ in range(5)]
+    history = [[] for _ in trackers]
+    # event 1: requests 0-2 held 10 rows (positions 0-9) and keep 6, gone from query 10 on
+    first = torch.stack([keep(10, 6) for _ in range(3)])
+    eviction_record.on_compact_group(trackers[:3], first, 10, [10, 10, 10])
+    for i in range(3):
+        history[i].append((first[i].tolist(), 10, 10))
+    # event 2: all five hold 9 rows (0-2: 6 kept + positions 10-12; 3-4: positions 0-8), keep 5
+    second = torch.stack([keep(9, 5) for _ in range(5)])
+    ats = [13, 13, 13, 9, 9]
+    eviction_record.on_compact_group(trackers, second, 9, ats)
+    for i, at in enumerate(ats):
+        history[i].append((second[i].tolist(), 9, at))
+    # event 3: a subset again, in another order (requests 4 and 1: 5 kept + 3 fed)
+    third = torch.stack([keep(8, 4) for _ in range(2)])
+    eviction_record.on_compact_group([trackers[4], trackers[1]], third, 8, [12, 16])
+    history[4].append((third[0].tolist(), 8, 12))
+    history[1].append((third[1].tolist(), 8, 16))
+    for t, hist in zip(trackers, history):
+        assert t.finish(length).tolist() == _held_list_record(hist, L, H, length)
+        assert t.positions(5, "cpu").shape == (L, H, 5)
+
+
 def preempt_after_compressions(eng, body, compressions=2):
     """Submit one request; once it compressed `compressions` times, stop its compression (as
     after </think>) and preempt it (it is recomputed densely when readmitted)."""

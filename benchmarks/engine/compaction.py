@@ -6,7 +6,9 @@ decoding (compression.py measures the whole effect). Qwen2.5-0.5B shape by defau
 (24 layers, 2 KV heads, 14 query heads, head dim 64), random bf16 keys/values and queries.
 
     stages: gather (held keys + ring queries), score (the policy), select (sort + window),
-            compact (move kept K/V, free the rest); `total` is compress() end to end
+            compact (move kept K/V, free the rest, and with --eviction-record update the
+            requests' records); `total` is compress() end to end on the GPU, `host` the host's
+            time to issue it (no sync: on a GPU, what the decode loop waits before its next step)
 
     PYTHONPATH=sglang-kvc:. python -m benchmarks.engine.compaction [--requests 256] [--repeats 5]
 
@@ -26,6 +28,7 @@ import torch
 
 from sglang_kvc.compression import CompressionConfig
 from sglang_kvc.compression.compressor import Compressor
+from sglang_kvc.compression.eviction_record import EvictionTracker
 from sglang_kvc.compression.query_ring import QueryRing
 from sglang_kvc.compression.trigger import Trigger
 from sglang_kvc.kvcache.kv_cache import KVCache, KVPool
@@ -45,13 +48,16 @@ def make_round(args, algo: str, device: torch.device):
     return comp, kv, n
 
 
-def fresh_seqs(kv: KVCache, R: int, n: int) -> list:
-    """R requests holding n slots each (slots handed out in a shuffled order, as in a real pool)."""
+def fresh_seqs(kv: KVCache, R: int, n: int, records: bool = False) -> list:
+    """R requests holding n slots each (slots handed out in a shuffled order, as in a real pool),
+    each with an eviction record when `records` (what replay's rollouts ask for)."""
     kv.reset()
+    L, _, hkv, _ = kv.pool.shape
     # what Compressor.compress and Trigger read of a request (a per-request budget, none pinned)
     seqs = [SimpleNamespace(row=None, prefix_len=0, kv_len=0, peak_kv=0, num_compressions=0,
                             tokens_evicted=0, compress_budget=None, first_prompt_len=None,
-                            prompt_ids=[0], eviction=None) for _ in range(R)]
+                            prompt_ids=[0], num_computed=n,
+                            eviction=EvictionTracker(L, hkv) if records else None) for _ in range(R)]
     for s in seqs:
         kv.attach(s)
     kv.allocator.free_slots = kv.allocator.free_slots[torch.randperm(kv.capacity, device=kv.pool.device)]
@@ -64,6 +70,7 @@ class StageTimer:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.host_ms = 0.0  # compress()'s host time, set by timed_compress
         self.marks: list[tuple[str, object]] = []
 
     def mark(self, name: str) -> None:
@@ -102,7 +109,9 @@ def timed_compress(comp: Compressor, seqs: list, timer: StageTimer) -> None:
     policy.score, kv.compact = score, compact
     try:
         timer.mark("start")
+        start = time.perf_counter()
         comp.compress(seqs)
+        timer.host_ms = 1e3 * (time.perf_counter() - start)
         timer.mark("total_end")
     finally:
         policy.score, kv.compact = orig_score, orig_compact
@@ -112,13 +121,14 @@ def bench(args, algo: str, device: torch.device) -> dict[str, list[float]]:
     comp, kv, n = make_round(args, algo, device)
     per_stage: dict[str, list[float]] = {}
     for i in range(args.warmup + args.repeats):
-        seqs = fresh_seqs(kv, args.requests, n)
+        seqs = fresh_seqs(kv, args.requests, n, args.eviction_record)
         if device.type == "cuda":
             torch.cuda.synchronize()
         timer = StageTimer(device)
         timed_compress(comp, seqs, timer)
         st = timer.stages()
         st["total"] = sum(v for k, v in st.items() if k != "total_end") + st.pop("total_end")
+        st["host"] = timer.host_ms
         if i >= args.warmup:
             for k, v in st.items():
                 per_stage.setdefault(k, []).append(v)
@@ -137,6 +147,8 @@ def main() -> None:
     ap.add_argument("--algorithms", default="rkv,snapkv,streamingllm")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--eviction-record", action="store_true",
+                    help="every request keeps an eviction record (replay's rollouts)")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"

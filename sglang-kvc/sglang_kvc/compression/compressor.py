@@ -118,7 +118,8 @@ def _record_evictions(seqs: list, idx: torch.Tensor, n: int) -> None:
     gone for the queries from the step after the one that fed num_computed - 1."""
     rec = [i for i, s in enumerate(seqs) if s.eviction is not None]
     if rec:
-        on_compact_group([seqs[i].eviction for i in rec], idx[rec], n,
+        rows = idx if len(rec) == len(seqs) else idx[rec]  # (all of them: no copy)
+        on_compact_group([seqs[i].eviction for i in rec], rows, n,
                          [seqs[i].num_computed for i in rec])
 
 

@@ -96,9 +96,10 @@ def on_compact_group(trackers: list[EvictionTracker], keep_idx: torch.Tensor, n:
     for i, t in enumerate(trackers):
         groups.setdefault(0 if t.kept is None else t.kept.shape[-1], []).append(i)
     for idx in groups.values():
-        dropped, kept = _dropped_and_kept([trackers[i] for i in idx], keep_idx[idx], n)
-        for j, i in enumerate(idx):
-            trackers[i]._record(dropped[j], kept[j], ats[i])
+        rows = keep_idx if len(idx) == len(trackers) else keep_idx[idx]  # (all: no copy)
+        dropped, kept = _dropped_and_kept([trackers[i] for i in idx], rows, n)
+        for i, d, k in zip(idx, dropped.unbind(0), kept.unbind(0)):
+            trackers[i]._record(d, k, ats[i])
 
 
 def _dropped_and_kept(trackers: list[EvictionTracker], keep_idx: torch.Tensor, n: int):

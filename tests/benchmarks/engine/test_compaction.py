@@ -32,6 +32,19 @@ def test_a_timed_round_compacts_every_request_to_its_budget(algo):
     assert kv.num_free - free_before == args.requests * (n - args.budget)
 
 
+def test_records_hold_each_requests_evictions():
+    """--eviction-record: after the round, every request's record marks n - B keys per layer and
+    KV head as gone from query n on (hand-computed), the other B never."""
+    args = _args(eviction_record=True)
+    comp, kv, n = compaction.make_round(args, "rkv", torch.device("cpu"))
+    seqs = compaction.fresh_seqs(kv, args.requests, n, records=True)
+    compaction.timed_compress(comp, seqs, compaction.StageTimer(torch.device("cpu")))
+    for s in seqs:
+        record = s.eviction.finish(n + 1)  # length n + 1: never-evicted keys hold n + 1
+        assert ((record == n).sum(-1) == n - args.budget).all()
+        assert ((record == n + 1).sum(-1) == args.budget + 1).all()
+
+
 def test_main_runs_at_a_tiny_shape(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["compaction", "--requests", "4", "--budget", "24",
                                       "--divide-length", "8", "--layers", "2", "--heads", "4",

@@ -92,9 +92,9 @@ class CompressionPolicy(abc.ABC):
     def __init__(self, cfg: CompressionConfig):
         self.cfg = cfg
 
-    def scratch_elems(self, m: int) -> int:
+    def scratch_elems(self, m: int, device, head_dim: int) -> int:
         """Extra elements scoring m tokens needs per (layer, KV head), beyond keys, queries and
-        scores: the compressor sizes its chunks of requests with it."""
+        scores, on `device`: the compressor sizes its chunks of requests with it."""
         return 0
 
     @abc.abstractmethod

@@ -6,7 +6,9 @@ rows, queries from the ring, the policy returns kept positions per layer and KV 
 `KVCache.compact` moves the kept K/V into the requests' first B slots and frees the rest. With
 keep_prompt the prompt's slots are left out: only row[P:n] is scored (the prompt is neither a
 candidate nor in the importance softmax) and compacted into row[P:P + B]. Work is split into
-chunks so the n x n similarity matrices of R-KV stay within `chunk_elems` floats. Runs eagerly between decode steps (never
+chunks whose scoring holds at most `chunk_elems` floats (R-KV's n x n similarity matrices on the
+torch path; on CUDA its Triton pass holds none, so a chunk takes ~3x more requests at the 0.5B
+shape and a compaction of 256 requests makes 8 scoring rounds, not 24). Runs eagerly between decode steps (never
 inside a captured CUDA graph).
 """
 
@@ -81,10 +83,16 @@ class Compressor:
         return out
 
     def _elems_per_request(self, n: int) -> int:
+        """Floats one request's scoring of n slots holds at once: per layer and KV head its keys
+        (gathered, and an fp32 copy), the policy's scratch and a few score rows; per layer, with
+        queries, the window's importance logits and their softmax (query heads x window x m)."""
         pool = self.kv.pool
         L, _, hkv, d = pool.shape
         m = n - self.cfg.window
-        return L * hkv * (self.policy.scratch_elems(m) + 2 * n * d + m * 8)
+        per_head = self.policy.scratch_elems(m, pool.device, d) + 2 * n * d + m * 8
+        ring = self.ring if self.policy.needs_queries else None
+        queries = 0 if ring is None else ring.buf.shape[3] * self.cfg.window
+        return L * (hkv * per_head + 2 * queries * m)
 
     @torch.inference_mode()
     def compress(self, seqs: list) -> torch.Tensor:

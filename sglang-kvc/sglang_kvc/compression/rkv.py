@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 
 from .base import CompressionPolicy
-from .scoring import key_redundancy, pool1d, window_importance
+from .scoring import fused_redundancy, key_redundancy, pool1d, window_importance
 
 
 class RKVPolicy(CompressionPolicy):
-    def scratch_elems(self, m: int) -> int:
-        return m * m  # the key similarity matrix of the torch path
+    def scratch_elems(self, m: int, device, head_dim: int) -> int:
+        # the key similarity matrix of the torch path; the Triton pass holds none
+        return 0 if fused_redundancy(device, head_dim) else m * m
 
     def score(self, keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         c = self.cfg

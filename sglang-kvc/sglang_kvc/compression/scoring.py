@@ -39,12 +39,17 @@ def pool1d(x: torch.Tensor, kernel: int, kind: str) -> torch.Tensor:
 def key_redundancy(keys: torch.Tensor, threshold: float) -> torch.Tensor:
     """R-KV redundancy of each token among the non-window keys [..., m, D] -> [..., m]: one
     Triton pass on CUDA (`triton_scoring.py`, no m x m matrix), the torch reference elsewhere."""
-    d = keys.shape[-1]
-    if keys.is_cuda and d >= 16 and d & (d - 1) == 0:
+    if fused_redundancy(keys.device, keys.shape[-1]):
         from .triton_scoring import key_redundancy as fused
 
         return fused(keys, threshold)
     return key_redundancy_torch(keys, threshold)
+
+
+def fused_redundancy(device, head_dim: int) -> bool:
+    """Whether key_redundancy takes the one-pass Triton kernel (CUDA, a power-of-two head of at
+    least 16), which holds no m x m similarity matrix."""
+    return torch.device(device).type == "cuda" and head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
 def key_redundancy_torch(keys: torch.Tensor, threshold: float) -> torch.Tensor:

@@ -50,10 +50,7 @@ class EvictionTracker:
 
     def positions(self, n: int, device) -> torch.Tensor:
         """[L, Hkv, n] logical position held by each of the request's first n rows."""
-        k = 0 if self.kept is None else self.kept.shape[-1]
-        tail = torch.arange(self.tail_start, self.tail_start + n - k, device=device)
-        tail = tail.expand(self.num_layers, self.num_kv_heads, n - k)
-        return tail if self.kept is None else torch.cat([self.kept, tail], dim=-1)
+        return _positions([self], n, device)[0]
 
     def on_compact(self, keep_idx: torch.Tensor, n: int, at: int) -> None:
         """Rows `keep_idx` [L, Hkv, k] of row[:n] were kept; the rest are gone for queries >= at."""

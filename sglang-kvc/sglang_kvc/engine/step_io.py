@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..kvcache.host_copy import ints_to_device
 from ..kvcache.kv_cache import segments
 from ..layers.attention import EXTEND_BLOCK_M, ExtendLayout
 from ..models.config import ModelConfig
@@ -96,19 +97,12 @@ def prefill_layout(counts: list[int], first_pos: list[int], device) -> tuple[tor
 
 
 def host_to_device(arrays: list[np.ndarray], device) -> list[torch.Tensor]:
-    """Arrays of one dtype to `device` in one copy that never waits for the GPU: views of one
-    flat buffer, each in its array's shape. Why:
-    - torch's CPU ops on small index arrays cost ~1-2 ms each inside the engine on an H200
-      machine's host (its profile of multi-turn prefill steps, 2026-11-29), numpy's
-      microseconds, and each tensor's own copy is a launch and its host work;
-    - `torch.tensor(values, device=cuda)` copies synchronously: the host waits for every step
-      queued on the GPU (with overlap scheduling, the step in flight), several times a prefill
-      step. From pinned memory the copy is asynchronous (torch's pinned-memory cache keeps the
-      buffer until the copy is done)."""
-    flat = torch.from_numpy(np.concatenate([a.ravel() for a in arrays]))
-    if torch.device(device).type == "cuda":
-        flat = flat.pin_memory()
-    flat = flat.to(device, non_blocking=True)
+    """Int arrays of one dtype to `device` in one copy that never waits for the GPU
+    (`kvcache.host_copy.ints_to_device`): views of one flat buffer, each in its array's shape.
+    Why one copy of numpy arrays: torch's CPU ops on small index arrays cost ~1-2 ms each inside
+    the engine on an H200 machine's host (its profile of multi-turn prefill steps, 2026-11-29),
+    numpy's microseconds, and each tensor's own copy is a launch and its host work."""
+    flat = ints_to_device(np.concatenate([a.ravel() for a in arrays]), device, dtype=None)
     out, at = [], 0
     for a in arrays:
         out.append(flat[at:at + a.size].view(a.shape))

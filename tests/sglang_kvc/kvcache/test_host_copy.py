@@ -17,3 +17,5 @@ def test_values_shape_and_dtype(values):
     expected = torch.as_tensor(np.asarray(values, dtype=np.int64))
     assert out.dtype == torch.int64 and out.shape == expected.shape and torch.equal(out, expected)
     assert ints_to_device(values, torch.device("cpu"), torch.int32).dtype == torch.int32
+    if isinstance(values, np.ndarray):  # dtype None: the array's own (the engine's int32 layouts)
+        assert ints_to_device(values, "cpu", None).dtype == torch.int32
